@@ -1,0 +1,37 @@
+# outbox-dispatcher developer targets. `make test` is the README's test command.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install lint test test-quick demo faults bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: $(STAMP)
+	$(PY) -m pytest tests
+
+test-quick: $(STAMP)
+	$(PY) -m pytest tests/unit
+
+demo: $(STAMP)
+	$(VENV)/bin/dispatcher demo
+
+faults: $(STAMP)
+	FAULTS_LONG=1 $(PY) -m pytest tests/faults -v
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,0 +1,123 @@
+"""``dispatcher``: parse flags over env settings, run one subcommand, fail in one line.
+
+Every subcommand module exposes ``register(subparsers)``; the function it sets
+as ``handler`` gets the parsed namespace and the effective ``Settings``.
+Errors a user can fix (bad flags, unreachable servers, invalid settings) end
+as one line on stderr and a non-zero exit; the traceback only at DEBUG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import psycopg
+import pydantic
+import redis.exceptions
+
+from dispatcher.config import Settings
+from dispatcher.logs import configure_logging
+
+__all__ = ["UsageError", "main"]
+
+log = logging.getLogger("dispatcher")
+
+
+class UsageError(Exception):
+    """A user mistake in flags or settings: exit 2 with the message."""
+
+
+def _common_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("connections and logging (override the environment)")
+    g.add_argument("--database-url", help="PostgreSQL URL (env DATABASE_URL)")
+    g.add_argument("--redis-url", help="Redis URL, redis:// or rediss:// (env REDIS_URL)")
+    g.add_argument(
+        "--redis-cluster",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Redis is a Redis Cluster (env REDIS_CLUSTER=1)",
+    )
+    g.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR (env LOG_LEVEL)")
+    g.add_argument("--log-format", choices=["text", "json"], help="env LOG_FORMAT")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dispatcher.cli import commands
+
+    parser = argparse.ArgumentParser(
+        prog="dispatcher",
+        description=(
+            "Transactional outbox dispatcher: PostgreSQL outbox rows -> sharded Redis "
+            "Streams -> workers. Settings come from the environment; flags override them."
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for register in commands.REGISTRY:
+        register(sub, _common_flags)
+    return parser
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {
+        key: value
+        for key in ("database_url", "redis_url", "redis_cluster", "log_level", "log_format")
+        if (value := getattr(args, key, None)) is not None
+    }
+    if getattr(args, "shards", None) is not None:
+        overrides["stream_shards"] = args.shards
+    if getattr(args, "metrics_port", None) is not None:
+        overrides["metrics_port"] = args.metrics_port
+    if "log_level" in overrides:
+        overrides["log_level"] = str(overrides["log_level"]).upper()
+    return Settings(**overrides)
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, pydantic.ValidationError):
+        parts = [
+            f"{'.'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()
+        ]
+        return "invalid setting: " + "; ".join(parts)
+    if isinstance(exc, psycopg.OperationalError):
+        return f"cannot reach PostgreSQL (check DATABASE_URL / --database-url): {_first(exc)}"
+    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        return f"cannot reach Redis (check REDIS_URL / --redis-url): {_first(exc)}"
+    return f"{type(exc).__name__}: {_first(exc)}"
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler: Callable[[argparse.Namespace, Settings], Any] = args.handler
+    try:
+        settings = settings_from(args)
+        configure_logging(settings.log_level, settings.log_format)
+        result = handler(args, settings)
+        if asyncio.iscoroutine(result):
+            result = asyncio.run(result)
+        return int(result or 0)
+    except KeyboardInterrupt:
+        return 130
+    except UsageError as exc:
+        print(f"dispatcher {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except pydantic.ValidationError as exc:
+        print(f"dispatcher {args.command}: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        log.debug("command failed", exc_info=True)
+        print(f"dispatcher {args.command}: {_one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

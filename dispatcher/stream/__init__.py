@@ -1,0 +1,59 @@
+"""The stream layer: shard naming, the stream contract and its Redis implementation."""
+
+from dispatcher.stream.consumer import RedisStreamConsumer
+from dispatcher.stream.naming import (
+    DEAD_STREAM_PREFIX,
+    DEFAULT_SHARDS,
+    SHARDS_KEY,
+    TASK_STREAM_PREFIX,
+    InvalidQueueName,
+    dead_letter_stream,
+    fnv1a_32,
+    parse_task_stream,
+    queue_streams,
+    shard_for,
+    task_stream,
+    validate_queue,
+)
+from dispatcher.stream.protocol import Consumer, Fields, Message, Publisher, PublishResult
+from dispatcher.stream.publisher import (
+    InsufficientReplicas,
+    RedisStreamPublisher,
+    ensure_group,
+    error_code,
+)
+from dispatcher.stream.shards import (
+    InvalidShardCount,
+    parse_shard_count,
+    publish_shard_count,
+    read_shard_count,
+)
+
+__all__ = [
+    "DEAD_STREAM_PREFIX",
+    "DEFAULT_SHARDS",
+    "SHARDS_KEY",
+    "TASK_STREAM_PREFIX",
+    "Consumer",
+    "Fields",
+    "InsufficientReplicas",
+    "InvalidQueueName",
+    "InvalidShardCount",
+    "Message",
+    "PublishResult",
+    "Publisher",
+    "RedisStreamConsumer",
+    "RedisStreamPublisher",
+    "dead_letter_stream",
+    "ensure_group",
+    "error_code",
+    "fnv1a_32",
+    "parse_shard_count",
+    "parse_task_stream",
+    "publish_shard_count",
+    "queue_streams",
+    "read_shard_count",
+    "shard_for",
+    "task_stream",
+    "validate_queue",
+]

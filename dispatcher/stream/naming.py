@@ -1,0 +1,98 @@
+"""Queue and shard naming: which Redis stream carries a task.
+
+Pure functions, no I/O. A queue is split into ``shards`` streams named
+``workflow.tasks.<queue>.<shard>``; a task goes to the shard picked by the
+FNV-1a 32-bit hash of its id (bit-for-bit Go's ``hash/fnv`` New32a), so the
+Go coordinator of the spec page and this package agree on every stream name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+__all__ = [
+    "DEAD_STREAM_PREFIX",
+    "DEFAULT_SHARDS",
+    "SHARDS_KEY",
+    "TASK_STREAM_PREFIX",
+    "InvalidQueueName",
+    "dead_letter_stream",
+    "fnv1a_32",
+    "parse_task_stream",
+    "queue_streams",
+    "shard_for",
+    "task_stream",
+    "validate_queue",
+]
+
+TASK_STREAM_PREFIX = "workflow.tasks."
+DEAD_STREAM_PREFIX = "workflow.dead."
+DEFAULT_SHARDS = 4
+SHARDS_KEY = "composer:stream_shards"
+
+_FNV32_OFFSET = 0x811C9DC5
+_FNV32_PRIME = 0x01000193
+# A queue name must keep ``<prefix><queue>.<shard>`` unambiguous: no dots
+# (``a.1`` + shard 2 would read as queue ``a`` shard ``1.2``), no whitespace,
+# no braces (a Redis Cluster hash tag would pin every shard to one slot).
+_QUEUE_RE = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
+
+
+class InvalidQueueName(ValueError):
+    """A queue name that cannot be turned into an unambiguous stream name."""
+
+
+def validate_queue(queue: str) -> str:
+    """Return ``queue`` unchanged if it is a valid queue name, else raise."""
+    if not isinstance(queue, str) or not _QUEUE_RE.fullmatch(queue):
+        raise InvalidQueueName(
+            f"invalid queue name {queue!r}: use 1-200 characters from "
+            "letters, digits, '_' and '-' (no dots, spaces or braces)"
+        )
+    return queue
+
+
+def fnv1a_32(data: bytes) -> int:
+    """FNV-1a 32-bit hash, the same numbers as Go's ``fnv.New32a``."""
+    h = _FNV32_OFFSET
+    for byte in data:
+        h ^= byte
+        h = (h * _FNV32_PRIME) & 0xFFFFFFFF
+    return h
+
+
+def shard_for(task_id: str, shards: int) -> int:
+    """Pick the shard of a task: FNV-1a 32 of its UTF-8 id modulo ``shards``."""
+    if shards <= 1:
+        return 0
+    return fnv1a_32(task_id.encode("utf-8")) % shards
+
+
+def task_stream(queue: str, shard: int) -> str:
+    """Name of one shard stream of a task queue."""
+    validate_queue(queue)
+    if shard < 0:
+        raise ValueError(f"shard must be >= 0, got {shard}")
+    return f"{TASK_STREAM_PREFIX}{queue}.{shard}"
+
+
+def queue_streams(queues: Iterable[str], shards: int) -> list[str]:
+    """Every shard stream of the given queues, queue by queue, shard by shard."""
+    shards = max(shards, 1)
+    return [task_stream(q, s) for q in queues for s in range(shards)]
+
+
+def parse_task_stream(stream: str) -> tuple[str, int]:
+    """Split a task stream name back into ``(queue, shard)``; raise if it is not one."""
+    if not stream.startswith(TASK_STREAM_PREFIX):
+        raise ValueError(f"not a task stream: {stream!r}")
+    queue, _, shard = stream[len(TASK_STREAM_PREFIX) :].rpartition(".")
+    if not shard.isdigit():
+        raise ValueError(f"not a task stream: {stream!r}")
+    return validate_queue(queue), int(shard)
+
+
+def dead_letter_stream(queue: str) -> str:
+    """The worker dead-letter stream of a queue."""
+    return f"{DEAD_STREAM_PREFIX}{validate_queue(queue)}"

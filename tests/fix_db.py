@@ -1,0 +1,3 @@
+"""PostgreSQL fixtures: a fresh database per test module on the machine's server."""
+
+from __future__ import annotations

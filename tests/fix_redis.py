@@ -1,0 +1,65 @@
+"""Redis fixtures: an isolated database on the machine's Redis, and the suite's Cluster.
+
+Isolation on the shared Redis: each test gets its own DB number (flushed
+before use) and its own queue name. On the suite's Cluster (DB 0 only) each
+test uses its own queue names and deletes the keys it made.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+import redis as sync_redis
+
+from dispatcher.redis_client import RedisClient, connect_redis
+from tests.fix_servers import RedisClusterProcess
+
+SHARED_REDIS = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379")
+_db_numbers = itertools.cycle(range(1, 16))
+
+
+@pytest.fixture
+def queue() -> str:
+    """A queue name no other test uses."""
+    return f"q{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """URL of a freshly flushed DB on the machine's Redis, for this test alone."""
+    url = f"{SHARED_REDIS}/{next(_db_numbers)}"
+    client = sync_redis.Redis.from_url(url)
+    client.flushdb()
+    client.close()
+    return url
+
+
+@pytest.fixture
+async def redis_standalone(redis_url: str) -> AsyncIterator[RedisClient]:
+    client = connect_redis(redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def redis_cluster(redis_cluster_process: RedisClusterProcess) -> AsyncIterator[RedisClient]:
+    client = connect_redis(redis_cluster_process.url, cluster=True)
+    await client.initialize()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+async def any_redis(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[RedisClient]:
+    """The same test on the machine's Redis and on the suite's own 3-master Cluster."""
+    if request.param == "cluster":
+        cluster: RedisClusterProcess = request.getfixturevalue("redis_cluster_process")
+        client = connect_redis(cluster.url, cluster=True)
+    else:
+        client = connect_redis(redis_url)
+    yield client
+    await client.aclose()

@@ -1,0 +1,117 @@
+"""Shard naming: Go-compatible FNV-1a, stream names, queue validation, spread."""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dispatcher.stream import (
+    DEFAULT_SHARDS,
+    SHARDS_KEY,
+    TASK_STREAM_PREFIX,
+    InvalidQueueName,
+    dead_letter_stream,
+    fnv1a_32,
+    parse_task_stream,
+    queue_streams,
+    shard_for,
+    task_stream,
+)
+
+# Published FNV-1a 32 test vectors (the reference test suite of the algorithm's
+# authors, which Go's hash/fnv tests reproduce).
+VECTORS = [
+    (b"", 0x811C9DC5),
+    (b"a", 0xE40C292C),
+    (b"foobar", 0xBF9CF968),
+    (b"b", 0xE70C2DE5),
+    (b"fo", 0x6222E842),
+    (b"foo", 0xA9F37ED7),
+    (b"foob", 0x3F5076EF),
+    (b"fooba", 0x39AAA18A),
+]
+
+
+@pytest.mark.parametrize(("data", "expected"), VECTORS)
+def test_fnv1a_matches_published_vectors(data: bytes, expected: int) -> None:
+    assert fnv1a_32(data) == expected
+
+
+def test_constants_are_the_contract() -> None:
+    assert TASK_STREAM_PREFIX == "workflow.tasks."
+    assert DEFAULT_SHARDS == 4
+    assert SHARDS_KEY == "composer:stream_shards"
+
+
+def test_shard_for_is_hash_mod_shards() -> None:
+    assert shard_for("foobar", 4) == 0xBF9CF968 % 4
+    assert shard_for("a", 7) == 0xE40C292C % 7
+    assert shard_for("täsk-ü", 16) == fnv1a_32("täsk-ü".encode()) % 16
+
+
+@pytest.mark.parametrize("shards", [0, 1, -3])
+def test_one_or_fewer_shards_is_shard_zero(shards: int) -> None:
+    assert shard_for("anything", shards) == 0
+
+
+def test_task_stream_names() -> None:
+    assert task_stream("http", 3) == "workflow.tasks.http.3"
+    assert dead_letter_stream("http") == "workflow.dead.http"
+    assert parse_task_stream("workflow.tasks.http.3") == ("http", 3)
+
+
+def test_queue_streams_orders_queue_then_shard() -> None:
+    assert queue_streams(["a", "b"], 2) == [
+        "workflow.tasks.a.0",
+        "workflow.tasks.a.1",
+        "workflow.tasks.b.0",
+        "workflow.tasks.b.1",
+    ]
+    assert queue_streams(["a"], 0) == ["workflow.tasks.a.0"]
+
+
+@pytest.mark.parametrize("bad", ["", " ", "a b", "a.b", "tab\t", "{tag}", "x" * 201, "é"])
+def test_ambiguous_or_invalid_queue_names_are_rejected(bad: str) -> None:
+    with pytest.raises(InvalidQueueName, match="invalid queue name"):
+        task_stream(bad, 0)
+
+
+def test_negative_shard_is_rejected() -> None:
+    with pytest.raises(ValueError, match="shard must be >= 0"):
+        task_stream("q", -1)
+
+
+@pytest.mark.parametrize("bad", ["workflow.tasks.q", "workflow.tasks.q.x", "other.q.1"])
+def test_parse_rejects_non_task_streams(bad: str) -> None:
+    with pytest.raises(ValueError, match="not a task stream"):
+        parse_task_stream(bad)
+
+
+@settings(max_examples=200)
+@given(st.text(), st.integers(min_value=1, max_value=1024))
+def test_shard_is_always_in_range_and_stable(task_id: str, shards: int) -> None:
+    shard = shard_for(task_id, shards)
+    assert 0 <= shard < shards
+    assert shard == shard_for(task_id, shards)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    ids=st.lists(st.uuids().map(str), min_size=4000, max_size=4000, unique=True),
+    shards=st.sampled_from([2, 4, 8, 16]),
+)
+def test_spread_over_shards_is_even(ids: list[str], shards: int) -> None:
+    """Each shard's share of random task ids is within 5 binomial sigmas of n/shards.
+
+    For n=4000 and 16 shards that is 250 +- 77 per shard; a broken hash
+    (constant, or using only part of the id) fails it by far.
+    """
+    counts = collections.Counter(shard_for(task_id, shards) for task_id in ids)
+    expected = len(ids) / shards
+    sigma = math.sqrt(len(ids) * (1 / shards) * (1 - 1 / shards))
+    assert set(counts) == set(range(shards))
+    assert all(abs(c - expected) <= 5 * sigma for c in counts.values()), counts
