@@ -78,9 +78,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 def _one_line(exc: BaseException) -> str:
     if isinstance(exc, pydantic.ValidationError):
-        parts = [
-            f"{'.'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()
-        ]
+        parts = [f"{'.'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()]
         return "invalid setting: " + "; ".join(parts)
     if isinstance(exc, psycopg.OperationalError):
         return f"cannot reach PostgreSQL (check DATABASE_URL / --database-url): {_first(exc)}"
