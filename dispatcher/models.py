@@ -1,0 +1,131 @@
+"""The task message, on both ends of the pipe, and the wire format between them.
+
+``TaskDispatch`` is what an application enqueues; its JSON payload is stored
+in the outbox row. The enqueuer turns a payload into stream fields
+(``payload_fields``, the contract in ARCHITECTURE.md); a worker parses those
+fields back into a ``TaskMessage``. Pure code, no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from dispatcher.stream.naming import validate_queue
+
+__all__ = [
+    "MalformedMessage",
+    "TaskDispatch",
+    "TaskMessage",
+    "payload_fields",
+]
+
+
+class TaskDispatch(BaseModel):
+    """One task attempt to dispatch: self-contained, a worker never reads the database.
+
+    ``input`` is the task's resolved input as JSON text (any JSON value); it
+    travels as a string field, as in the spec page.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    task_id: str = Field(min_length=1)
+    run_id: str
+    workflow_id: str
+    workflow_version: int
+    node_id: str
+    node_type: str
+    queue: str
+    attempt: int = Field(default=1, ge=0)
+    input: str = "null"
+
+    @field_validator("queue")
+    @classmethod
+    def _queue_is_valid(cls, value: str) -> str:
+        return validate_queue(value)
+
+    @field_validator("input")
+    @classmethod
+    def _input_is_json(cls, value: str) -> str:
+        try:
+            json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"input must be JSON text: {exc}") from None
+        return value
+
+    def payload(self, *, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
+        """The outbox row's payload: the message without its routing (queue)."""
+        body = self.model_dump(exclude={"queue"})
+        if extra:
+            body.update(extra)
+        return body
+
+
+def payload_fields(payload: str | None, outbox_id: str) -> dict[str, str]:
+    """Stream fields of an outbox payload, per the contract.
+
+    An object's top-level keys become fields (strings as is, other values as
+    JSON); an empty payload becomes ``{"id": outbox_id}``; a payload that is
+    not a JSON object becomes ``{"data": <raw text>}``. ``outbox_id`` is
+    always added.
+    """
+    if payload is None or payload.strip() == "":
+        return {"id": outbox_id, "outbox_id": outbox_id}
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        return {"data": payload, "outbox_id": outbox_id}
+    fields = {
+        str(k): v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
+        for k, v in doc.items()
+    }
+    fields["outbox_id"] = outbox_id
+    return fields
+
+
+class MalformedMessage(ValueError):
+    """A stream entry that cannot be a ``TaskMessage``; the message says why."""
+
+
+class TaskMessage(BaseModel):
+    """What a worker's handler receives for one delivery."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str = Field(min_length=1)
+    run_id: str
+    workflow_id: str
+    workflow_version: int
+    node_id: str
+    node_type: str
+    attempt: int
+    input: Any
+    outbox_id: str = ""
+    traceparent: str | None = None
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, str]) -> TaskMessage:
+        """Parse stream fields; raise ``MalformedMessage`` naming what is wrong."""
+        try:
+            raw_input = fields.get("input", "null")
+            data = {**fields, "input": json.loads(raw_input)}
+        except ValueError as exc:
+            raise MalformedMessage(f"field 'input' is not valid JSON: {exc}") from None
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"field {'.'.join(str(p) for p in e['loc'])!r}: {e['msg']}" for e in exc.errors()
+            )
+            raise MalformedMessage(problems) from None
+
+    @property
+    def dedup_key(self) -> str:
+        """Identity of one task attempt: duplicates of it share this key."""
+        return f"{self.task_id}:{self.attempt}"
