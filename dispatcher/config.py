@@ -13,7 +13,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from dispatcher.stream.naming import DEFAULT_SHARDS
 
-__all__ = ["Settings"]
+__all__ = ["ConfigError", "Settings"]
+
+
+class ConfigError(ValueError):
+    """A setting is missing or unusable; the message names it."""
 
 
 class Settings(BaseSettings):
@@ -31,5 +35,5 @@ class Settings(BaseSettings):
 
     def require_database_url(self) -> str:
         if self.database_url is None:
-            raise ValueError("DATABASE_URL is not set (or pass --database-url)")
+            raise ConfigError("DATABASE_URL is not set (or pass --database-url)")
         return self.database_url.get_secret_value()

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
 
-Register = Callable[[argparse._SubParsersAction, Callable[[argparse.ArgumentParser], None]], None]  # type: ignore[type-arg]
+from dispatcher.cli.outbox import register_enqueuer, register_migrate
+from dispatcher.cli.worker import register as register_worker
 
-REGISTRY: list[Register] = []
+Register = Callable[[Any, Callable[[argparse.ArgumentParser], None]], None]
+
+REGISTRY: list[Register] = [register_migrate, register_enqueuer, register_worker]

@@ -19,7 +19,7 @@ import psycopg
 import pydantic
 import redis.exceptions
 
-from dispatcher.config import Settings
+from dispatcher.config import ConfigError, Settings
 from dispatcher.logs import configure_logging
 
 __all__ = ["UsageError", "main"]
@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(result or 0)
     except KeyboardInterrupt:
         return 130
-    except UsageError as exc:
+    except (UsageError, ConfigError) as exc:
         print(f"dispatcher {args.command}: {exc}", file=sys.stderr)
         return 2
     except pydantic.ValidationError as exc:

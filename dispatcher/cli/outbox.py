@@ -1,0 +1,166 @@
+"""``dispatcher migrate`` and ``dispatcher enqueuer``: CLI glue for the outbox."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from dispatcher.cli.main import UsageError
+from dispatcher.config import Settings
+from dispatcher.lifecycle import run_until_signalled
+from dispatcher.observability import ObservabilityServer
+from dispatcher.outbox.enqueuer import EnqueuerConfig, OutboxEnqueuer
+from dispatcher.outbox.repository import OutboxRepository
+from dispatcher.outbox.schema import migrate
+from dispatcher.redis_client import connect_redis
+from dispatcher.stream.publisher import RedisStreamPublisher
+from dispatcher.stream.shards import publish_shard_count
+
+__all__ = ["register_enqueuer", "register_migrate"]
+
+log = logging.getLogger("dispatcher.enqueuer")
+
+Common = Callable[[argparse.ArgumentParser], None]
+
+
+def register_migrate(sub: Any, common: Common) -> None:
+    p = sub.add_parser(
+        "migrate",
+        help="create or upgrade the outbox schema (idempotent, safe to run concurrently)",
+        description="Apply the outbox schema migrations that are missing, under an advisory "
+        "lock, recording each applied version in outbox_schema_version.",
+    )
+    common(p)
+    p.set_defaults(handler=_migrate)
+
+
+async def _migrate(args: argparse.Namespace, settings: Settings) -> int:
+    async with await psycopg.AsyncConnection.connect(
+        settings.require_database_url(), autocommit=True
+    ) as conn:
+        applied = await migrate(conn)
+    names = ", ".join(f"{m.version:04d}_{m.name}" for m in applied) or "nothing to do"
+    print(f"migrate: {names}")
+    return 0
+
+
+def _positive(kind: type[float] | type[int], minimum: float = 0) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
+        return value
+
+    return parse
+
+
+def register_enqueuer(sub: Any, common: Common) -> None:
+    p = sub.add_parser(
+        "enqueuer",
+        help="publish committed outbox rows to Redis Streams (LISTEN/NOTIFY + poll)",
+        description="Run the outbox enqueuer until SIGTERM/SIGINT: it is woken by NOTIFY "
+        "outbox_new, claims due rows with FOR UPDATE SKIP LOCKED, publishes each batch in one "
+        "pipelined round trip, deletes what was published and retries the rest with backoff.",
+    )
+    g = p.add_argument_group("enqueuer")
+    g.add_argument("--batch-size", type=_positive(int, 1), default=50, help="rows per claim")
+    g.add_argument("--concurrency", type=_positive(int, 1), default=4, help="batches at once")
+    g.add_argument(
+        "--poll-interval", type=_positive(float, 0.01), default=1.0, help="seconds between polls"
+    )
+    g.add_argument("--shards", type=_positive(int, 1), help="shards per queue (env STREAM_SHARDS)")
+    g.add_argument(
+        "--recover-in-flight-after",
+        type=_positive(float, 1),
+        default=120.0,
+        help="seconds after which a claim whose enqueuer vanished is retried",
+    )
+    g.add_argument(
+        "--maintenance-interval",
+        type=_positive(float, 0.1),
+        default=30.0,
+        help="seconds between SENT clean-up / stale-claim recovery runs",
+    )
+    g.add_argument(
+        "--wait-replicas",
+        type=_positive(int, 0),
+        default=0,
+        help="Redis replicas that must acknowledge a batch (WAIT) before its rows are deleted",
+    )
+    g.add_argument(
+        "--publish-timeout", type=_positive(float, 0.1), default=10.0, help="seconds per batch"
+    )
+    g.add_argument(
+        "--shutdown-timeout",
+        type=_positive(float, 0),
+        default=30.0,
+        help="seconds to finish in-flight batches after SIGTERM",
+    )
+    g.add_argument("--metrics-port", type=_positive(int, 0), help="env METRICS_PORT; 0 = off")
+    g.add_argument("--no-listen", action="store_true", help="poll only, no LISTEN connection")
+    common(p)
+    p.set_defaults(handler=_enqueuer)
+
+
+def _config(args: argparse.Namespace) -> EnqueuerConfig:
+    try:
+        return EnqueuerConfig(
+            batch_size=args.batch_size,
+            concurrency=args.concurrency,
+            poll_interval=args.poll_interval,
+            recover_in_flight_after=args.recover_in_flight_after,
+            maintenance_interval=args.maintenance_interval,
+            wait_replicas=args.wait_replicas,
+            publish_timeout=args.publish_timeout,
+            shutdown_timeout=args.shutdown_timeout,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
+    config = _config(args)
+    dsn = settings.require_database_url()
+    redis = connect_redis(settings.redis_url.get_secret_value(), cluster=settings.redis_cluster)
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        dsn,
+        min_size=1,
+        max_size=config.concurrency + 2,
+        kwargs={"autocommit": True, "application_name": "outbox-dispatcher-enqueuer"},
+        open=False,
+    )
+    try:
+        await pool.open(wait=True, timeout=15)
+        await publish_shard_count(redis, settings.stream_shards)
+        enqueuer = OutboxEnqueuer(
+            repository=OutboxRepository(pool),
+            publisher=RedisStreamPublisher(redis, group="workers"),
+            config=config,
+            listen_conninfo=None if args.no_listen else dsn,
+        )
+        server = ObservabilityServer(
+            port=settings.metrics_port,
+            live=lambda: time.monotonic() - enqueuer.last_loop < max(60, 10 * config.poll_interval),
+            ready=lambda: enqueuer.listener is None or enqueuer.listener.connected,
+        )
+        await server.start()
+        try:
+            await run_until_signalled(enqueuer.run, enqueuer.request_stop)
+        finally:
+            await server.stop()
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(pool.close(), 5)
+        await redis.aclose()
+    return 0

@@ -1,0 +1,18 @@
+"""The transactional outbox: schema, ``enqueue_dispatch`` and the enqueuer."""
+
+from dispatcher.outbox.enqueue import enqueue_dispatch, enqueue_dispatch_async
+from dispatcher.outbox.enqueuer import EnqueuerConfig, OutboxEnqueuer
+from dispatcher.outbox.listener import NOTIFY_CHANNEL, OutboxListener
+from dispatcher.outbox.repository import OutboxRepository
+from dispatcher.outbox.schema import migrate
+
+__all__ = [
+    "NOTIFY_CHANNEL",
+    "EnqueuerConfig",
+    "OutboxEnqueuer",
+    "OutboxListener",
+    "OutboxRepository",
+    "enqueue_dispatch",
+    "enqueue_dispatch_async",
+    "migrate",
+]

@@ -1,0 +1,84 @@
+"""What happens to a claimed row after its publish: pure decisions, no I/O.
+
+``retry_delay`` is exponential backoff with full jitter and a floor of the
+base delay, so enqueuers recovering from a Redis outage spread their retries
+instead of hammering it at the same instant. ``plan_outcomes`` sorts a batch
+into rows to delete, to retry and to dead-letter.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from dispatcher.stream.protocol import PublishResult
+
+__all__ = ["ClaimedRow", "Outcomes", "Retry", "plan_outcomes", "retry_delay"]
+
+DEFAULT_BACKOFF_SECONDS = 5
+DEFAULT_MAX_RETRIES = 5
+MAX_DELAY_SECONDS = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRow:
+    id: str
+    stream: str
+    payload: str | None
+    attempt_count: int
+    max_retries: int
+    backoff_seconds: int
+    age_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Retry:
+    id: str
+    attempt: int
+    delay: float
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Outcomes:
+    sent: list[str] = field(default_factory=list)
+    retry: list[Retry] = field(default_factory=list)
+    dead: list[Retry] = field(default_factory=list)
+
+
+def retry_delay(base_seconds: int, attempt: int, rng: random.Random | None = None) -> float:
+    """Seconds before retry ``attempt`` (1-based): uniform in [base, base + base*2^(attempt-1)]."""
+    base = base_seconds if base_seconds > 0 else DEFAULT_BACKOFF_SECONDS
+    exp = base * 2.0 ** max(attempt - 1, 0)
+    return min(base + (rng or random).random() * exp, MAX_DELAY_SECONDS)
+
+
+def plan_outcomes(
+    rows: Sequence[ClaimedRow],
+    results: Sequence[PublishResult],
+    rng: random.Random | None = None,
+) -> Outcomes:
+    """Sort published rows into sent / retry / dead by their publish results."""
+    out = Outcomes()
+    for row, result in zip(rows, results, strict=True):
+        if result.ok:
+            out.sent.append(row.id)
+            continue
+        attempt = row.attempt_count + 1
+        limit = row.max_retries if row.max_retries > 0 else DEFAULT_MAX_RETRIES
+        error = _describe(result.error)
+        if attempt > limit:
+            out.dead.append(Retry(row.id, attempt, 0.0, error))
+        else:
+            out.retry.append(
+                Retry(row.id, attempt, retry_delay(row.backoff_seconds, attempt, rng), error)
+            )
+    return out
+
+
+def _describe(error: BaseException | None) -> str:
+    if error is None:
+        return "publish returned no entry id"
+    text = str(error).strip() or type(error).__name__
+    return f"{type(error).__name__}: {text}"[:1000]

@@ -1,0 +1,108 @@
+"""``enqueue_dispatch``: write a task's dispatch into the outbox, in the caller's transaction.
+
+One INSERT on the connection or cursor the application already holds; this
+never commits or rolls back, so the dispatch exists exactly when the
+application's own change does. The sync and async functions share the
+statement builder and differ only in how they await.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from dispatcher.models import TaskDispatch
+from dispatcher.outbox.queries import QUERIES
+from dispatcher.stream.naming import DEFAULT_SHARDS, shard_for, task_stream
+
+__all__ = ["enqueue_dispatch", "enqueue_dispatch_async"]
+
+TASK_EXECUTION = "TASK_EXECUTION"
+
+SyncTarget = psycopg.Connection[Any] | psycopg.Cursor[Any]
+AsyncTarget = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
+
+
+def _statement(
+    dispatch: TaskDispatch,
+    *,
+    not_before: datetime | None,
+    shards: int,
+    max_retries: int,
+    backoff_seconds: int,
+) -> tuple[str, dict[str, Any]]:
+    if not_before is not None and not_before.tzinfo is None:
+        raise ValueError("not_before must be timezone-aware (e.g. datetime.now(UTC))")
+    outbox_id = str(uuid.uuid4())
+    params = {
+        "id": outbox_id,
+        "task_id": dispatch.task_id,
+        "stream": task_stream(dispatch.queue, shard_for(dispatch.task_id, shards)),
+        "payload": Jsonb(dispatch.payload(extra=_trace_context())),
+        "type": TASK_EXECUTION,
+        "not_before": not_before,
+        "max_retries": max_retries,
+        "backoff_seconds": backoff_seconds,
+    }
+    return QUERIES["insert_dispatch"], params
+
+
+def _trace_context() -> dict[str, str]:
+    """The active OpenTelemetry context as W3C headers, when OpenTelemetry is installed."""
+    try:
+        from opentelemetry import propagate
+    except ImportError:
+        return {}
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return {k: v for k, v in carrier.items() if k in ("traceparent", "tracestate")}
+
+
+def enqueue_dispatch(
+    target: SyncTarget,
+    dispatch: TaskDispatch,
+    not_before: datetime | None = None,
+    *,
+    shards: int = DEFAULT_SHARDS,
+    max_retries: int = 5,
+    backoff_seconds: int = 5,
+) -> str:
+    """Insert the dispatch into the outbox on ``target``; return the outbox row id.
+
+    ``shards`` must be the shard count workers read (``composer:stream_shards``).
+    The enqueuer publishes the row no earlier than ``not_before``.
+    """
+    query, params = _statement(
+        dispatch,
+        not_before=not_before,
+        shards=shards,
+        max_retries=max_retries,
+        backoff_seconds=backoff_seconds,
+    )
+    target.execute(query, params)
+    return str(params["id"])
+
+
+async def enqueue_dispatch_async(
+    target: AsyncTarget,
+    dispatch: TaskDispatch,
+    not_before: datetime | None = None,
+    *,
+    shards: int = DEFAULT_SHARDS,
+    max_retries: int = 5,
+    backoff_seconds: int = 5,
+) -> str:
+    """The async twin of ``enqueue_dispatch`` for ``AsyncConnection``/``AsyncCursor``."""
+    query, params = _statement(
+        dispatch,
+        not_before=not_before,
+        shards=shards,
+        max_retries=max_retries,
+        backoff_seconds=backoff_seconds,
+    )
+    await target.execute(query, params)
+    return str(params["id"])

@@ -1,0 +1,258 @@
+"""The outbox enqueuer: committed outbox rows -> Redis stream entries, then deleted.
+
+The loop runs claim batches with bounded concurrency. Between batches it
+waits for whichever comes first: a full batch (more work waiting, go again at
+once), a wake-up from the LISTEN connection, or the poll interval (retries
+coming due, lost notifications). A batch is claimed under a fresh token,
+published in one pipelined round trip, then settled: published rows are
+deleted, failed ones rescheduled with backoff or dead-lettered. Every write
+names the token, so a paused enqueuer that wakes late touches nothing it no
+longer owns. A maintenance loop deletes SENT rows and recovers claims whose
+enqueuer died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from dispatcher.models import payload_fields
+from dispatcher.outbox import metrics
+from dispatcher.outbox.backoff import ClaimedRow, Outcomes, plan_outcomes
+from dispatcher.outbox.listener import OutboxListener
+from dispatcher.outbox.repository import Claim, OutboxRepository
+from dispatcher.stream.protocol import PublishResult
+from dispatcher.stream.publisher import RedisStreamPublisher
+
+__all__ = ["EnqueuerConfig", "OutboxEnqueuer"]
+
+log = logging.getLogger(__name__)
+
+FALLBACK_STREAM = "workflow.tasks"
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueuerConfig:
+    batch_size: int = 50
+    concurrency: int = 4
+    poll_interval: float = 1.0
+    recover_in_flight_after: float = 120.0
+    maintenance_interval: float = 30.0
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 1000
+    publish_timeout: float = 10.0
+    shutdown_timeout: float = 30.0
+    listener_rotate_after: float = 600.0
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.concurrency < 1:
+            raise ValueError("batch size and concurrency must be >= 1")
+        if self.poll_interval <= 0 or self.maintenance_interval <= 0:
+            raise ValueError("poll and maintenance intervals must be > 0")
+        if self.recover_in_flight_after <= self.publish_timeout:
+            raise ValueError(
+                "recover-in-flight-after must exceed the publish timeout "
+                f"({self.publish_timeout} s), or live claims would be recovered"
+            )
+
+
+class OutboxEnqueuer:
+    """Drains the outbox into Redis Streams until ``request_stop()``.
+
+    ``listen_conninfo`` enables the LISTEN wake-up; without it the enqueuer
+    only polls.
+    """
+
+    def __init__(
+        self,
+        *,
+        repository: OutboxRepository,
+        publisher: RedisStreamPublisher,
+        config: EnqueuerConfig = EnqueuerConfig(),
+        listen_conninfo: str | None = None,
+    ) -> None:
+        self.config = config
+        self._repo = repository
+        self._publisher = publisher
+        self._kick = asyncio.Event()
+        self._stopping = False
+        self._active: dict[uuid.UUID, list[str]] = {}
+        self.last_loop = time.monotonic()
+        self.listener = (
+            OutboxListener(
+                conninfo=listen_conninfo,
+                wake=self.wake,
+                rotate_after=config.listener_rotate_after,
+                on_state=lambda up: metrics.LISTENER_CONNECTED.set(1 if up else 0),
+            )
+            if listen_conninfo
+            else None
+        )
+
+    def wake(self) -> None:
+        """Ask the loop to claim now; any number of calls collapse into one wake-up."""
+        self._kick.set()
+
+    def request_stop(self) -> None:
+        """Stop claiming; in-flight batches finish (bounded by ``shutdown_timeout``)."""
+        self._stopping = True
+        self._kick.set()
+
+    async def run(self) -> None:
+        log.info(
+            "outbox enqueuer starting",
+            extra={"batch_size": self.config.batch_size, "concurrency": self.config.concurrency},
+        )
+        helpers = [asyncio.create_task(self._maintenance_loop(), name="outbox-maintenance")]
+        if self.listener:
+            helpers.append(asyncio.create_task(self.listener.run(), name="outbox-listener"))
+        batches: set[asyncio.Task[int]] = set()
+        try:
+            await self._main_loop(batches)
+        finally:
+            await self._drain(batches)
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            log.info("outbox enqueuer stopped")
+
+    async def _main_loop(self, batches: set[asyncio.Task[int]]) -> None:
+        slots = asyncio.Semaphore(self.config.concurrency)
+        while not self._stopping:
+            await slots.acquire()
+            if self._stopping:
+                slots.release()
+                break
+            task = asyncio.create_task(self._batch_in_slot(slots))
+            batches.add(task)
+            task.add_done_callback(batches.discard)
+            self.last_loop = time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), self.config.poll_interval)
+            self._kick.clear()
+
+    async def _batch_in_slot(self, slots: asyncio.Semaphore) -> int:
+        try:
+            count = await self.process_batch()
+        except Exception:
+            log.exception("outbox batch failed; its rows are retried or recovered")
+            return 0
+        finally:
+            slots.release()
+        if count >= self.config.batch_size:
+            self._kick.set()  # a full batch: more rows are likely waiting
+        return count
+
+    async def _drain(self, batches: set[asyncio.Task[int]]) -> None:
+        """Let running batches finish; past the timeout cancel them and release their claims."""
+        if batches:
+            _, late = await asyncio.wait(batches, timeout=self.config.shutdown_timeout)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        for token, ids in list(self._active.items()):
+            with contextlib.suppress(Exception):
+                released = await self._repo.release(token, ids)
+                log.warning("released %d claimed rows at shutdown", released)
+
+    async def process_batch(self) -> int:
+        """Claim, publish and settle one batch; return how many rows were claimed."""
+        claim = await self._repo.claim(self.config.batch_size)
+        if not claim.rows:
+            return 0
+        self._active[claim.token] = [r.id for r in claim.rows]
+        metrics.IN_FLIGHT.inc(len(claim.rows))
+        try:
+            results = await self._publish(claim.rows)
+            outcomes = plan_outcomes(claim.rows, results)
+            await self._settle(claim, outcomes)
+        finally:
+            metrics.IN_FLIGHT.dec(len(claim.rows))
+            self._active.pop(claim.token, None)
+        metrics.BATCHES.inc()
+        return len(claim.rows)
+
+    async def _publish(self, rows: list[ClaimedRow]) -> list[PublishResult]:
+        entries = [(r.stream or FALLBACK_STREAM, payload_fields(r.payload, r.id)) for r in rows]
+        started = time.monotonic()
+        try:
+            results = await asyncio.wait_for(
+                self._publisher.publish_many(
+                    entries,
+                    wait_replicas=self.config.wait_replicas,
+                    wait_timeout_ms=self.config.wait_timeout_ms,
+                ),
+                self.config.publish_timeout,
+            )
+        except (TimeoutError, RedisError, OSError) as exc:
+            results = [PublishResult(stream=s, error=exc) for s, _ in entries]
+        elapsed = time.monotonic() - started
+        metrics.PUBLISH_LATENCY.observe(elapsed)
+        for row, result in zip(rows, results, strict=True):
+            if result.ok:
+                metrics.COMMIT_TO_PUBLISH.observe(row.age_seconds + elapsed)
+        return results
+
+    async def _settle(self, claim: Claim, outcomes: Outcomes) -> None:
+        streams = {r.id: r.stream for r in claim.rows}
+        if outcomes.sent:
+            await self._delete_sent(claim.token, outcomes.sent)
+            for row_id in outcomes.sent:
+                metrics.PROCESSED.labels(metrics.queue_label(streams[row_id])).inc()
+        if outcomes.retry:
+            await self._repo.schedule_retries(claim.token, outcomes.retry)
+            for r in outcomes.retry:
+                metrics.FAILED.labels(metrics.queue_label(streams[r.id])).inc()
+            log.warning(
+                "publish failed for %d rows; retrying with backoff: %s",
+                len(outcomes.retry),
+                outcomes.retry[0].error,
+            )
+        if outcomes.dead:
+            await self._repo.move_to_dlq(claim.token, outcomes.dead)
+            for r in outcomes.dead:
+                metrics.DLQ.labels(metrics.queue_label(streams[r.id])).inc()
+            log.error(
+                "%d rows exhausted their retries and moved to outbox_dlq: %s",
+                len(outcomes.dead),
+                outcomes.dead[0].error,
+            )
+
+    async def _delete_sent(self, token: uuid.UUID, ids: list[str]) -> None:
+        try:
+            await self._repo.delete_sent(token, ids)
+        except Exception as exc:
+            log.error("deleting %d sent rows failed (%s); marking them SENT", len(ids), exc)
+            await self._repo.mark_sent(token, ids)
+
+    async def _maintenance_loop(self) -> None:
+        while True:
+            try:
+                await self.maintenance_once()
+            except Exception as exc:
+                log.error("outbox maintenance failed: %s", exc, exc_info=True)
+            await asyncio.sleep(self.config.maintenance_interval)
+
+    async def maintenance_once(self) -> dict[str, Any]:
+        """Delete SENT rows, recover stale claims, refresh the depth gauge."""
+        cleaned = await self._repo.cleanup_sent()
+        retried, dead = await self._repo.recover_stale(self.config.recover_in_flight_after)
+        if retried or dead:
+            metrics.RECOVERED.labels("retry").inc(retried)
+            metrics.RECOVERED.labels("dlq").inc(dead)
+            log.warning(
+                "recovered stale IN_FLIGHT rows",
+                extra={"retried": retried, "dead_lettered": dead},
+            )
+            self.wake()
+        counts = await self._repo.status_counts()
+        for status in ("PENDING", "RETRY", "IN_FLIGHT", "SENT", "DLQ"):
+            metrics.OUTBOX_DEPTH.labels(status).set(counts.by_status.get(status, 0))
+        return {"cleaned": cleaned, "retried": retried, "dead": dead}

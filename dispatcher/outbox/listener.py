@@ -1,0 +1,96 @@
+"""The LISTEN side of the enqueuer: a dedicated connection that turns NOTIFY into wake-ups.
+
+LISTEN is session state, so it never runs on a pooled connection: this holds
+its own autocommit connection, reconnects with backoff (1 s doubling to 30 s)
+and rotates it periodically (so a silently half-dead TCP session cannot
+linger). After every (re)connect it wakes the enqueuer once, to catch rows
+committed while nobody was listening; with the poll fallback, a lost
+notification can delay a dispatch but never lose it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+import psycopg
+
+__all__ = ["NOTIFY_CHANNEL", "OutboxListener"]
+
+NOTIFY_CHANNEL = "outbox_new"
+
+log = logging.getLogger(__name__)
+
+
+class OutboxListener:
+    def __init__(
+        self,
+        *,
+        conninfo: str,
+        wake: Callable[[], None],
+        rotate_after: float = 600.0,
+        initial_backoff: float = 1.0,
+        max_backoff: float = 30.0,
+        on_state: Callable[[bool], None] = lambda connected: None,
+    ) -> None:
+        self._conninfo = conninfo
+        self._wake = wake
+        self._rotate_after = rotate_after
+        self._initial_backoff = initial_backoff
+        self._max_backoff = max_backoff
+        self._on_state = on_state
+        self.connected = False
+        self.connects = 0
+
+    async def run(self) -> None:
+        """Listen until cancelled; never raises on connection trouble."""
+        backoff = self._initial_backoff
+        while True:
+            connects_before = self.connects
+            try:
+                await self._listen_once()
+            except (psycopg.Error, OSError) as exc:
+                if self.connects > connects_before:  # it was up: start the backoff over
+                    backoff = self._initial_backoff
+                log.warning(
+                    "outbox listener disconnected (%s); polling until it reconnects in %.0f s",
+                    _first_line(exc),
+                    backoff,
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+            else:
+                backoff = self._initial_backoff
+
+    async def _listen_once(self) -> None:
+        conn = await psycopg.AsyncConnection.connect(
+            self._conninfo,
+            autocommit=True,
+            keepalives=1,
+            keepalives_idle=10,
+            keepalives_interval=5,
+            keepalives_count=3,
+            application_name="outbox-dispatcher-listener",
+        )
+        try:
+            await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            self.connects += 1
+            self._set_connected(True)
+            self._wake()
+            async for _ in conn.notifies(timeout=self._rotate_after):
+                self._wake()
+            log.debug("rotating the outbox listener connection")
+        finally:
+            self._set_connected(False)
+            await conn.close()
+
+    def _set_connected(self, connected: bool) -> None:
+        if connected != self.connected:
+            self.connected = connected
+            self._on_state(connected)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

@@ -1,0 +1,53 @@
+"""Prometheus metrics of the enqueuer (``dispatcher_outbox_*``)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from dispatcher.stream.naming import parse_task_stream
+
+__all__ = [
+    "BATCHES",
+    "COMMIT_TO_PUBLISH",
+    "DLQ",
+    "FAILED",
+    "IN_FLIGHT",
+    "LISTENER_CONNECTED",
+    "OUTBOX_DEPTH",
+    "PROCESSED",
+    "PUBLISH_LATENCY",
+    "RECOVERED",
+    "queue_label",
+]
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+PROCESSED = Counter("dispatcher_outbox_processed", "Outbox rows published and deleted", ["queue"])
+FAILED = Counter("dispatcher_outbox_failed", "Outbox rows whose publish failed", ["queue"])
+DLQ = Counter("dispatcher_outbox_dlq", "Outbox rows moved to outbox_dlq", ["queue"])
+RECOVERED = Counter(
+    "dispatcher_outbox_recovered", "Stale IN_FLIGHT claims reset by maintenance", ["outcome"]
+)
+BATCHES = Counter("dispatcher_outbox_batches", "Claim batches processed (non-empty)")
+IN_FLIGHT = Gauge("dispatcher_outbox_in_flight", "Rows claimed by this process, not yet settled")
+PUBLISH_LATENCY = Histogram(
+    "dispatcher_outbox_publish_seconds",
+    "Duration of one pipelined publish of a batch",
+    buckets=_LATENCY_BUCKETS,
+)
+COMMIT_TO_PUBLISH = Histogram(
+    "dispatcher_outbox_commit_to_publish_seconds",
+    "Row creation (its transaction's start) to its entry stored in Redis",
+    buckets=_LATENCY_BUCKETS,
+)
+OUTBOX_DEPTH = Gauge("dispatcher_outbox_depth", "Outbox rows by status", ["status"])
+LISTENER_CONNECTED = Gauge(
+    "dispatcher_outbox_listener_connected", "1 while the LISTEN connection is up"
+)
+
+
+def queue_label(stream: str) -> str:
+    try:
+        return parse_task_stream(stream)[0]
+    except ValueError:
+        return "other"

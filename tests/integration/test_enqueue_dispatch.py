@@ -1,0 +1,79 @@
+"""``enqueue_dispatch`` writes one row in the caller's transaction, sync and async."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from dispatcher.models import TaskDispatch
+from dispatcher.outbox import enqueue_dispatch, enqueue_dispatch_async
+from dispatcher.stream import shard_for, task_stream
+
+
+def dispatch(task_id: str = "t8", queue: str = "http") -> TaskDispatch:
+    return TaskDispatch(
+        task_id=task_id, run_id="r1", workflow_id="wf", workflow_version=2,
+        node_id="n", node_type="http", queue=queue, attempt=1, input='{"k": [1, 2]}',
+    )  # fmt: skip
+
+
+def rows(url: str) -> list[tuple[str, str, str, dict[str, object], str]]:
+    with psycopg.connect(url) as conn:
+        return conn.execute(
+            "SELECT id, task_id, stream, payload, status FROM outbox ORDER BY created_at"
+        ).fetchall()
+
+
+def test_sync_insert_commits_with_the_callers_transaction(db_url: str) -> None:
+    with psycopg.connect(db_url) as conn:
+        outbox_id = enqueue_dispatch(conn, dispatch(), shards=8)
+        assert rows(db_url) == []  # not visible before the caller commits
+    (row,) = rows(db_url)
+    assert row[0] == outbox_id
+    assert row[1:3] == ("t8", task_stream("http", shard_for("t8", 8)))
+    assert row[3]["input"] == '{"k": [1, 2]}'
+    assert row[3]["workflow_version"] == 2
+    assert row[4] == "PENDING"
+
+
+def test_sync_insert_on_a_cursor_rolls_back_with_the_caller(db_url: str) -> None:
+    with psycopg.connect(db_url) as conn, conn.cursor() as cur:
+        enqueue_dispatch(cur, dispatch())
+        conn.rollback()
+    assert rows(db_url) == []
+
+
+async def test_async_twin(db_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        async with conn.transaction():
+            await enqueue_dispatch_async(conn, dispatch("a1"))
+            await enqueue_dispatch_async(conn.cursor(), dispatch("a2"))
+        try:
+            async with conn.transaction():
+                await enqueue_dispatch_async(conn, dispatch("rolled-back"))
+                raise RuntimeError("business logic failed")
+        except RuntimeError:
+            pass
+    assert [r[1] for r in rows(db_url)] == ["a1", "a2"]
+
+
+def test_not_before_must_be_timezone_aware(db_url: str) -> None:
+    with psycopg.connect(db_url) as conn, pytest.raises(ValueError, match="timezone-aware"):
+        enqueue_dispatch(conn, dispatch(), datetime.now() + timedelta(seconds=5))
+    later = datetime.now(UTC) + timedelta(hours=1)
+    with psycopg.connect(db_url) as conn:
+        enqueue_dispatch(conn, dispatch(), later)
+        stored = conn.execute("SELECT next_attempt_at FROM outbox").fetchone()
+    assert stored is not None
+    assert stored[0] == later
+
+
+def test_payload_is_the_message_without_its_queue(db_url: str) -> None:
+    with psycopg.connect(db_url) as conn:
+        enqueue_dispatch(conn, dispatch())
+    payload = rows(db_url)[0][3]
+    assert "queue" not in payload
+    assert json.loads(str(payload["input"])) == {"k": [1, 2]}

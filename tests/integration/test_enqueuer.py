@@ -1,0 +1,213 @@
+"""The enqueuer against real PostgreSQL and Redis: publish, claim bounds, retries, DLQ, listener."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from dispatcher.models import TaskDispatch, TaskMessage
+from dispatcher.outbox import OutboxRepository, enqueue_dispatch
+from dispatcher.redis_client import RedisClient, connect_redis
+from dispatcher.stream import shard_for, task_stream
+from tests.fix_outbox import insert_rows, make_enqueuer, outbox_status, published, running
+from tests.fix_servers import RedisProcess
+from tests.helpers import eventually
+
+
+def dispatch(task_id: str, queue: str) -> TaskDispatch:
+    return TaskDispatch(
+        task_id=task_id, run_id="r1", workflow_id="wf", workflow_version=3, node_id="n1",
+        node_type="http", queue=queue, attempt=1, input='{"url": "https://x.test"}',
+    )  # fmt: skip
+
+
+async def test_committed_dispatch_reaches_its_shard_and_rolled_back_never_does(
+    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+) -> None:
+    enqueuer = make_enqueuer(pool, redis_standalone, listen=db_url, poll_interval=30)
+    async with running(enqueuer):
+        await eventually(lambda: _true(enqueuer.listener and enqueuer.listener.connected))
+        with psycopg.connect(db_url) as conn:
+            enqueue_dispatch(conn, dispatch("rolled-back", queue))
+            conn.rollback()
+            outbox_id = enqueue_dispatch(conn, dispatch("t8", queue))
+        # The poll interval is 30 s: only the NOTIFY wake-up can publish this in time.
+        await eventually(lambda: _has_entries(redis_standalone, queue, 1), within=10)
+
+    (entry,) = await published(redis_standalone, queue)
+    assert entry["_stream"] == task_stream(queue, shard_for("t8", 4))
+    assert entry["outbox_id"] == outbox_id
+    message = TaskMessage.from_fields({k: v for k, v in entry.items() if k != "_stream"})
+    assert (message.task_id, message.workflow_version) == ("t8", 3)
+    assert message.input == {"url": "https://x.test"}
+    assert outbox_status(db_url) == {}
+
+
+async def test_not_before_is_never_published_early(
+    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+) -> None:
+    not_before = datetime.now(UTC) + timedelta(seconds=1.5)
+    with psycopg.connect(db_url) as conn:
+        enqueue_dispatch(conn, dispatch("later", queue), not_before)
+    enqueuer = make_enqueuer(pool, redis_standalone, poll_interval=0.1)
+    async with running(enqueuer):
+        await eventually(lambda: _has_entries(redis_standalone, queue, 1), within=10)
+    stream = task_stream(queue, shard_for("later", 4))
+    ((entry_id, _),) = await redis_standalone.xrange(stream)
+    stored_at_ms = int(entry_id.split("-")[0])  # Redis's clock, same machine
+    assert stored_at_ms >= not_before.timestamp() * 1000
+
+
+async def test_claim_never_exceeds_the_batch_size_under_concurrency(
+    db_url: str, pool: AsyncConnectionPool[Any], queue: str
+) -> None:
+    insert_rows(db_url, 10_000, queue=queue)
+    repo = OutboxRepository(pool)
+    sizes: list[int] = []
+    claimed: list[str] = []
+
+    async def claimer() -> None:
+        while rows := (await repo.claim(50)).rows:
+            sizes.append(len(rows))
+            claimed.extend(r.id for r in rows)
+
+    await asyncio.gather(*(claimer() for _ in range(8)))
+
+    assert max(sizes) <= 50
+    assert len(claimed) == len(set(claimed)) == 10_000
+
+
+async def test_two_enqueuers_publish_every_row_exactly_once(
+    db_url: str, pool: AsyncConnectionPool[Any], redis_url: str, queue: str
+) -> None:
+    ids = insert_rows(db_url, 10_000, queue=queue)
+    clients = [connect_redis(redis_url), connect_redis(redis_url)]
+    pools = [pool, AsyncConnectionPool(db_url, kwargs={"autocommit": True}, open=False)]
+    await pools[1].open()
+    enqueuers = [
+        make_enqueuer(p, c, listen=db_url, poll_interval=0.2)
+        for p, c in zip(pools, clients, strict=True)
+    ]
+    async with running(enqueuers[0]), running(enqueuers[1]):
+        await eventually(lambda: _true(outbox_status(db_url) == {}), within=60)
+
+    entries = await published(clients[0], queue)
+    assert sorted(e["outbox_id"] for e in entries) == sorted(ids)
+    await pools[1].close()
+    for c in clients:
+        await c.aclose()
+
+
+async def test_redis_down_means_retry_with_growing_backoff_then_publish(
+    db_url: str, pool: AsyncConnectionPool[Any], redis_process: RedisProcess, queue: str
+) -> None:
+    ids = insert_rows(db_url, 20, queue=queue, backoff=1, max_retries=10)
+    client = connect_redis(redis_process.url, socket_timeout=1)
+    enqueuer = make_enqueuer(pool, client, publish_timeout=2)
+    redis_process.stop()
+
+    ceilings = []
+    for attempt in (1, 2, 3):
+        assert await enqueuer.process_batch() == 20
+        delays = _retry_delays(db_url)
+        assert set(delays) == {attempt}, "every row counted one more failed attempt"
+        ceiling = 1 + 1 * 2 ** (attempt - 1)  # full jitter in [base, base + base*2^(n-1)]
+        assert all(1 <= d <= ceiling + 0.5 for d in delays[attempt])
+        ceilings.append(max(delays[attempt]))
+        _make_due(db_url)
+    assert outbox_status(db_url) == {"RETRY": 20}
+    # Delays grow: the longest of 20 draws at attempt n beats attempt n-1's ceiling
+    # (each fails to with probability 2^-20).
+    assert ceilings[1] > 2
+    assert ceilings[2] > 3
+
+    redis_process.start()
+    assert await enqueuer.process_batch() == 20
+    assert sorted(e["outbox_id"] for e in await published(client, queue)) == sorted(ids)
+    assert outbox_status(db_url) == {}
+    await client.aclose()
+
+
+async def test_a_row_that_always_fails_lands_in_the_dlq(
+    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+) -> None:
+    (row_id,) = insert_rows(db_url, 1, queue=queue, shards=1, max_retries=2, backoff=1)
+    await redis_standalone.set(task_stream(queue, 0), "a string, not a stream")  # WRONGTYPE
+    enqueuer = make_enqueuer(pool, redis_standalone)
+
+    for _ in range(3):
+        await enqueuer.process_batch()
+        _make_due(db_url)
+
+    assert outbox_status(db_url) == {"DLQ": 1}
+    with psycopg.connect(db_url) as conn:
+        dlq = conn.execute("SELECT id, attempts, last_error FROM outbox_dlq").fetchall()
+    assert [(r[0], r[1]) for r in dlq] == [(row_id, 3)]
+    assert "WRONGTYPE" in dlq[0][2]
+
+
+async def test_non_object_payloads_are_published_per_contract(
+    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+) -> None:
+    stream = task_stream(queue, 0)
+    with psycopg.connect(db_url) as conn:
+        for row_id, payload in [("arr", "[1, 2]"), ("str", '"hello"'), ("nul", None)]:
+            conn.execute(
+                "INSERT INTO outbox (id, stream, payload) VALUES (%s, %s, %s::jsonb)",
+                (row_id, stream, payload),
+            )
+    assert await make_enqueuer(pool, redis_standalone).process_batch() == 3
+    entries = {f["outbox_id"]: f for _id, f in await redis_standalone.xrange(stream)}
+    assert entries["arr"] == {"data": "[1, 2]", "outbox_id": "arr"}
+    assert entries["str"] == {"data": '"hello"', "outbox_id": "str"}
+    assert entries["nul"] == {"id": "nul", "outbox_id": "nul"}
+
+
+async def test_listener_reconnects_after_its_backend_is_killed(
+    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+) -> None:
+    enqueuer = make_enqueuer(pool, redis_standalone, listen=db_url, poll_interval=60)
+    assert enqueuer.listener is not None
+    listener = enqueuer.listener
+    async with running(enqueuer):
+        await eventually(lambda: _true(listener.connected))
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            killed = conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'outbox-dispatcher-listener'"
+                " AND datname = current_database()"
+            ).fetchall()
+            assert killed == [(True,)]
+            # Committed while nobody listens; the poll is 60 s away.
+            insert_rows(db_url, 5, queue=queue)
+        await eventually(lambda: _has_entries(redis_standalone, queue, 5), within=20)
+        assert listener.connects >= 2
+
+
+def _retry_delays(url: str) -> dict[int, list[float]]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT attempt_count, extract(epoch FROM next_attempt_at - updated_at)::float8 "
+            "FROM outbox WHERE status = 'RETRY'"
+        ).fetchall()
+    out: dict[int, list[float]] = {}
+    for attempt, delay in rows:
+        out.setdefault(attempt, []).append(delay)
+    return out
+
+
+def _make_due(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE outbox SET next_attempt_at = now() WHERE status = 'RETRY'")
+
+
+async def _true(value: object) -> bool:
+    return bool(value)
+
+
+async def _has_entries(client: RedisClient, queue: str, n: int) -> bool:
+    return len(await published(client, queue)) >= n
