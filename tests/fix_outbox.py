@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
+import urllib.request
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -86,3 +90,25 @@ async def running(enqueuer: OutboxEnqueuer) -> AsyncIterator[OutboxEnqueuer]:
     finally:
         enqueuer.request_stop()
         await asyncio.wait_for(task, 30)
+
+
+def spawn_enqueuer(
+    db_url: str, redis_url: str, log_path: Path, *flags: str
+) -> subprocess.Popen[bytes]:
+    """``dispatcher enqueuer`` in its own process (for kill/stop/term tests)."""
+    log = log_path.open("ab")
+    return subprocess.Popen(
+        [sys.executable, "-m", "dispatcher.cli.main", "enqueuer",
+         "--database-url", db_url, "--redis-url", redis_url, *flags],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+
+
+def metric(port: int, name: str) -> float:
+    """Sum of a Prometheus metric's samples from a process's /metrics (0 if absent)."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in body.splitlines()
+        if line.startswith(name) and not line.startswith("#")
+    )
