@@ -1,0 +1,30 @@
+"""The worker runtime: read a queue's shard streams, run a handler, ack, reclaim, dead-letter.
+
+``Worker`` (``runtime.py``) wires the parts: per-stream loops (``reader.py``),
+the shared handler slots (``slots.py``), what happens to one delivery
+(``delivery.py``), duplicate suppression (``dedup.py``), dead letters
+(``dead_letter.py``), the user's handler (``handler.py``) and metrics
+(``metrics.py``).
+"""
+
+from dispatcher.worker.config import WorkerConfig, default_consumer_name
+from dispatcher.worker.dead_letter import dead_letter_fields
+from dispatcher.worker.dedup import AttemptGuard, Claim, done_key, lease_key
+from dispatcher.worker.delivery import Outcome
+from dispatcher.worker.handler import Handler, HandlerImportError, load_handler
+from dispatcher.worker.runtime import Worker
+
+__all__ = [
+    "AttemptGuard",
+    "Claim",
+    "Handler",
+    "HandlerImportError",
+    "Outcome",
+    "Worker",
+    "WorkerConfig",
+    "dead_letter_fields",
+    "default_consumer_name",
+    "done_key",
+    "lease_key",
+    "load_handler",
+]

@@ -1,0 +1,149 @@
+"""Duplicate suppression for task attempts: a lease while running, a done mark after.
+
+Delivery is at-least-once (the outbox may publish a row twice, a reclaim may
+hand out an entry whose first run is still going). Two Redis keys per task
+attempt (``TaskMessage.dedup_key`` = ``<task_id>:<attempt>``) turn most
+duplicates into no-ops:
+
+- ``dispatcher:lease:<task_id>:<attempt>`` — SET NX PX with this worker's
+  token before the handler runs, renewed every third of its TTL while it
+  runs, deleted (only if still ours) when the handler fails. While it exists,
+  no other delivery of the attempt runs: that delivery stays pending and is
+  reclaimed later.
+- ``dispatcher:done:<task_id>:<attempt>`` — written after the handler
+  succeeded, kept for the dedup window (default 24 h). A delivery of a done
+  attempt is acked without running.
+
+After a success the lease is left to expire rather than deleted, so a
+duplicate that read "not done" just before the done mark was written cannot
+take the lease until long after the mark exists.
+
+What this does *not* guarantee (be honest with handler authors):
+
+- Effectively-once only within the dedup window; an attempt re-delivered
+  after its done key expired runs again.
+- A crash (or a lost connection) between the handler's success and the done
+  write re-runs the attempt: handlers must still be idempotent.
+- A lease that expires while the handler is still running (the process is
+  stalled longer than the TTL, or Redis is unreachable for that long) lets
+  another worker run the same attempt concurrently.
+- Different attempts of one task (``attempt`` 1, 2...) are different
+  identities by design: a retry is meant to run.
+- On Redis Cluster the two keys live in different slots; every operation is
+  a single-key command (or a single-key script), never a multi-key
+  transaction, so there is no atomicity across them beyond the ordering above.
+- The keys are independent of the stream: a failover that loses recent
+  writes on a replica-less primary can lose a done mark too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from dispatcher.redis_client import RedisClient
+
+__all__ = ["AttemptGuard", "Claim", "done_key", "lease_key"]
+
+log = logging.getLogger(__name__)
+
+LEASE_PREFIX = "dispatcher:lease:"
+DONE_PREFIX = "dispatcher:done:"
+
+_RENEW = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('pexpire', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+  return redis.call('del', KEYS[1])
+end
+return 0
+"""
+
+
+def lease_key(dedup_key: str) -> str:
+    return f"{LEASE_PREFIX}{dedup_key}"
+
+
+def done_key(dedup_key: str) -> str:
+    return f"{DONE_PREFIX}{dedup_key}"
+
+
+class Claim(enum.Enum):
+    """What ``AttemptGuard.claim`` found for one delivery."""
+
+    ACQUIRED = "acquired"  # the lease is ours: run the handler
+    DONE = "done"  # the attempt already succeeded: ack without running
+    BUSY = "busy"  # another run holds the lease: leave the entry pending
+
+
+class AttemptGuard:
+    """Lease and done keys of task attempts, for one worker process."""
+
+    def __init__(
+        self, client: RedisClient, *, owner: str, lease_ttl_ms: int, done_ttl_ms: int
+    ) -> None:
+        self._client = client
+        self._token = f"{owner}:{uuid.uuid4().hex[:12]}"
+        self.lease_ttl_ms = lease_ttl_ms
+        self.done_ttl_ms = done_ttl_ms
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+
+    async def claim(self, dedup_key: str) -> Claim:
+        """Try to take the lease and read the done mark in one round trip."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.set(lease_key(dedup_key), self._token, nx=True, px=self.lease_ttl_ms)
+        pipe.exists(done_key(dedup_key))
+        acquired, done = await pipe.execute()
+        if done:
+            if acquired:
+                await self.release(dedup_key)
+            return Claim.DONE
+        return Claim.ACQUIRED if acquired else Claim.BUSY
+
+    async def mark_done(self, dedup_key: str) -> None:
+        await self._client.set(done_key(dedup_key), "1", px=self.done_ttl_ms)
+
+    async def release(self, dedup_key: str) -> None:
+        """Delete the lease if it is still ours (a failed run: let a retry take it)."""
+        await self._release(keys=[lease_key(dedup_key)], args=[self._token])
+
+    @contextlib.asynccontextmanager
+    async def renewed(self, dedup_key: str) -> AsyncIterator[None]:
+        """Keep the lease alive while the body runs."""
+        task = asyncio.create_task(self._keep_alive(dedup_key), name=f"lease {dedup_key}")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _keep_alive(self, dedup_key: str) -> None:
+        interval = self.lease_ttl_ms / 3000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                kept: Any = await self._renew(
+                    keys=[lease_key(dedup_key)], args=[self._token, self.lease_ttl_ms]
+                )
+            except (RedisError, OSError) as exc:
+                log.warning("cannot renew lease: %s", exc, extra={"dedup_key": dedup_key})
+                continue
+            if not kept:
+                log.warning(
+                    "lease lost while the handler runs; another worker may run it too",
+                    extra={"dedup_key": dedup_key},
+                )
+                return

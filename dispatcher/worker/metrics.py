@@ -1,0 +1,78 @@
+"""Prometheus metrics of the worker runtime (``dispatcher_worker_*``).
+
+Each ``Worker`` registers its metrics in the registry it is given; the CLI
+passes the process-wide default registry, tests and embedders may pass their
+own so several workers can live in one process.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from dispatcher.stream.stats import StreamStats
+
+__all__ = ["WorkerMetrics"]
+
+_PREFIX = "dispatcher_worker_"
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+
+class WorkerMetrics:
+    """The counters, histogram and gauges one worker updates."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        q = ["queue"]
+        self.handled = Counter(
+            _PREFIX + "handled", "Messages whose handler succeeded (acked).", q, registry=registry
+        )
+        self.failed = Counter(
+            _PREFIX + "failed", "Handler runs that raised (left pending).", q, registry=registry
+        )
+        self.dead_lettered = Counter(
+            _PREFIX + "dead_lettered",
+            "Messages moved to workflow.dead.<queue>, by reason.",
+            [*q, "reason"],
+            registry=registry,
+        )
+        self.duplicates = Counter(
+            _PREFIX + "duplicates_suppressed",
+            "Deliveries of an attempt already done: acked without running.",
+            q,
+            registry=registry,
+        )
+        self.lease_busy = Counter(
+            _PREFIX + "lease_busy",
+            "Deliveries left pending because another run holds the attempt's lease.",
+            q,
+            registry=registry,
+        )
+        self.latency = Histogram(
+            _PREFIX + "handler_seconds",
+            "Handler run time.",
+            q,
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._add_gauges(registry)
+
+    def _add_gauges(self, registry: CollectorRegistry) -> None:
+        s = ["queue", "stream"]
+        self.in_flight = Gauge(_PREFIX + "in_flight", "Handlers running now.", registry=registry)
+        self.streams = Gauge(_PREFIX + "streams", "Shard streams being read.", registry=registry)
+        self.stream_length = Gauge(
+            _PREFIX + "stream_length",
+            "XLEN of a shard stream: backlog plus in-flight entries (acked ones are deleted).",
+            s,
+            registry=registry,
+        )
+        self.stream_pending = Gauge(
+            _PREFIX + "stream_pending",
+            "Entries delivered to the group and not yet acked.",
+            s,
+            registry=registry,
+        )
+
+    def observe_stream(self, queue: str, stats: StreamStats) -> None:
+        self.stream_length.labels(queue, stats.stream).set(stats.length)
+        self.stream_pending.labels(queue, stats.stream).set(stats.pending)

@@ -1,0 +1,96 @@
+"""The two loops of one shard stream: read new entries, reclaim orphaned ones.
+
+Each stream has its own blocking XREADGROUP loop (one single-key command at a
+time: Cluster-safe, and a quiet shard never delays a busy one) and its own
+XAUTOCLAIM loop. Both hand entries to the worker's ``submit``, which waits
+for a handler slot. Redis errors are logged and retried with a capped
+backoff; a loop never dies of a transient failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from redis.exceptions import RedisError
+
+from dispatcher.stream.consumer import RedisStreamConsumer
+from dispatcher.stream.protocol import Message
+from dispatcher.stream.publisher import error_code
+from dispatcher.worker.slots import SlotPool
+
+__all__ = ["StreamReader", "Submit"]
+
+log = logging.getLogger(__name__)
+
+Submit = Callable[["StreamReader", Message], Awaitable[None]]
+
+_BACKOFF_FIRST = 0.1
+_BACKOFF_MAX = 5.0
+_SLOT_POLL = 0.2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamReader:
+    """Reads one stream of one queue for a worker until ``stopping`` is set."""
+
+    consumer: RedisStreamConsumer
+    queue: str
+    slots: SlotPool
+    submit: Submit
+    stopping: asyncio.Event
+    reclaim_idle_ms: int
+    on_redis_ok: Callable[[], None]
+
+    @property
+    def stream(self) -> str:
+        return self.consumer.stream
+
+    async def read_loop(self) -> None:
+        backoff = _BACKOFF_FIRST
+        while not self.stopping.is_set():
+            free = await self.slots.wait_free(within=_SLOT_POLL)
+            if free == 0:
+                continue
+            try:
+                batch = await self.consumer.read_new(free)
+            except (RedisError, OSError) as exc:
+                backoff = await self._recover(exc, backoff, "read")
+                continue
+            backoff = _BACKOFF_FIRST
+            self.on_redis_ok()
+            for message in batch:
+                await self.submit(self, message)
+
+    async def reclaim_loop(self) -> None:
+        backoff = _BACKOFF_FIRST
+        interval = self.reclaim_idle_ms / 2000
+        while not await self._stopped_within(interval):
+            try:
+                batch = await self.consumer.reclaim_orphaned(self.reclaim_idle_ms)
+            except (RedisError, OSError) as exc:
+                backoff = await self._recover(exc, backoff, "reclaim")
+                continue
+            backoff = _BACKOFF_FIRST
+            self.on_redis_ok()
+            if batch:
+                log.info("reclaimed %d idle entries", len(batch), extra={"stream": self.stream})
+            for message in batch:
+                await self.submit(self, message)
+
+    async def _recover(self, exc: BaseException, backoff: float, what: str) -> float:
+        """Log, wait ``backoff`` (or until stopping), re-create a lost group; next backoff."""
+        log.warning("%s failed: %s; retrying", what, exc, extra={"stream": self.stream})
+        await self._stopped_within(backoff)
+        if error_code(exc) == "NOGROUP":
+            with contextlib.suppress(RedisError, OSError):
+                await self.consumer.setup()
+        return min(backoff * 2, _BACKOFF_MAX)
+
+    async def _stopped_within(self, seconds: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stopping.wait(), seconds)
+        return self.stopping.is_set()

@@ -1,0 +1,294 @@
+"""``Worker``: consume a queue's shard streams, run the handler, settle each entry.
+
+One worker process reads every shard stream of its queues, each with its own
+read and reclaim loops (``reader.py``), and runs handlers in one bounded pool
+of slots. It re-reads ``composer:stream_shards`` periodically and starts
+loops for new shards without a restart (it never stops reading old ones: they
+may still hold entries). ``request_stop()`` stops reading; handlers in hand
+finish within the grace period, the rest stay pending for another worker; a
+consumer with nothing pending is then removed from its group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from redis.exceptions import RedisError
+
+from dispatcher.redis_client import RedisClient
+from dispatcher.stream.consumer import RedisStreamConsumer
+from dispatcher.stream.naming import parse_task_stream, queue_streams
+from dispatcher.stream.protocol import Message
+from dispatcher.stream.shards import read_shard_count
+from dispatcher.stream.stats import stream_stats
+from dispatcher.worker.config import WorkerConfig
+from dispatcher.worker.dead_letter import ErrorMemory
+from dispatcher.worker.dedup import AttemptGuard
+from dispatcher.worker.delivery import Deliveries
+from dispatcher.worker.handler import Handler
+from dispatcher.worker.metrics import WorkerMetrics
+from dispatcher.worker.reader import StreamReader
+from dispatcher.worker.slots import SlotPool
+
+__all__ = ["Worker"]
+
+log = logging.getLogger(__name__)
+
+# /healthz fails when no Redis call has succeeded for this long.
+REDIS_STALE_AFTER = 60.0
+
+
+class Worker:
+    """Runs ``handler`` for every entry of ``config.queues`` until asked to stop."""
+
+    def __init__(
+        self,
+        client: RedisClient,
+        handler: Handler,
+        config: WorkerConfig,
+        *,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.client = client
+        self.config = config
+        self.metrics = WorkerMetrics(registry if registry is not None else CollectorRegistry())
+        self.shards = 0
+        self._handler = handler
+        self._stopping = asyncio.Event()
+        self._readers: dict[str, StreamReader] = {}
+        self._loops: set[asyncio.Task[None]] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._in_flight: set[tuple[str, str]] = set()
+        self._slots = SlotPool(config.concurrency)
+        self._last_redis_ok = 0.0
+        self._started = False
+        self._executor = ThreadPoolExecutor(config.concurrency, thread_name_prefix="handler")
+        self._deliveries = self._make_deliveries()
+
+    # -- public surface -------------------------------------------------------
+
+    @property
+    def streams(self) -> list[str]:
+        return list(self._readers)
+
+    def request_stop(self) -> None:
+        """Stop reading; ``run()`` returns once handlers in hand are settled."""
+        self._stopping.set()
+
+    def live(self) -> bool:
+        """Started, no loop died, and Redis answered recently (always true while stopping)."""
+        if not self._started or self._stopping.is_set():
+            return self._started
+        crashed = any(t.done() for t in self._loops)
+        return not crashed and time.monotonic() - self._last_redis_ok < REDIS_STALE_AFTER
+
+    def ready(self) -> bool:
+        return self._started and not self._stopping.is_set() and self.live()
+
+    async def run(self) -> None:
+        """Read and handle until ``request_stop()``; then drain and leave the groups."""
+        try:
+            await self._start()
+            await self._stopping.wait()
+            log.info("stopping: no new reads; waiting for handlers in hand")
+            await self._drain()
+            await self._leave_groups()
+        finally:
+            await self._cancel(self._loops | self._handlers)
+            # A sync handler still running past the grace period cannot be
+            # interrupted; we stop waiting for it, its entry stays pending.
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            log.info("worker stopped", extra={"consumer": self.config.consumer})
+
+    # -- start-up and shard growth -------------------------------------------
+
+    def _make_deliveries(self) -> Deliveries:
+        guard = AttemptGuard(
+            self.client,
+            owner=self.config.consumer,
+            lease_ttl_ms=int(self.config.lease_ttl * 1000),
+            done_ttl_ms=int(self.config.dedup_window * 1000),
+        )
+        return Deliveries(
+            client=self.client,
+            handler=self._handler,
+            guard=guard,
+            metrics=self.metrics,
+            errors=ErrorMemory(),
+            max_deliveries=self.config.max_deliveries,
+            executor=self._executor,
+        )
+
+    async def _start(self) -> None:
+        shards = await read_shard_count(self.client, fallback=self.config.shards)
+        await self._grow_to(shards)
+        self._last_redis_ok = time.monotonic()
+        self._spawn_loop(self._watch_shards(), "shard watch")
+        self._spawn_loop(self._report_stats(), "stream stats")
+        self._started = True
+        log.info(
+            "worker started",
+            extra={
+                "queues": ",".join(self.config.queues),
+                "shards": shards,
+                "group": self.config.group,
+                "consumer": self.config.consumer,
+                "concurrency": self.config.concurrency,
+            },
+        )
+
+    async def _grow_to(self, shards: int) -> None:
+        """Start reading the streams of ``shards`` shards that are not read yet."""
+        for stream in queue_streams(self.config.queues, shards):
+            if stream not in self._readers:
+                await self._add_stream(stream)
+        self.shards = max(self.shards, shards)
+        self.metrics.streams.set(len(self._readers))
+
+    async def _add_stream(self, stream: str) -> None:
+        consumer = RedisStreamConsumer(
+            client=self.client,
+            stream=stream,
+            group=self.config.group,
+            consumer=self.config.consumer,
+            block_ms=self.config.block_ms,
+            reclaim_limit=self.config.concurrency,
+            reclaim_batch=self.config.concurrency,
+        )
+        await consumer.setup()
+        reader = StreamReader(
+            consumer=consumer,
+            queue=_queue_of(stream),
+            slots=self._slots,
+            submit=self._submit,
+            stopping=self._stopping,
+            reclaim_idle_ms=self.config.reclaim_idle_ms,
+            on_redis_ok=self._redis_ok,
+        )
+        self._readers[stream] = reader
+        self._spawn_loop(reader.read_loop(), f"read {stream}")
+        self._spawn_loop(reader.reclaim_loop(), f"reclaim {stream}")
+
+    async def _watch_shards(self) -> None:
+        while not await self._stopped_within(self.config.shard_poll_interval):
+            try:
+                shards = await read_shard_count(self.client, fallback=self.shards)
+                if shards > self.shards:
+                    log.info("shard count grew from %d to %d", self.shards, shards)
+                    await self._grow_to(shards)
+            except (RedisError, OSError, ValueError) as exc:
+                log.warning("cannot refresh the shard count: %s", exc)
+
+    async def _report_stats(self) -> None:
+        while not await self._stopped_within(self.config.stats_interval):
+            for stream, reader in list(self._readers.items()):
+                try:
+                    stats = await stream_stats(self.client, stream, self.config.group)
+                except (RedisError, OSError) as exc:
+                    log.warning("cannot read stream stats: %s", exc, extra={"stream": stream})
+                    break
+                self.metrics.observe_stream(reader.queue, stats)
+                self._redis_ok()
+
+    # -- handling ---------------------------------------------------------------
+
+    async def _submit(self, reader: StreamReader, message: Message) -> None:
+        key = (message.stream, message.id)
+        if key in self._in_flight:  # our own reclaim of an entry we are running
+            return
+        self._in_flight.add(key)
+        try:
+            await self._slots.acquire()
+        except BaseException:
+            self._in_flight.discard(key)
+            raise
+        task = asyncio.create_task(self._settle(reader, message), name=f"handle {message.id}")
+        self._handlers.add(task)
+        task.add_done_callback(self._handlers.discard)
+
+    async def _settle(self, reader: StreamReader, message: Message) -> None:
+        try:
+            await self._deliveries.process(reader.consumer, reader.queue, message)
+        except (RedisError, OSError) as exc:
+            log.warning(
+                "could not settle an entry; it stays pending: %s",
+                exc,
+                extra={"stream": message.stream, "entry_id": message.id},
+            )
+        except Exception:
+            log.exception("unexpected error settling an entry", extra={"entry_id": message.id})
+        finally:
+            self._in_flight.discard((message.stream, message.id))
+            self._slots.release()
+
+    # -- shutdown -----------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        """Let loops exit and handlers finish, all within the grace period."""
+        deadline = time.monotonic() + self.config.grace_period
+        if self._loops:
+            await asyncio.wait(self._loops, timeout=self.config.grace_period)
+        await self._cancel(self._loops)
+        while self._handlers and (left := deadline - time.monotonic()) > 0:
+            await asyncio.wait(set(self._handlers), timeout=left)
+        if self._handlers:
+            log.warning(
+                "grace period over: %d handlers cancelled; their entries stay pending",
+                len(self._handlers),
+            )
+            await self._cancel(self._handlers)
+
+    async def _leave_groups(self) -> None:
+        """XGROUP DELCONSUMER on every stream where this consumer holds nothing."""
+        for stream, reader in self._readers.items():
+            try:
+                if await reader.consumer.pending_count() == 0:
+                    await self.client.xgroup_delconsumer(
+                        stream, self.config.group, self.config.consumer
+                    )
+                else:
+                    log.info(
+                        "consumer keeps pending entries; not removed", extra={"stream": stream}
+                    )
+            except (RedisError, OSError) as exc:
+                log.warning("cannot remove the consumer: %s", exc, extra={"stream": stream})
+
+    # -- plumbing -------------------------------------------------------------------
+
+    def _spawn_loop(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._loops.add(task)
+        task.add_done_callback(_log_crash)
+
+    def _redis_ok(self) -> None:
+        self._last_redis_ok = time.monotonic()
+
+    async def _stopped_within(self, seconds: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+        return self._stopping.is_set()
+
+    @staticmethod
+    async def _cancel(tasks: set[asyncio.Task[None]]) -> None:
+        pending = [t for t in tasks if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _queue_of(stream: str) -> str:
+    queue, _shard = parse_task_stream(stream)
+    return queue
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and (exc := task.exception()) is not None:
+        log.error("worker loop %s crashed: %s", task.get_name(), exc, exc_info=exc)

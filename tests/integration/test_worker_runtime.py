@@ -1,0 +1,288 @@
+"""The worker runtime in-process against real Redis, standalone and the suite's Cluster.
+
+Workers are ``Worker`` objects on the test's event loop, each with its own
+metrics registry; handlers record what they saw in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from dispatcher.models import TaskMessage
+from dispatcher.redis_client import RedisClient
+from dispatcher.stream import dead_letter_stream, publish_shard_count, queue_streams, task_stream
+from dispatcher.stream.stats import stream_stats
+from dispatcher.worker import Handler, Worker, WorkerConfig, done_key
+from tests.handlers import GROUP, publish, tasks
+from tests.helpers import eventually, poll
+
+FAST = WorkerConfig(
+    queues=("placeholder",),
+    concurrency=4,
+    reclaim_idle=1.0,
+    lease_ttl=2.0,
+    dedup_window=120.0,
+    max_deliveries=3,
+    shard_poll_interval=0.2,
+    stats_interval=0.2,
+    grace_period=10.0,
+    block_ms=200,
+)
+
+
+def config(queue: str, **changes: Any) -> WorkerConfig:
+    return dataclasses.replace(FAST, queues=(queue,), **changes)
+
+
+@contextlib.asynccontextmanager
+async def running(*workers: Worker) -> AsyncIterator[None]:
+    runs = [asyncio.create_task(w.run()) for w in workers]
+    try:
+        await eventually(lambda: _all_ready(workers, runs), within=10)
+        yield
+    finally:
+        for w in workers:
+            w.request_stop()
+        await asyncio.wait_for(asyncio.gather(*runs), timeout=30)
+
+
+async def _all_ready(workers: tuple[Worker, ...], runs: list[asyncio.Task[None]]) -> bool:
+    for run in runs:
+        if run.done():
+            run.result()  # surface a start-up failure instead of timing out
+    return all(w.ready() for w in workers)
+
+
+def recorder(seen: list[str]) -> Handler:
+    async def handle(message: TaskMessage) -> None:
+        seen.append(message.task_id)
+
+    return handle
+
+
+async def metric(worker: Worker, name: str, **labels: str) -> float:
+    return worker.metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_two_workers_handle_every_task_exactly_once(
+    any_redis: RedisClient, queue: str
+) -> None:
+    await publish_shard_count(any_redis, 4)
+    seen: list[str] = []
+    workers = [
+        Worker(any_redis, recorder(seen), config(queue, consumer=name)) for name in ("w1", "w2")
+    ]
+    published = tasks(queue, 5000)
+
+    async with running(*workers):
+        await publish(any_redis, published, shards=4)
+        await eventually(lambda: _settled(seen, 5000), within=60)
+
+    counts = collections.Counter(seen)
+    assert set(counts) == {t.task_id for t in published}
+    assert set(counts.values()) == {1}
+    for stream in queue_streams([queue], 4):
+        stats = await stream_stats(any_redis, stream, GROUP)
+        assert (stats.length, stats.pending, stats.consumers) == (0, 0, 0)  # left the group
+    handled = [await metric(w, "dispatcher_worker_handled_total", queue=queue) for w in workers]
+    assert sum(handled) == 5000
+
+
+async def _settled(seen: list[str], count: int) -> bool:
+    return len(seen) >= count
+
+
+async def test_a_failing_task_is_dead_lettered_and_others_flow(
+    any_redis: RedisClient, queue: str
+) -> None:
+    await publish_shard_count(any_redis, 4)
+    poison, *healthy = tasks(queue, 20)
+    seen: list[str] = []
+
+    def handle(message: TaskMessage) -> None:  # sync: runs in a thread
+        if message.task_id == poison.task_id:
+            raise RuntimeError("boom: cannot handle this one")
+        seen.append(message.task_id)
+
+    worker = Worker(any_redis, handle, config(queue))
+    async with running(worker):
+        (poison_id, *_) = await publish(any_redis, [poison, *healthy], shards=4)
+        dead = await poll(lambda: any_redis.xrange(dead_letter_stream(queue)), within=30)
+        await eventually(lambda: _settled(seen, len(healthy)))
+
+    assert sorted(seen) == sorted(t.task_id for t in healthy)
+    ((_, fields),) = dead
+    assert fields["task_id"] == poison.task_id
+    assert fields["source_stream"] == task_stream(queue, _shard_of(poison.task_id))
+    assert fields["source_id"] == poison_id
+    assert fields["delivery_count"] == "4"  # max_deliveries=3, given up on the 4th
+    assert fields["error"].startswith("exceeded max deliveries (3)")
+    assert "RuntimeError: boom: cannot handle this one" in fields["error"]
+    assert fields["outbox_id"] == "1"
+    assert await any_redis.xlen(fields["source_stream"]) == 0  # acked and deleted
+    assert await metric(worker, "dispatcher_worker_failed_total", queue=queue) == 3
+    assert (
+        await metric(
+            worker, "dispatcher_worker_dead_lettered_total", queue=queue, reason="max_deliveries"
+        )
+        == 1
+    )
+
+
+def _shard_of(task_id: str) -> int:
+    from dispatcher.stream import shard_for
+
+    return shard_for(task_id, 4)
+
+
+async def test_a_malformed_entry_is_dead_lettered_at_once(
+    any_redis: RedisClient, queue: str
+) -> None:
+    await publish_shard_count(any_redis, 4)
+    seen: list[str] = []
+    worker = Worker(any_redis, recorder(seen), config(queue))
+    stream = task_stream(queue, 2)
+    async with running(worker):
+        bad_id = await any_redis.xadd(stream, {"task_id": "x", "input": "{not json"})
+        dead = await poll(lambda: any_redis.xrange(dead_letter_stream(queue)))
+        good = tasks(queue, 5)
+        await publish(any_redis, good, shards=4)
+        await eventually(lambda: _settled(seen, 5))
+
+    ((_, fields),) = dead
+    assert fields["source_id"] == bad_id
+    assert fields["source_stream"] == stream
+    assert fields["delivery_count"] == "1"
+    assert fields["error"].startswith("malformed message: field 'input' is not valid JSON")
+    assert fields["input"] == "{not json"
+    assert sorted(seen) == sorted(t.task_id for t in good)
+
+
+async def test_the_same_task_published_twice_runs_once(any_redis: RedisClient, queue: str) -> None:
+    await publish_shard_count(any_redis, 4)
+    seen: list[str] = []
+    worker = Worker(any_redis, recorder(seen), config(queue))
+    twice = tasks(queue, 10)
+    marker = tasks(queue, 1, prefix="marker")
+    async with running(worker):
+        await publish(any_redis, twice, shards=4)
+        await eventually(lambda: _settled(seen, 10))
+        await publish(any_redis, [*twice, *marker], shards=4)  # the duplicates, then a marker
+        await eventually(lambda: _duplicates(worker, queue, 10))
+        await eventually(lambda: _settled(seen, 11))
+
+    assert sorted(seen) == sorted(t.task_id for t in [*twice, *marker])
+    assert await any_redis.exists(done_key(f"{twice[0].task_id}:1"))
+    for stream in queue_streams([queue], 4):
+        assert await any_redis.xlen(stream) == 0
+
+
+async def _duplicates(worker: Worker, queue: str, count: int) -> bool:
+    return (
+        await metric(worker, "dispatcher_worker_duplicates_suppressed_total", queue=queue) >= count
+    )
+
+
+async def test_concurrent_duplicates_never_run_together(
+    redis_standalone: RedisClient, queue: str
+) -> None:
+    """Two deliveries of one attempt at once: one runs, the other waits, then is acked."""
+    await publish_shard_count(redis_standalone, 1)
+    started, release = asyncio.Event(), asyncio.Event()
+    runs: list[str] = []
+
+    async def handle(message: TaskMessage) -> None:
+        runs.append(message.task_id)
+        started.set()
+        await release.wait()
+
+    worker = Worker(redis_standalone, handle, config(queue, shards=1))
+    (task,) = tasks(queue, 1)
+    async with running(worker):
+        await publish(redis_standalone, [task, task], shards=1)
+        await asyncio.wait_for(started.wait(), 10)
+        await eventually(lambda: metric(worker, "dispatcher_worker_lease_busy_total", queue=queue))
+        release.set()
+        await eventually(lambda: _duplicates(worker, queue, 1))
+
+    assert runs == [task.task_id]
+    assert await redis_standalone.xlen(task_stream(queue, 0)) == 0
+
+
+async def test_new_shards_are_read_without_restart(any_redis: RedisClient, queue: str) -> None:
+    await publish_shard_count(any_redis, 4)
+    seen: list[str] = []
+    worker = Worker(any_redis, recorder(seen), config(queue))
+    published = tasks(queue, 200)
+    on_new_shards = [t for t in published if _shard(t.task_id, 8) >= 4]
+    assert on_new_shards
+    async with running(worker):
+        assert sorted(worker.streams) == sorted(queue_streams([queue], 4))
+        await publish(any_redis, published, shards=8)
+        await publish_shard_count(any_redis, 8)
+        await eventually(lambda: _settled(seen, 200), within=30)
+
+    assert sorted(worker.streams) == sorted(queue_streams([queue], 8))
+    assert sorted(seen) == sorted(t.task_id for t in published)
+    await publish_shard_count(any_redis, 4)  # the Cluster is shared by the session
+
+
+def _shard(task_id: str, shards: int) -> int:
+    from dispatcher.stream import shard_for
+
+    return shard_for(task_id, shards)
+
+
+async def test_backlog_gauges_follow_the_streams(redis_standalone: RedisClient, queue: str) -> None:
+    await publish_shard_count(redis_standalone, 1)
+    release = asyncio.Event()
+
+    async def handle(message: TaskMessage) -> None:
+        await release.wait()
+
+    worker = Worker(redis_standalone, handle, config(queue, shards=1, concurrency=2))
+    stream = task_stream(queue, 0)
+    async with running(worker):
+        await publish(redis_standalone, tasks(queue, 5), shards=1)
+        await eventually(lambda: _gauge(worker, queue, stream, 5, 2))
+        release.set()
+        await eventually(lambda: _gauge(worker, queue, stream, 0, 0))
+
+
+async def _gauge(worker: Worker, queue: str, stream: str, length: int, pending: int) -> bool:
+    labels = {"queue": queue, "stream": stream}
+    got_length = await metric(worker, "dispatcher_worker_stream_length", **labels)
+    got_pending = await metric(worker, "dispatcher_worker_stream_pending", **labels)
+    return (got_length, got_pending) == (length, pending)
+
+
+@pytest.mark.parametrize("stuck", [False, True])
+async def test_stop_leaves_the_group_only_with_nothing_pending(
+    redis_standalone: RedisClient, queue: str, stuck: bool
+) -> None:
+    await publish_shard_count(redis_standalone, 1)
+    stream = task_stream(queue, 0)
+    seen: list[str] = []
+    never = asyncio.Event()
+
+    async def handle(message: TaskMessage) -> None:
+        seen.append(message.task_id)
+        if stuck and message.node_id == "n0":
+            await never.wait()  # outlives the grace period: cancelled, stays pending
+
+    worker = Worker(
+        redis_standalone, handle, config(queue, shards=1, consumer="me", grace_period=0.2)
+    )
+    async with running(worker):
+        await publish(redis_standalone, tasks(queue, 3), shards=1)
+        await eventually(lambda: _settled(seen, 3))
+
+    consumers = await redis_standalone.xinfo_consumers(stream, GROUP)
+    assert [(c["name"], c["pending"]) for c in consumers] == ([("me", 1)] if stuck else [])
