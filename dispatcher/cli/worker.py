@@ -39,7 +39,12 @@ def register(sub: Any, common: Common) -> None:
     )
     g = p.add_argument_group("worker")
     g.add_argument("--queue", action="append", required=True, help="queue to read (repeatable)")
-    g.add_argument("--handler", required=True, help="the handler, as module:function")
+    g.add_argument(
+        "--handler",
+        required=True,
+        dest="handler_path",  # ``handler`` is the subcommand's entry point in main
+        help="the handler, as module:function",
+    )
     g.add_argument("--concurrency", type=int, default=8, help="handlers at once (8)")
     g.add_argument("--group", default="workers", help="consumer group (workers)")
     g.add_argument("--consumer", default=None, help="consumer name (hostname-pid)")
@@ -60,7 +65,7 @@ def register(sub: Any, common: Common) -> None:
 
 def _run(args: argparse.Namespace, settings: Settings) -> Any:
     """Validate everything a user can get wrong before touching Redis."""
-    handler = _handler(args.handler)
+    handler = _handler(args.handler_path)
     try:
         config = WorkerConfig(
             queues=tuple(dict.fromkeys(args.queue)),

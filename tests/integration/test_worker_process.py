@@ -1,0 +1,211 @@
+"""``dispatcher worker`` as a real process: SIGKILL, SIGTERM and start-up errors.
+
+The worker runs ``tests.handlers:slow``, which records ``started:``/``done:``
+per task in a Redis list, so what happened survives the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis as sync_redis
+
+from dispatcher.models import TaskDispatch
+from dispatcher.redis_client import RedisClient
+from dispatcher.stream import publish_shard_count, queue_streams
+from dispatcher.worker import Worker, WorkerConfig
+from tests.fix_servers import wait_until
+from tests.handlers import GROUP, publish, slow, tasks
+from tests.helpers import eventually
+
+ROOT = Path(__file__).resolve().parents[2]
+LOG_KEY = "handler-log"
+
+
+class WorkerProcess:
+    """One ``python -m dispatcher.cli worker`` with its stderr in a file."""
+
+    def __init__(self, redis_url: str, tmp: Path, *flags: str) -> None:
+        self.stderr_path = tmp / f"worker-{len(list(tmp.glob('worker-*')))}.log"
+        env = {
+            **os.environ,
+            "REDIS_URL": redis_url,
+            "HANDLER_REDIS_URL": redis_url,
+            "HANDLER_LOG_KEY": LOG_KEY,
+        }
+        with open(self.stderr_path, "wb") as stderr:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dispatcher.cli", "worker", *flags],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+
+    @property
+    def stderr(self) -> str:
+        return self.stderr_path.read_text()
+
+    def wait(self, timeout: float = 30) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def spawn() -> Iterator[list[WorkerProcess]]:
+    """Worker processes the test started; killed at teardown whatever happened."""
+    started: list[WorkerProcess] = []
+    yield started
+    for p in started:
+        p.kill()
+
+
+@pytest.fixture
+def log(redis_url: str) -> Iterator[sync_redis.Redis]:
+    client = sync_redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+def events(log: sync_redis.Redis, kind: str) -> collections.Counter[str]:
+    entries: list[str] = log.lrange(LOG_KEY, 0, -1)  # type: ignore[assignment]
+    return collections.Counter(e.split(":", 1)[1] for e in entries if e.startswith(kind + ":"))
+
+
+def flags(queue: str, consumer: str, *extra: str) -> list[str]:
+    return [
+        "--queue", queue, "--handler", "tests.handlers:slow", "--consumer", consumer,
+        "--concurrency", "4", "--reclaim-idle", "1", "--lease-ttl", "2", *extra,
+    ]  # fmt: skip
+
+
+async def test_tasks_of_a_killed_worker_are_completed_by_another(
+    redis_standalone: RedisClient,
+    redis_url: str,
+    tmp_path: Path,
+    queue: str,
+    spawn: list[WorkerProcess],
+    log: sync_redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await publish_shard_count(redis_standalone, 4)
+    victim = WorkerProcess(redis_url, tmp_path, *flags(queue, "victim"))
+    spawn.append(victim)
+    published = tasks(queue, 8, input={"sleep": 1.5})
+    await publish(redis_standalone, published, shards=4)
+    wait_until(lambda: sum(events(log, "started").values()) >= 4, timeout=20)
+    victim.kill()  # SIGKILL in the middle of four handlers
+    assert not events(log, "done")
+
+    monkeypatch.setenv("HANDLER_REDIS_URL", redis_url)
+    monkeypatch.setenv("HANDLER_LOG_KEY", LOG_KEY)
+    config = WorkerConfig(
+        queues=(queue,), consumer="rescuer", concurrency=4, reclaim_idle=1, lease_ttl=2
+    )
+    rescuer = Worker(redis_standalone, slow, config)
+    run = asyncio.create_task(rescuer.run())
+    try:
+        await eventually(lambda: _all_done(log, published), within=40)
+    finally:
+        rescuer.request_stop()
+        await run
+
+    assert set(events(log, "done").values()) == {1}  # the victim finished none of them
+    for stream in queue_streams([queue], 4):
+        assert await redis_standalone.xlen(stream) == 0
+        names = [c["name"] for c in await redis_standalone.xinfo_consumers(stream, GROUP)]
+        assert "rescuer" not in names
+
+
+async def _all_done(log: sync_redis.Redis, published: list[TaskDispatch]) -> bool:
+    return set(events(log, "done")) == {t.task_id for t in published}
+
+
+async def test_sigterm_lets_running_handlers_finish_and_exits_zero(
+    redis_standalone: RedisClient,
+    redis_url: str,
+    tmp_path: Path,
+    queue: str,
+    spawn: list[WorkerProcess],
+    log: sync_redis.Redis,
+) -> None:
+    await publish_shard_count(redis_standalone, 4)
+    worker = WorkerProcess(redis_url, tmp_path, *flags(queue, "polite"))
+    spawn.append(worker)
+    published = tasks(queue, 4, input={"sleep": 1.0})
+    await publish(redis_standalone, published, shards=4)
+    wait_until(lambda: sum(events(log, "started").values()) == 4, timeout=20)
+
+    worker.proc.send_signal(signal.SIGTERM)
+
+    assert worker.wait() == 0, worker.stderr
+    assert events(log, "done") == {t.task_id: 1 for t in published}
+    for stream in queue_streams([queue], 4):
+        assert await redis_standalone.xlen(stream) == 0
+        assert await redis_standalone.xinfo_consumers(stream, GROUP) == []  # left the group
+
+
+async def test_sigterm_past_the_grace_period_keeps_work_pending(
+    redis_standalone: RedisClient,
+    redis_url: str,
+    tmp_path: Path,
+    queue: str,
+    spawn: list[WorkerProcess],
+    log: sync_redis.Redis,
+) -> None:
+    await publish_shard_count(redis_standalone, 1)
+    worker = WorkerProcess(
+        redis_url, tmp_path, *flags(queue, "hasty", "--grace-period", "0.2", "--shards", "1")
+    )
+    spawn.append(worker)
+    (task,) = tasks(queue, 1, input={"sleep": 2})
+    await publish(redis_standalone, [task], shards=1)
+    wait_until(lambda: events(log, "started"), timeout=20)
+
+    worker.proc.send_signal(signal.SIGTERM)
+
+    assert worker.wait() == 0, worker.stderr
+    (stream,) = queue_streams([queue], 1)
+    consumers = await redis_standalone.xinfo_consumers(stream, GROUP)
+    assert [(c["name"], c["pending"]) for c in consumers] == [("hasty", 1)]  # kept, not lost
+    assert await redis_standalone.xlen(stream) == 1
+
+
+@pytest.mark.parametrize(
+    ("handler", "message"),
+    [
+        ("no_such_module:run", "cannot import handler module 'no_such_module'"),
+        ("tests.handlers:missing", "module 'tests.handlers' has no attribute 'missing'"),
+        ("tests.handlers", "handler must look like 'module:function'"),
+    ],
+)
+def test_a_bad_handler_path_is_one_clear_line(
+    redis_url: str, tmp_path: Path, handler: str, message: str
+) -> None:
+    worker = WorkerProcess(redis_url, tmp_path, "--queue", "q", "--handler", handler)
+    assert worker.wait() == 2
+    lines = worker.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("dispatcher worker: ")
+    assert message in lines[0]
+
+
+def test_bad_worker_settings_are_one_clear_line(redis_url: str, tmp_path: Path) -> None:
+    worker = WorkerProcess(
+        redis_url, tmp_path, "--queue", "a.b", "--handler", "tests.handlers:slow"
+    )
+    assert worker.wait() == 2
+    (line,) = worker.stderr.strip().splitlines()
+    assert "invalid queue name 'a.b'" in line
