@@ -1,0 +1,170 @@
+"""The worker's pure parts: handler loading and calling, config, dead letters, slots."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+
+import pytest
+
+from dispatcher.models import TaskMessage
+from dispatcher.stream.protocol import Message
+from dispatcher.worker import (
+    HandlerImportError,
+    WorkerConfig,
+    dead_letter_fields,
+    done_key,
+    lease_key,
+    load_handler,
+)
+from dispatcher.worker.dead_letter import MAX_ERROR_CHARS, ErrorMemory, describe_error
+from dispatcher.worker.handler import invoke
+from dispatcher.worker.slots import SlotPool
+
+MESSAGE = TaskMessage(
+    task_id="t1",
+    run_id="r",
+    workflow_id="w",
+    workflow_version=1,
+    node_id="n",
+    node_type="http",
+    attempt=2,
+    input={"a": 1},
+)
+
+
+def test_load_handler_resolves_module_and_dotted_attribute() -> None:
+    assert load_handler("json:dumps").__name__ == "dumps"
+    assert load_handler("json:JSONEncoder.encode").__name__ == "encode"
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("json", "handler must look like 'module:function'"),
+        (":dumps", "handler must look like"),
+        ("json:", "handler must look like"),
+        (
+            "no_such_mod_xyz:f",
+            "cannot import handler module 'no_such_mod_xyz': ModuleNotFoundError",
+        ),
+        ("json:nope", "module 'json' has no attribute 'nope'"),
+        ("json.decoder:NaN", "is not callable"),
+    ],
+)
+def test_load_handler_says_what_is_wrong(path: str, message: str) -> None:
+    with pytest.raises(HandlerImportError, match=re.escape(message)):
+        load_handler(path)
+
+
+async def test_invoke_awaits_async_handlers_on_the_loop() -> None:
+    seen: list[tuple[str, str]] = []
+
+    async def handler(message: TaskMessage) -> None:
+        seen.append((message.task_id, threading.current_thread().name))
+
+    await invoke(handler, MESSAGE, executor=None)
+    assert seen == [("t1", threading.main_thread().name)]
+
+
+async def test_invoke_runs_sync_handlers_in_a_thread_and_propagates_errors() -> None:
+    def handler(message: TaskMessage) -> None:
+        assert threading.current_thread() is not threading.main_thread()
+        raise ValueError(f"bad {message.task_id}")
+
+    with pytest.raises(ValueError, match="bad t1"):
+        await invoke(handler, MESSAGE, executor=None)
+
+
+async def test_invoke_supports_objects_with_async_call() -> None:
+    class Handler:
+        def __init__(self) -> None:
+            self.seen: list[int] = []
+
+        async def __call__(self, message: TaskMessage) -> None:
+            self.seen.append(message.attempt)
+
+    handler = Handler()
+    await invoke(handler, MESSAGE, executor=None)
+    assert handler.seen == [2]
+
+
+def test_config_defaults_follow_the_cli_contract() -> None:
+    config = WorkerConfig(queues=("q",))
+    assert (config.group, config.concurrency, config.max_deliveries) == ("workers", 8, 5)
+    assert config.reclaim_idle_ms == 30_000
+    assert config.consumer  # hostname-pid
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"queues": ()}, "at least one queue"),
+        ({"queues": ("a.b",)}, "invalid queue name"),
+        ({"concurrency": 0}, "concurrency must be >= 1"),
+        ({"max_deliveries": 0}, "max deliveries must be >= 1"),
+        ({"reclaim_idle": 0}, "reclaim idle must be > 0"),
+        ({"grace_period": -1}, "grace period must be >= 0"),
+    ],
+)
+def test_config_rejects_unusable_values(changes: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        WorkerConfig(**{"queues": ("q",), **changes})  # type: ignore[arg-type]
+
+
+def test_dedup_keys_name_the_task_attempt() -> None:
+    assert lease_key(MESSAGE.dedup_key) == "dispatcher:lease:t1:2"
+    assert done_key(MESSAGE.dedup_key) == "dispatcher:done:t1:2"
+
+
+def test_dead_letter_carries_the_original_fields_and_where_from() -> None:
+    message = Message(
+        stream="workflow.tasks.q.3", id="5-1", fields={"task_id": "t", "x": "1"}, delivery_count=6
+    )
+    assert dead_letter_fields(message, error="boom") == {
+        "task_id": "t",
+        "x": "1",
+        "error": "boom",
+        "delivery_count": "6",
+        "source_stream": "workflow.tasks.q.3",
+        "source_id": "5-1",
+    }
+
+
+def test_describe_error_is_bounded() -> None:
+    assert describe_error(KeyError("k")) == "KeyError: 'k'"
+    long = describe_error(RuntimeError("x" * 10_000))
+    assert len(long) == MAX_ERROR_CHARS
+    assert long.endswith("...")
+
+
+def test_error_memory_forgets_the_oldest_first() -> None:
+    memory = ErrorMemory(capacity=2)
+    a, b, c = (Message(stream="s", id=f"{i}-0", fields={}) for i in range(3))
+    memory.remember(a, "ea")
+    memory.remember(b, "eb")
+    memory.remember(a, "ea2")  # refreshed: now the newest
+    memory.remember(c, "ec")
+    assert (memory.recall(a), memory.recall(b), memory.recall(c)) == ("ea2", None, "ec")
+    memory.forget(a)
+    assert len(memory) == 1
+
+
+async def test_slot_pool_bounds_and_reports_free_slots() -> None:
+    pool = SlotPool(2)
+    await pool.acquire()
+    await pool.acquire()
+    assert (pool.free, pool.held) == (0, 2)
+    assert await pool.wait_free(within=0.01) == 0
+    waiter = asyncio.create_task(pool.wait_free(within=30))
+    await asyncio.sleep(0)
+    pool.release()
+    assert await waiter == 1
+    await pool.acquire()
+    third = asyncio.create_task(pool.acquire())
+    await asyncio.sleep(0)
+    assert not third.done()  # the bound holds
+    pool.release()
+    await third
+    assert pool.held == 2
