@@ -1,11 +1,11 @@
 """The outbox enqueuer: committed outbox rows -> Redis stream entries, then deleted.
 
-The loop runs claim batches with bounded concurrency. Between batches it
-waits for whichever comes first: a full batch (more work waiting, go again at
-once), a wake-up from the LISTEN connection, or the poll interval (retries
-coming due, lost notifications). A batch is claimed under a fresh token,
-published in one pipelined round trip, then settled: published rows are
-deleted, failed ones rescheduled with backoff or dead-lettered. Every write
+The loop runs claim batches with bounded concurrency. While batches come back
+full (a backlog), it keeps every slot busy; otherwise, between batches, it
+waits for whichever comes first: a full batch, a wake-up from the LISTEN
+connection, or the poll interval (retries coming due, lost notifications).
+A batch is claimed under a fresh token, published in one pipelined round
+trip, then settled: published rows are deleted, failed ones rescheduled with backoff or dead-lettered. Every write
 names the token, so a paused enqueuer that wakes late touches nothing it no
 longer owns. A maintenance loop deletes SENT rows and recovers claims whose
 enqueuer died.
@@ -83,6 +83,7 @@ class OutboxEnqueuer:
         self._publisher = publisher
         self._kick = asyncio.Event()
         self._stopping = False
+        self._backlog = False
         self._active: dict[uuid.UUID, list[str]] = {}
         self.last_loop = time.monotonic()
         self.listener = (
@@ -134,6 +135,8 @@ class OutboxEnqueuer:
             batches.add(task)
             task.add_done_callback(batches.discard)
             self.last_loop = time.monotonic()
+            if self._backlog:
+                continue  # the last batch was full: fill every free slot at once
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), self.config.poll_interval)
             self._kick.clear()
@@ -143,11 +146,14 @@ class OutboxEnqueuer:
             count = await self.process_batch()
         except Exception:
             log.exception("outbox batch failed; its rows are retried or recovered")
-            return 0
+            count = 0
         finally:
             slots.release()
-        if count >= self.config.batch_size:
-            self._kick.set()  # a full batch: more rows are likely waiting
+        # A full batch means more rows are likely waiting: keep every slot busy until a
+        # batch comes back short.
+        self._backlog = count >= self.config.batch_size
+        if self._backlog:
+            self._kick.set()
         return count
 
     async def _drain(self, batches: set[asyncio.Task[int]]) -> None:

@@ -1,0 +1,71 @@
+"""Benchmark environment: a private redis-server and a fresh database, torn down after.
+
+Benchmarks never touch the machine's shared Redis data or existing databases:
+Redis is the benchmark's own process on a free port, PostgreSQL a database
+created for the run on the machine's server (or ``BENCH_DATABASE_URL``'s).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psycopg
+
+from dispatcher.outbox.schema import available_migrations
+from tests.fix_servers import RedisProcess
+
+ADMIN_URL = os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+
+
+@dataclass(frozen=True)
+class BenchEnv:
+    db_url: str
+    redis_url: str
+
+
+@contextlib.contextmanager
+def bench_env() -> Iterator[BenchEnv]:
+    workdir = Path(tempfile.mkdtemp(prefix="od-bench-"))
+    redis = RedisProcess(workdir / "redis").start()
+    name = f"od_bench_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
+    db_url = psycopg.conninfo.make_conninfo(ADMIN_URL, dbname=name)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for migration in available_migrations():
+            conn.execute(migration.sql.encode())
+    try:
+        yield BenchEnv(db_url=db_url, redis_url=redis.url)
+    finally:
+        redis.kill()
+        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def machine_facts() -> dict[str, str]:
+    def version(cmd: list[str]) -> str:
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, check=False).stdout.strip()
+        except OSError:
+            return "?"
+
+    with psycopg.connect(ADMIN_URL) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
+        "python": platform.python_version(),
+        "postgresql": str(row[0]) if row else "?",
+        "redis": version(["redis-server", "--version"]).split(" ")[2].removeprefix("v="),
+    }
