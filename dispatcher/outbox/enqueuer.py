@@ -1,14 +1,15 @@
 """The outbox enqueuer: committed outbox rows -> Redis stream entries, then deleted.
 
 The loop runs claim batches with bounded concurrency. While batches come back
-full (a backlog), it keeps every slot busy; otherwise, between batches, it
-waits for whichever comes first: a full batch, a wake-up from the LISTEN
-connection, or the poll interval (retries coming due, lost notifications).
+full (a backlog) it keeps every slot busy; otherwise it waits for whichever
+comes first: a wake-up from the LISTEN connection or the poll interval
+(retries coming due, lost notifications).
+
 A batch is claimed under a fresh token, published in one pipelined round
-trip, then settled: published rows are deleted, failed ones rescheduled with backoff or dead-lettered. Every write
-names the token, so a paused enqueuer that wakes late touches nothing it no
-longer owns. A maintenance loop deletes SENT rows and recovers claims whose
-enqueuer died.
+trip, then settled: published rows are deleted, failed ones rescheduled with
+backoff or dead-lettered. Every write names the token, so a paused enqueuer
+that wakes late touches nothing it no longer owns. A maintenance loop deletes
+SENT rows and recovers claims whose enqueuer died.
 """
 
 from __future__ import annotations
