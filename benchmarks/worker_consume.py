@@ -1,0 +1,194 @@
+"""Worker consume rate: ``python -m benchmarks.worker_consume [--messages N] [--rounds 3]``.
+
+What it measures: how many messages per second ``dispatcher worker`` settles
+with a no-op handler (``tests.handlers:noop``), at 1 and 2 processes, against
+a bare consumer in the same run: one XREADGROUP loop per shard stream and a
+pipelined XACK+XDEL per batch, no parsing, no dedup keys, no metrics. The gap
+is the price of what the worker adds per message (parse, lease + done-mark
+round trips, handler task, ack).
+
+How: a private redis-server on a free port; per round and variant a fresh
+queue of 4 shards is filled with the whole backlog first (fields exactly as
+the enqueuer writes them), then the consumers start. The rate is taken while
+the backlog drains, from 5 % consumed to empty, so process start-up does not
+count. Variants run interleaved per round; each figure is the median of the
+rounds. Prints a markdown table and writes ``benchmarks/results/worker_consume.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+from dispatcher.redis_client import RedisClient, connect_redis
+from dispatcher.stream import publish_shard_count, queue_streams
+from tests.fix_servers import RedisProcess
+from tests.handlers import GROUP, publish, tasks
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULT = ROOT / "benchmarks" / "results" / "worker_consume.md"
+SHARDS = 4
+CONCURRENCY = 32
+
+Variant = Callable[[RedisClient, str, str, int], Awaitable[float]]
+
+
+async def backlog(client: RedisClient, queue: str) -> int:
+    pipe = client.pipeline(transaction=False)
+    for stream in queue_streams([queue], SHARDS):
+        pipe.xlen(stream)
+    return sum(await pipe.execute())
+
+
+async def wait_backlog(client: RedisClient, queue: str, *, at_most: float) -> int:
+    while True:
+        left = await backlog(client, queue)
+        if left <= at_most:
+            return left
+        await asyncio.sleep(0.005)
+
+
+async def drain_rate(client: RedisClient, queue: str, total: int) -> float:
+    """Messages/s from 5 % consumed until the backlog is empty."""
+    left = await wait_backlog(client, queue, at_most=total * 0.95)
+    started = time.perf_counter()
+    await wait_backlog(client, queue, at_most=0)
+    return left / (time.perf_counter() - started)
+
+
+async def bare(client: RedisClient, url: str, queue: str, total: int) -> float:
+    """The floor: XREADGROUP per shard, XACK+XDEL pipelined per batch."""
+
+    async def loop(stream: str) -> None:
+        while True:
+            reply = await client.xreadgroup(GROUP, "bare", {stream: ">"}, count=100, block=100)
+            ids = [entry_id for _s, entries in reply or [] for entry_id, _f in entries]
+            if ids:
+                pipe = client.pipeline(transaction=False)
+                pipe.xack(stream, GROUP, *ids)
+                pipe.xdel(stream, *ids)
+                await pipe.execute()
+
+    loops = [asyncio.create_task(loop(s)) for s in queue_streams([queue], SHARDS)]
+    try:
+        return await drain_rate(client, queue, total)
+    finally:
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+
+
+def workers(processes: int) -> Variant:
+    async def run(client: RedisClient, url: str, queue: str, total: int) -> float:
+        procs = [
+            await asyncio.create_subprocess_exec(
+                *(sys.executable, "-m", "dispatcher.cli", "worker", "--queue", queue),
+                *("--handler", "tests.handlers:noop", "--concurrency", str(CONCURRENCY)),
+                *("--consumer", f"bench-{i}", "--redis-url", url, "--log-level", "WARNING"),
+                cwd=ROOT,
+                stdout=subprocess.DEVNULL,
+            )
+            for i in range(processes)
+        ]
+        try:
+            return await drain_rate(client, queue, total)
+        finally:
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(asyncio.gather(*(p.wait() for p in procs)), 60)
+
+    return run
+
+
+VARIANTS: dict[str, Variant] = {
+    "bare XREADGROUP + XACK/XDEL (1 process)": bare,
+    "dispatcher worker, 1 process": workers(1),
+    "dispatcher worker, 2 processes": workers(2),
+}
+
+
+async def one_round(client: RedisClient, url: str, variant: Variant, messages: int) -> float:
+    queue = f"bench{uuid.uuid4().hex[:8]}"
+    await publish(client, tasks(queue, messages), shards=SHARDS)
+    rate = await variant(client, url, queue, messages)
+    await client.delete(*queue_streams([queue], SHARDS))
+    return rate
+
+
+async def measure(url: str, *, messages: int, rounds: int) -> dict[str, list[float]]:
+    client = connect_redis(url)
+    await publish_shard_count(client, SHARDS)
+    rates: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    try:
+        for r in range(rounds):
+            for name, variant in VARIANTS.items():
+                print(f"round {r + 1}/{rounds}: {name} ...", file=sys.stderr, flush=True)
+                rates[name].append(await one_round(client, url, variant, messages))
+                await client.flushdb()  # dedup keys of the round
+                await publish_shard_count(client, SHARDS)
+    finally:
+        await client.aclose()
+    return rates
+
+
+def render(rates: dict[str, list[float]], *, messages: int, rounds: int) -> str:
+    floor = statistics.median(next(iter(rates.values())))
+    redis_version = subprocess.run(
+        ["redis-server", "--version"], capture_output=True, text=True, check=False
+    ).stdout.split(" ")[2].removeprefix("v=")  # fmt: skip
+    lines = [
+        "# Worker consume rate",
+        "",
+        f"- date: {datetime.now(UTC):%Y-%m-%d %H:%M UTC}",
+        f"- machine: {platform.machine()}, {os.cpu_count()} cores; Python "
+        f"{platform.python_version()}; redis-server {redis_version} (own process, loopback)",
+        f"- backlog: {messages} messages over {SHARDS} shards, no-op async handler, "
+        f"worker --concurrency {CONCURRENCY}; rate from 5 % consumed to empty",
+        f"- {rounds} rounds, variants interleaved; median (min-max) msgs/s",
+        "- reproduce: `.venv/bin/python -m benchmarks.worker_consume`",
+        "",
+        "| variant | msgs/s (median) | min-max | vs bare |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, values in rates.items():
+        median = statistics.median(values)
+        lines.append(
+            f"| {name} | {median:,.0f} | {min(values):,.0f}-{max(values):,.0f} "
+            f"| {median / floor:.2f}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="od-bench-worker-"))
+    server = RedisProcess(workdir / "redis").start()
+    try:
+        rates = asyncio.run(measure(server.url, messages=args.messages, rounds=args.rounds))
+    finally:
+        server.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
+    table = render(rates, messages=args.messages, rounds=args.rounds)
+    print(table)
+    RESULT.parent.mkdir(parents=True, exist_ok=True)
+    RESULT.write_text(table)
+
+
+if __name__ == "__main__":
+    main()
