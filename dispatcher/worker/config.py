@@ -54,6 +54,17 @@ class WorkerConfig:
         if not self.group or not self.consumer:
             raise ValueError("group and consumer names must not be empty")
 
+    def caveats(self) -> list[str]:
+        """Valid but risky combinations, worth a warning at start-up."""
+        found = []
+        if self.lease_ttl >= self.reclaim_idle * self.max_deliveries:
+            found.append(
+                f"lease ttl ({self.lease_ttl:g}s) >= reclaim idle x max deliveries "
+                f"({self.reclaim_idle:g}s x {self.max_deliveries}): entries of a crashed worker "
+                "may be dead-lettered before its leases expire; lower --lease-ttl"
+            )
+        return found
+
     @property
     def reclaim_idle_ms(self) -> int:
         return max(int(self.reclaim_idle * 1000), 1)

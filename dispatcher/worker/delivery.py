@@ -10,6 +10,12 @@ The outcomes, in the order they are decided:
 - the handler succeeds → done mark, ack (XACK+XDEL);
 - the handler raises → release the lease, leave it pending: the reclaim loop
   runs it again after ``reclaim_idle``.
+
+The lease check comes before the delivery-count check on purpose: an entry
+whose attempt is running elsewhere is not poison. But every reclaim still
+raises its delivery count, so an entry of a crashed worker whose lease
+outlives ``reclaim_idle x max_deliveries`` is dead-lettered without a run
+(``WorkerConfig.caveats`` warns about such settings).
 """
 
 from __future__ import annotations

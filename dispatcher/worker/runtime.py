@@ -127,6 +127,8 @@ class Worker:
         )
 
     async def _start(self) -> None:
+        for caveat in self.config.caveats():
+            log.warning("%s", caveat)
         shards = await read_shard_count(self.client, fallback=self.config.shards)
         await self._grow_to(shards)
         self._last_redis_ok = time.monotonic()

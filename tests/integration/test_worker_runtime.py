@@ -286,3 +286,39 @@ async def test_stop_leaves_the_group_only_with_nothing_pending(
 
     consumers = await redis_standalone.xinfo_consumers(stream, GROUP)
     assert [(c["name"], c["pending"]) for c in consumers] == ([("me", 1)] if stuck else [])
+
+
+async def test_probes_and_metrics_are_served(redis_standalone: RedisClient, queue: str) -> None:
+    import aiohttp
+
+    from dispatcher.observability import ObservabilityServer
+    from tests.fix_servers import free_port
+
+    seen: list[str] = []
+    worker = Worker(redis_standalone, recorder(seen), config(queue, shards=1))
+    server = ObservabilityServer(
+        port=free_port(),
+        host="127.0.0.1",
+        live=worker.live,
+        ready=worker.ready,
+        registry=worker.metrics.registry,
+    )
+    base = f"http://127.0.0.1:{server.port}"
+    await server.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            assert (await http.get(f"{base}/healthz")).status == 503  # not started yet
+            async with running(worker):
+                await publish(redis_standalone, tasks(queue, 3), shards=1)
+                await eventually(lambda: _handled(worker, queue, 3))
+                assert (await http.get(f"{base}/healthz")).status == 200
+                assert (await http.get(f"{base}/readyz")).status == 200
+                body = await (await http.get(f"{base}/metrics")).text()
+    finally:
+        await server.stop()
+    assert f'dispatcher_worker_handled_total{{queue="{queue}"}} 3.0' in body
+    assert "dispatcher_worker_handler_seconds_bucket" in body
+
+
+async def _handled(worker: Worker, queue: str, count: int) -> bool:
+    return await metric(worker, "dispatcher_worker_handled_total", queue=queue) >= count

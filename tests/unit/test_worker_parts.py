@@ -113,6 +113,14 @@ def test_config_rejects_unusable_values(changes: dict[str, object], message: str
         WorkerConfig(**{"queues": ("q",), **changes})  # type: ignore[arg-type]
 
 
+def test_config_warns_when_leases_outlive_the_delivery_budget() -> None:
+    assert WorkerConfig(queues=("q",)).caveats() == []
+    (caveat,) = WorkerConfig(
+        queues=("q",), lease_ttl=10, reclaim_idle=1, max_deliveries=5
+    ).caveats()
+    assert "lower --lease-ttl" in caveat
+
+
 def test_dedup_keys_name_the_task_attempt() -> None:
     assert lease_key(MESSAGE.dedup_key) == "dispatcher:lease:t1:2"
     assert done_key(MESSAGE.dedup_key) == "dispatcher:done:t1:2"
