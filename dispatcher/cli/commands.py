@@ -6,9 +6,16 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from dispatcher.cli.ops import register_dlq, register_status
 from dispatcher.cli.outbox import register_enqueuer, register_migrate
 from dispatcher.cli.worker import register as register_worker
 
 Register = Callable[[Any, Callable[[argparse.ArgumentParser], None]], None]
 
-REGISTRY: list[Register] = [register_migrate, register_enqueuer, register_worker]
+REGISTRY: list[Register] = [
+    register_migrate,
+    register_enqueuer,
+    register_worker,
+    register_status,
+    register_dlq,
+]

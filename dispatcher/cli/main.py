@@ -80,6 +80,8 @@ def _one_line(exc: BaseException) -> str:
     if isinstance(exc, pydantic.ValidationError):
         parts = [f"{'.'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()]
         return "invalid setting: " + "; ".join(parts)
+    if isinstance(exc, psycopg.errors.UndefinedTable):
+        return f"the outbox schema is missing ({_first(exc)}): run `dispatcher migrate` first"
     if isinstance(exc, psycopg.OperationalError):
         return f"cannot reach PostgreSQL (check DATABASE_URL / --database-url): {_first(exc)}"
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):

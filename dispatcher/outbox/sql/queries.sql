@@ -114,3 +114,29 @@ SELECT status, count(*) AS rows,
 
 -- name: dlq_count
 SELECT count(*) FROM outbox_dlq;
+
+-- name: dlq_list
+SELECT id, task_id, stream, attempts, moved_at, last_error
+  FROM outbox_dlq ORDER BY moved_at DESC, id LIMIT %(limit)s;
+
+-- name: dlq_select
+SELECT id FROM outbox_dlq WHERE %(all)s OR id = ANY(%(ids)s) ORDER BY id;
+
+-- name: dlq_replay
+-- Back to PENDING with attempts reset, in one statement (one transaction). The INSERT fires
+-- outbox_notify, so enqueuers wake at once; a row still in outbox (status DLQ) is reset.
+WITH picked AS (
+    DELETE FROM outbox_dlq WHERE %(all)s OR id = ANY(%(ids)s) RETURNING *
+)
+INSERT INTO outbox (id, task_id, stream, payload, type, status, attempt_count, max_retries,
+                    backoff_seconds, created_at, updated_at)
+SELECT id, task_id, stream, payload, type, 'PENDING', 0, max_retries, backoff_seconds,
+       now(), now()
+  FROM picked
+ON CONFLICT (id) DO UPDATE
+   SET status = 'PENDING', attempt_count = 0, next_attempt_at = NULL, last_error = NULL,
+       claim_token = NULL, claimed_at = NULL, created_at = now(), updated_at = now()
+RETURNING id;
+
+-- name: outbox_streams
+SELECT DISTINCT stream FROM outbox;

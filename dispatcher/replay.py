@@ -1,0 +1,75 @@
+"""Dead-letter replay: outbox_dlq rows back to PENDING, worker dead letters back to their shard.
+
+``replay_outbox_dlq`` runs in one transaction and is all-or-nothing: naming an
+id that is not in ``outbox_dlq`` replays nothing. ``replay_dead_stream``
+moves entries of ``workflow.dead.<queue>`` back to the stream they came from
+(XADD first, then XDEL: a crash in between duplicates, never loses).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from dispatcher.outbox.queries import QUERIES
+from dispatcher.redis_client import RedisClient
+from dispatcher.stream.naming import dead_letter_stream, shard_for, task_stream
+
+__all__ = ["DEAD_LETTER_FIELDS", "ReplayError", "replay_dead_stream", "replay_outbox_dlq"]
+
+# Fields the worker adds when it dead-letters an entry; stripped on replay.
+DEAD_LETTER_FIELDS = ("error", "delivery_count", "source_stream", "source_id")
+
+
+class ReplayError(ValueError):
+    """Nothing was replayed; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replayed:
+    ids: list[str]
+    dry_run: bool
+
+
+async def replay_outbox_dlq(
+    conn: psycopg.AsyncConnection[Any], *, ids: Sequence[str] = (), all_rows: bool = False,
+    dry_run: bool = False,
+) -> Replayed:  # fmt: skip
+    """Move the chosen ``outbox_dlq`` rows back to PENDING, attempts reset."""
+    params = {"ids": list(ids), "all": all_rows}
+    async with conn.transaction():
+        cur = await conn.execute(QUERIES["dlq_select"], params)
+        found = [str(r[0]) for r in await cur.fetchall()]
+        missing = sorted(set(ids) - set(found))
+        if missing:
+            raise ReplayError(f"not in outbox_dlq: {', '.join(missing)}; nothing replayed")
+        if dry_run:
+            return Replayed(found, dry_run=True)
+        cur = await conn.execute(QUERIES["dlq_replay"], params)
+        return Replayed(sorted(str(r[0]) for r in await cur.fetchall()), dry_run=False)
+
+
+async def replay_dead_stream(
+    client: RedisClient, queue: str, *, ids: Sequence[str] = (), all_entries: bool = False,
+    shards: int = 1, dry_run: bool = False,
+) -> Replayed:  # fmt: skip
+    """Move dead letters of ``queue`` back to their source stream (or the task's shard)."""
+    dead = dead_letter_stream(queue)
+    entries: list[tuple[str, dict[str, str]]] = await client.xrange(dead)  # type: ignore[assignment]
+    chosen = [(i, f) for i, f in entries if all_entries or i in set(ids)]
+    missing = sorted(set(ids) - {i for i, _ in chosen})
+    if missing:
+        raise ReplayError(f"not in {dead}: {', '.join(missing)}; nothing replayed")
+    if dry_run:
+        return Replayed([i for i, _ in chosen], dry_run=True)
+    for entry_id, fields in chosen:
+        target = fields.get("source_stream") or task_stream(
+            queue, shard_for(fields.get("task_id", ""), shards)
+        )
+        body = {k: v for k, v in fields.items() if k not in DEAD_LETTER_FIELDS}
+        await client.xadd(target, body)  # type: ignore[arg-type]
+        await client.xdel(dead, entry_id)
+    return Replayed([i for i, _ in chosen], dry_run=False)

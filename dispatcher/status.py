@@ -1,0 +1,85 @@
+"""What ``dispatcher status`` reports: the outbox, its DLQ, every task stream, the shard key.
+
+Gathering talks to PostgreSQL and Redis; rendering (text or JSON) is pure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from dispatcher.outbox.repository import OutboxRepository
+from dispatcher.redis_client import RedisClient
+from dispatcher.stream.naming import DEAD_STREAM_PREFIX, SHARDS_KEY, TASK_STREAM_PREFIX
+from dispatcher.stream.stats import StreamStats, streams_stats
+
+__all__ = ["StatusReport", "gather_status", "render_text"]
+
+STATUSES = ("PENDING", "RETRY", "IN_FLIGHT", "SENT", "DLQ")
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReport:
+    outbox: dict[str, int]
+    oldest_pending_age_seconds: float | None
+    dlq: int
+    shard_key: str | None
+    group: str
+    streams: list[StreamStats]
+    dead_letters: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        doc = dataclasses.asdict(self)
+        doc["streams"] = [dataclasses.asdict(s) for s in self.streams]
+        return doc
+
+
+async def find_streams(client: RedisClient, prefix: str) -> list[str]:
+    """Every stream whose name starts with ``prefix`` (all nodes of a Cluster), sorted."""
+    found = {str(key) async for key in client.scan_iter(match=f"{prefix}*", _type="STREAM")}
+    return sorted(found)
+
+
+async def gather_status(
+    *, pool: AsyncConnectionPool[Any], redis: RedisClient, group: str = "workers"
+) -> StatusReport:
+    counts = await OutboxRepository(pool).status_counts()
+    waiting = [counts.oldest_age_seconds[s] for s in ("PENDING", "RETRY") if s in counts.by_status]
+    streams = await streams_stats(redis, await find_streams(redis, TASK_STREAM_PREFIX), group)
+    dead = {
+        name.removeprefix(DEAD_STREAM_PREFIX): int(await redis.xlen(name))
+        for name in await find_streams(redis, DEAD_STREAM_PREFIX)
+    }
+    shard_key = await redis.get(SHARDS_KEY)
+    return StatusReport(
+        outbox={s: counts.by_status.get(s, 0) for s in STATUSES},
+        oldest_pending_age_seconds=max(waiting) if waiting else None,
+        dlq=counts.dlq,
+        shard_key=None if shard_key is None else str(shard_key),
+        group=group,
+        streams=streams,
+        dead_letters=dead,
+    )
+
+
+def render_text(report: StatusReport) -> str:
+    age = report.oldest_pending_age_seconds
+    lines = [
+        "outbox: " + ", ".join(f"{k} {v}" for k, v in report.outbox.items()),
+        f"oldest pending: {'-' if age is None else f'{age:.1f} s'}",
+        f"outbox_dlq: {report.dlq}",
+        f"{SHARDS_KEY}: {report.shard_key or '(not set)'}",
+        "",
+        f"{'stream':<48} {'length':>8} {'pending':>8} {'consumers':>9} {'lag':>6}",
+    ]
+    for s in report.streams:
+        lag = "-" if s.lag is None else str(s.lag)
+        lines.append(f"{s.stream:<48} {s.length:>8} {s.pending:>8} {s.consumers:>9} {lag:>6}")
+    if not report.streams:
+        lines.append("(no task streams yet)")
+    for queue, length in report.dead_letters.items():
+        lines.append(f"dead letters of {queue}: {length} ({DEAD_STREAM_PREFIX}{queue})")
+    return "\n".join(lines)

@@ -1,0 +1,138 @@
+"""``dispatcher status`` and ``dispatcher dlq``: numbers match reality, replays get handled."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from dispatcher.models import TaskMessage
+from dispatcher.redis_client import RedisClient
+from dispatcher.stream import RedisStreamConsumer, dead_letter_stream, task_stream
+from dispatcher.worker import Worker, WorkerConfig
+from tests.fix_outbox import insert_rows, make_enqueuer, outbox_status, published
+from tests.handlers import publish, tasks
+from tests.helpers import eventually
+
+
+def cli(*args: str, db_url: str, redis_url: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dispatcher.cli", *args,
+         "--database-url", db_url, "--redis-url", redis_url],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+async def test_status_json_matches_what_was_put_in(
+    db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
+) -> None:
+    insert_rows(db_url, 7, queue=queue, prefix="p-")
+    insert_rows(db_url, 3, queue=queue, prefix="r-")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE outbox SET status = 'RETRY' WHERE id LIKE 'r-%'")
+        conn.execute(
+            "INSERT INTO outbox_dlq (id, stream, payload, attempts) "
+            "VALUES ('d1', %s, '{}', 6), ('d2', %s, '{}', 6)",
+            (task_stream(queue, 0), task_stream(queue, 0)),
+        )
+    stream = task_stream(queue, 1)
+    await publish(redis_standalone, tasks(queue, 5), shards=1)  # 5 entries on shard 0
+    reader = RedisStreamConsumer(redis_standalone, task_stream(queue, 0), "workers", "c1")
+    assert len(await reader.read_new(2)) == 2  # 2 delivered, unacked
+    await redis_standalone.xadd(stream, {"x": "1"})  # shard 1: no group yet
+    await redis_standalone.set("composer:stream_shards", "4")
+
+    out = cli("status", "--json", db_url=db_url, redis_url=redis_url)
+
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["outbox"] == {"PENDING": 7, "RETRY": 3, "IN_FLIGHT": 0, "SENT": 0, "DLQ": 0}
+    assert report["dlq"] == 2
+    assert report["oldest_pending_age_seconds"] >= 0
+    assert report["shard_key"] == "4"
+    by_stream = {s["stream"]: s for s in report["streams"]}
+    assert by_stream[task_stream(queue, 0)]["length"] == 5
+    assert by_stream[task_stream(queue, 0)]["pending"] == 2
+    assert by_stream[task_stream(queue, 0)]["consumers"] == 1
+    assert by_stream[stream]["length"] == 1
+    assert by_stream[stream]["group_exists"] is False
+
+
+async def test_outbox_dlq_replay_gets_rows_published_and_handled(
+    db_url: str, redis_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient,
+    queue: str,
+) -> None:  # fmt: skip
+    ids = insert_rows(db_url, 6, queue=queue, shards=1, max_retries=1, backoff=1)
+    await redis_standalone.set(task_stream(queue, 0), "not a stream")  # every publish fails
+    enqueuer = make_enqueuer(pool, redis_standalone)
+    for _ in range(2):
+        await enqueuer.process_batch()
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute("UPDATE outbox SET next_attempt_at = now()")
+    assert outbox_status(db_url) == {"DLQ": 6}
+    await redis_standalone.delete(task_stream(queue, 0))  # the cause is fixed
+
+    dry = cli("dlq", "replay", "--id", ids[0], "--dry-run", db_url=db_url, redis_url=redis_url)
+    assert dry.stdout.strip() == f"would replay 1: {ids[0]}"
+    bad = cli("dlq", "replay", "--id", "nope", db_url=db_url, redis_url=redis_url)
+    assert bad.returncode == 2
+    assert "not in outbox_dlq: nope; nothing replayed" in bad.stderr
+    some = cli("dlq", "replay", "--id", ids[0], "--id", ids[1], db_url=db_url, redis_url=redis_url)
+    assert some.returncode == 0, some.stderr
+    rest = cli("dlq", "replay", "--all", db_url=db_url, redis_url=redis_url)
+    assert rest.stdout.startswith("replayed 4:")
+    assert outbox_status(db_url) == {"PENDING": 6}
+
+    await enqueuer.process_batch()
+    handled = await _handle_all(redis_standalone, queue, 6)
+    assert sorted(handled) == sorted(ids)
+    assert outbox_status(db_url) == {}
+
+
+async def test_worker_dead_letter_stream_replay(
+    db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
+) -> None:
+    dispatches = tasks(queue, 3)
+    await publish(redis_standalone, dispatches, shards=1)
+    source = task_stream(queue, 0)
+    dead = dead_letter_stream(queue)
+    for entry_id, fields in await redis_standalone.xrange(source):
+        extra = {"error": "boom", "delivery_count": "6", "source_id": entry_id}
+        await redis_standalone.xadd(dead, {**fields, **extra, "source_stream": source})
+        await redis_standalone.xdel(source, entry_id)
+
+    listing = cli("dlq", "list", "--queue", queue, db_url=db_url, redis_url=redis_url)
+    assert listing.stdout.count("error=boom") == 3
+    replay = cli("dlq", "replay", "--queue", queue, "--all", db_url=db_url, redis_url=redis_url)
+    assert replay.returncode == 0, replay.stderr
+    assert await redis_standalone.xlen(dead) == 0
+    entries = await published(redis_standalone, queue, shards=1)
+    assert all("error" not in e and "source_id" not in e for e in entries)
+
+    handled = await _handle_all(redis_standalone, queue, 3, by="task_id")
+    assert sorted(handled) == sorted(d.task_id for d in dispatches)
+
+
+async def _handle_all(client: RedisClient, queue: str, n: int, by: str = "outbox_id") -> list[str]:
+    seen: list[str] = []
+
+    async def handler(message: TaskMessage) -> None:
+        seen.append(message.outbox_id if by == "outbox_id" else message.task_id)
+
+    worker = Worker(client, handler, WorkerConfig(queues=(queue,), shards=1, block_ms=100))
+    run = asyncio.create_task(worker.run())
+    try:
+        await eventually(lambda: _at_least(seen, n), within=20)
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(run, 30)
+    return seen
+
+
+async def _at_least(items: list[str], n: int) -> bool:
+    return len(items) >= n
