@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from dispatcher.cli.demo import register as register_demo
 from dispatcher.cli.ops import register_dlq, register_status
 from dispatcher.cli.outbox import register_enqueuer, register_migrate
 from dispatcher.cli.worker import register as register_worker
@@ -18,4 +19,5 @@ REGISTRY: list[Register] = [
     register_worker,
     register_status,
     register_dlq,
+    register_demo,
 ]

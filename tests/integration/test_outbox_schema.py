@@ -57,7 +57,7 @@ def test_schema_has_the_contract_objects(migrated_url: str) -> None:
 
 def test_cli_migrate_reports_what_it_did(database_url: str) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "dispatcher.cli.main", "migrate", "--database-url", database_url],
+        [sys.executable, "-m", "dispatcher.cli", "migrate", "--database-url", database_url],
         capture_output=True,
         text=True,
         check=True,

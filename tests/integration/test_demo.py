@@ -1,0 +1,52 @@
+"""``dispatcher demo`` with nothing to connect to: own servers, a PASS, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{pid}: {cmdline}")
+    return found
+
+
+def test_demo_starts_its_own_servers_and_cleans_up(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "DATABASE_URL": "postgresql://demo@127.0.0.1:1/nowhere",
+        "REDIS_URL": "redis://127.0.0.1:1/0",
+        "TMPDIR": str(tmp_path),
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "dispatcher.cli", "demo", "--tasks", "2000", "--seed", "7"],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "DATABASE_URL does not answer" in out.stdout
+    assert "PostgreSQL: throwaway" in out.stdout
+    assert "Redis: throwaway" in out.stdout
+    assert "PASS" in out.stdout
+    committed, rolled_back = _row(out.stdout, "committed / rolled back").split(" / ")
+    assert int(committed) + int(rolled_back) == 2000
+    assert int(rolled_back) > 0, "the demo rolls some transactions back"
+    assert _row(out.stdout, "handled (unique)") == committed
+    assert list(tmp_path.iterdir()) == [], "temp dirs left behind"
+    assert processes_mentioning(str(tmp_path)) == [], "server processes left behind"
+
+
+def _row(table: str, label: str) -> str:
+    line = next(line for line in table.splitlines() if label in line)
+    return line.split("│")[2].strip()
