@@ -5,6 +5,13 @@ full (a backlog) it keeps every slot busy; otherwise it waits for whichever
 comes first: a wake-up from the LISTEN connection or the poll interval
 (retries coming due, lost notifications).
 
+NOTIFY is not free: it serialises the commits of every transaction that sends
+it. So the trigger notifies only while some enqueuer has announced itself idle
+(``outbox_idle``). An enqueuer announces when a claim finds nothing, then
+claims twice more shortly after (closing the race with commits that checked
+the flag just before it was set), and withdraws when a full batch shows it is
+busy; until its next empty claim it drains without waiting for notifications.
+
 A batch is claimed under a fresh token, published in one pipelined round
 trip, then settled: published rows are deleted, failed ones rescheduled with
 backoff or dead-lettered. Every write names the token, so a paused enqueuer
@@ -17,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -51,6 +60,8 @@ class EnqueuerConfig:
     publish_timeout: float = 10.0
     shutdown_timeout: float = 30.0
     listener_rotate_after: float = 600.0
+    # After announcing idle, claim again this many seconds later (the flag/commit race).
+    idle_follow_ups: tuple[float, ...] = (0.005, 0.03)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.concurrency < 1:
@@ -85,6 +96,9 @@ class OutboxEnqueuer:
         self._kick = asyncio.Event()
         self._stopping = False
         self._backlog = False
+        self.name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._idle_announced = False
+        self._idle_lock = asyncio.Lock()
         self._active: dict[uuid.UUID, list[str]] = {}
         self.last_loop = time.monotonic()
         self.listener = (
@@ -92,7 +106,7 @@ class OutboxEnqueuer:
                 conninfo=listen_conninfo,
                 wake=self.wake,
                 rotate_after=config.listener_rotate_after,
-                on_state=lambda up: metrics.LISTENER_CONNECTED.set(1 if up else 0),
+                on_state=self._listener_state,
             )
             if listen_conninfo
             else None
@@ -150,12 +164,44 @@ class OutboxEnqueuer:
             count = 0
         finally:
             slots.release()
-        # A full batch means more rows are likely waiting: keep every slot busy until a
-        # batch comes back short.
-        self._backlog = count >= self.config.batch_size
+        try:
+            await self._after_batch(count)
+        except Exception as exc:
+            log.warning("could not update the idle announcement: %s", exc)
+        return count
+
+    async def _after_batch(self, count: int) -> None:
+        """Decide whether to go again at once, and whether inserts should NOTIFY us."""
+        full = count >= self.config.batch_size
+        async with self._idle_lock:
+            if full and self._idle_announced:
+                await self._repo.withdraw_idle(self.name)
+                self._idle_announced = False
+            elif count == 0 and not self._idle_announced and self._can_listen():
+                await self._repo.announce_idle(self.name, self.listener.backend_pid)  # type: ignore[union-attr]
+                self._idle_announced = True
+                loop = asyncio.get_running_loop()
+                for delay in self.config.idle_follow_ups:
+                    loop.call_later(delay, self.wake)
+        # A full batch means more rows wait; rows found while nobody announced idle mean
+        # no NOTIFY will come for the next ones: either way, claim again at once.
+        self._backlog = full or (count > 0 and not self._idle_announced)
         if self._backlog:
             self._kick.set()
-        return count
+
+    def _can_listen(self) -> bool:
+        return bool(self.listener and self.listener.connected and not self._stopping)
+
+    def _listener_state(self, connected: bool) -> None:
+        metrics.LISTENER_CONNECTED.set(1 if connected else 0)
+        if not connected and self._idle_announced:
+            self._idle_announced = False  # nobody hears NOTIFY now; the poll takes over
+            asyncio.get_running_loop().create_task(self._withdraw_quietly())
+
+    async def _withdraw_quietly(self) -> None:
+        with contextlib.suppress(Exception):
+            async with self._idle_lock:
+                await self._repo.withdraw_idle(self.name)
 
     async def _drain(self, batches: set[asyncio.Task[int]]) -> None:
         """Let running batches finish; past the timeout cancel them and release their claims."""
@@ -164,6 +210,7 @@ class OutboxEnqueuer:
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
+        await self._withdraw_quietly()
         for token, ids in list(self._active.items()):
             with contextlib.suppress(Exception):
                 released = await self._repo.release(token, ids)
@@ -250,6 +297,7 @@ class OutboxEnqueuer:
     async def maintenance_once(self) -> dict[str, Any]:
         """Delete SENT rows, recover stale claims, refresh the depth gauge."""
         cleaned = await self._repo.cleanup_sent()
+        await self._repo.forget_dead_listeners()
         retried, dead = await self._repo.recover_stale(self.config.recover_in_flight_after)
         if retried or dead:
             metrics.RECOVERED.labels("retry").inc(retried)

@@ -96,6 +96,16 @@ class OutboxRepository:
     async def cleanup_sent(self) -> int:
         return await self._rowcount("cleanup_sent", {})
 
+    async def announce_idle(self, enqueuer: str, listener_pid: int) -> None:
+        """From now on, outbox inserts NOTIFY: this enqueuer is idle and listening."""
+        await self._rowcount("announce_idle", {"enqueuer": enqueuer, "pid": listener_pid})
+
+    async def withdraw_idle(self, enqueuer: str) -> None:
+        await self._rowcount("withdraw_idle", {"enqueuer": enqueuer})
+
+    async def forget_dead_listeners(self) -> int:
+        return await self._rowcount("forget_dead_listeners", {})
+
     async def status_counts(self) -> StatusCounts:
         rows = await self._execute("status_counts", {})
         (dlq,) = await self._execute("dlq_count", {})

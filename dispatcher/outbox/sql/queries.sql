@@ -140,3 +140,15 @@ RETURNING id;
 
 -- name: outbox_streams
 SELECT DISTINCT stream FROM outbox;
+
+-- name: announce_idle
+INSERT INTO outbox_idle (enqueuer, listener_pid) VALUES (%(enqueuer)s, %(pid)s)
+ON CONFLICT (enqueuer) DO UPDATE SET listener_pid = EXCLUDED.listener_pid, since = now();
+
+-- name: withdraw_idle
+DELETE FROM outbox_idle WHERE enqueuer = %(enqueuer)s;
+
+-- name: forget_dead_listeners
+-- Announcements of enqueuers whose listener connection is gone (crashed, killed).
+DELETE FROM outbox_idle
+ WHERE listener_pid NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL);
