@@ -1,0 +1,181 @@
+"""Render the ``OutboxDispatcher`` CRD from the pydantic models in ``controller.model``.
+
+Pydantic's JSON Schema is turned into a Kubernetes *structural* schema:
+``$ref`` inlined, ``Optional`` unwrapped, titles dropped, object defaults
+reduced to ``{}`` (the API server then fills nested defaults), CEL rules kept.
+``python -m controller.crd`` prints the CRD; ``crds/outboxdispatchers.yaml``
+is that output, and ``tests/unit/test_controller_crd.py`` fails if they differ.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from controller.model import (
+    API_GROUP,
+    API_VERSION,
+    KIND,
+    NAME_RULE,
+    PLURAL,
+    SHORT_NAME,
+    SINGULAR,
+    OutboxDispatcherSpec,
+    OutboxDispatcherStatus,
+)
+
+__all__ = ["CRD_PATH", "build_crd", "crd_yaml", "structural"]
+
+CRD_PATH = Path(__file__).resolve().parent.parent / "crds" / "outboxdispatchers.yaml"
+
+_KEEP = {
+    "type",
+    "format",
+    "description",
+    "default",
+    "enum",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "maxProperties",
+    "pattern",
+    "required",
+    "x-kubernetes-validations",
+    "x-kubernetes-int-or-string",
+    "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys",
+}
+
+
+def structural(schema: dict[str, Any], defs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One pydantic JSON Schema node as a structural OpenAPI v3 node."""
+    defs = defs if defs is not None else schema.get("$defs", {})
+    node = _resolve(schema, defs)
+    if node.get("x-kubernetes-int-or-string"):
+        return {"x-kubernetes-int-or-string": True, "anyOf": node["anyOf"]}
+    out: dict[str, Any] = {k: v for k, v in node.items() if k in _KEEP}
+    if "const" in node:
+        out["enum"] = [node["const"]]
+    if node.get("type") == "object" or "properties" in node:
+        out["type"] = "object"
+        if "properties" in node:
+            out["properties"] = {
+                name: structural(sub, defs) for name, sub in node["properties"].items()
+            }
+        if isinstance(node.get("additionalProperties"), dict):
+            out["additionalProperties"] = structural(node["additionalProperties"], defs)
+        if "maxLength" in out:  # pydantic's max_length on a dict
+            out["maxProperties"] = out.pop("maxLength")
+        if isinstance(out.get("default"), dict):
+            out["default"] = {}
+    if node.get("type") == "array":
+        out["items"] = structural(node["items"], defs)
+    return out
+
+
+def _resolve(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """Inline ``$ref`` and unwrap ``anyOf: [X, null]`` (an optional field)."""
+    node = dict(schema)
+    if "$ref" in node:
+        ref = node.pop("$ref").rsplit("/", 1)[-1]
+        node = {**defs[ref], **node}
+    options = [o for o in node.get("anyOf", []) if o.get("type") != "null"]
+    if "anyOf" in node and len(options) == 1:
+        inner = _resolve(options[0], defs)
+        rest = {k: v for k, v in node.items() if k != "anyOf"}
+        if rest.get("default", 0) is None:
+            rest.pop("default")
+        node = {**inner, **rest}
+    return node
+
+
+def _schema(model: type[Any]) -> dict[str, Any]:
+    raw: dict[str, Any] = model.model_json_schema(by_alias=True, mode="validation")
+    return structural(raw)
+
+
+def build_crd() -> dict[str, Any]:
+    """The full CustomResourceDefinition manifest."""
+    spec = _schema(OutboxDispatcherSpec)
+    status = _schema(OutboxDispatcherStatus)
+    for name, prop in status["properties"].items():  # the operator may write nulls
+        if name != "conditions":
+            prop["nullable"] = True
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{API_GROUP}"},
+        "spec": {
+            "group": API_GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": [SHORT_NAME],
+            },
+            "versions": [
+                {
+                    "name": API_VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": _printer_columns(),
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "Dispatch a PostgreSQL transactional outbox to "
+                            "sharded Redis Streams and run autoscaled workers per queue.",
+                            "required": ["spec"],
+                            "x-kubernetes-validations": [NAME_RULE],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec,
+                                "status": status,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def _printer_columns() -> list[dict[str, Any]]:
+    return [
+        {"name": "Shards", "type": "integer", "jsonPath": ".status.shards"},
+        {"name": "Queues", "type": "string", "jsonPath": ".spec.queues[*].name"},
+        {
+            "name": "Ready",
+            "type": "string",
+            "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+        },
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+
+
+class _NoAliases(yaml.SafeDumper):
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def crd_yaml() -> str:
+    header = "# Generated by `python -m controller.crd --write` from controller/model.py.\n"
+    body = yaml.dump(build_crd(), Dumper=_NoAliases, sort_keys=False, width=100)
+    return header + body
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--write"]:
+        CRD_PATH.write_text(crd_yaml())
+    else:
+        sys.stdout.write(crd_yaml())

@@ -1,0 +1,184 @@
+"""The CRD: in sync with the pydantic model, valid for Kubernetes, and its rules at work.
+
+Sample resources are checked the way the API server would: structural defaults
+first, then the OpenAPI schema (jsonschema), then every CEL rule
+(``x-kubernetes-validations``, evaluated with cel-python) at its node.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import celpy
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from controller.crd import CRD_PATH, build_crd, crd_yaml
+from controller.model import OutboxDispatcherSpec
+
+K8S_VERSION = "1.37.0"
+EXAMPLES = sorted((Path(CRD_PATH).parent / "examples").glob("*.yaml"))
+
+
+def _schema() -> dict[str, Any]:
+    crd = build_crd()
+    schema: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def apply_defaults(obj: Any, schema: dict[str, Any]) -> Any:
+    """Structural defaulting, as the API server does before validation."""
+    if isinstance(obj, dict) and "properties" in schema:
+        for name, sub in schema["properties"].items():
+            if name not in obj and "default" in sub:
+                obj[name] = copy.deepcopy(sub["default"])
+            if name in obj:
+                obj[name] = apply_defaults(obj[name], sub)
+    if isinstance(obj, list) and "items" in schema:
+        return [apply_defaults(item, schema["items"]) for item in obj]
+    return obj
+
+
+def cel_errors(obj: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    errors: list[str] = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        env = celpy.Environment()
+        program = env.program(env.compile(rule["rule"]))
+        if not program.evaluate({"self": celpy.json_to_cel(obj)}):
+            errors.append(f"{path or '<root>'}: {rule['message']}")
+    if isinstance(obj, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name in obj and name != "metadata":
+                errors += cel_errors(obj[name], sub, f"{path}.{name}".lstrip("."))
+    if isinstance(obj, list) and "items" in schema:
+        for i, item in enumerate(obj):
+            errors += cel_errors(item, schema["items"], f"{path}[{i}]")
+    return errors
+
+
+def strict_fields(schema: dict[str, Any]) -> dict[str, Any]:
+    """Unknown fields are errors (kubectl's default field validation is Strict)."""
+    out = dict(schema)
+    if "properties" in out:
+        out["properties"] = {k: strict_fields(v) for k, v in out["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    if "items" in out:
+        out["items"] = strict_fields(out["items"])
+    return out
+
+
+def validate_cr(cr: dict[str, Any]) -> list[str]:
+    """Every message the API server would answer for ``cr`` (empty: accepted)."""
+    schema = _schema()
+    obj = apply_defaults(copy.deepcopy(cr), schema)
+    validator = jsonschema.Draft7Validator(strict_fields(schema))
+    errors = [
+        f"{'.'.join(str(p) for p in e.absolute_path)}: {e.message}"
+        for e in validator.iter_errors(obj)
+    ]
+    return errors or cel_errors(obj, schema)
+
+
+def _cr(**spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "postgres": {"secretRef": {"name": "db", "key": "url"}},
+        "redis": {"secretRef": {"name": "redis", "key": "url"}},
+        "queues": [{"name": "emails", "handler": "app.tasks:send"}],
+    }
+    base.update(spec)
+    return {
+        "apiVersion": "dispatch.composer.dev/v1alpha1",
+        "kind": "OutboxDispatcher",
+        "metadata": {"name": "demo", "namespace": "default"},
+        "spec": base,
+    }
+
+
+def test_crd_file_matches_the_model() -> None:
+    assert CRD_PATH.read_text() == crd_yaml(), "run: python -m controller.crd --write"
+
+
+def test_crd_passes_kubernetes_validate_strict() -> None:
+    assert kubernetes_validate.validate(build_crd(), K8S_VERSION, strict=True)
+    assert yaml.safe_load(CRD_PATH.read_text()) == build_crd()
+
+
+def test_crd_names_scope_and_columns() -> None:
+    spec = build_crd()["spec"]
+    assert spec["group"] == "dispatch.composer.dev"
+    assert spec["scope"] == "Namespaced"
+    assert spec["names"]["plural"] == "outboxdispatchers"
+    assert spec["names"]["kind"] == "OutboxDispatcher"
+    assert spec["names"]["shortNames"] == ["obd"]
+    version = spec["versions"][0]
+    assert version["name"] == "v1alpha1"
+    assert version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns == ["Shards", "Queues", "Ready", "Age"]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_resources_are_accepted(path: Path) -> None:
+    cr = yaml.safe_load(path.read_text())
+    assert validate_cr(cr) == []
+    OutboxDispatcherSpec.model_validate(apply_defaults(cr["spec"], _schema()["properties"]["spec"]))
+
+
+BAD = [
+    pytest.param({"shards": 0}, "shards: 0 is less than the minimum of 1", id="zero-shards"),
+    pytest.param({"shards": 5000}, "shards: 5000 is greater than the maximum", id="shards-high"),
+    pytest.param({"postgres": {}}, "'secretRef' is a required property", id="no-secret-ref"),
+    pytest.param(
+        {"redis": {"secretRef": {"name": "r", "key": "url"}, "url": "redis://x"}},
+        "redis: Additional properties",
+        id="inline-url",
+    ),
+    pytest.param(
+        {"queues": [{"name": "a", "handler": "m:f", "minReplicas": 5, "maxReplicas": 2}]},
+        "spec.queues[0]: minReplicas must be <= maxReplicas",
+        id="min-above-max",
+    ),
+    pytest.param(
+        {"queues": [{"name": "a", "handler": "m:f"}, {"name": "a", "handler": "m:g"}]},
+        "spec: queue names must be unique",
+        id="duplicate-queue",
+    ),
+    pytest.param(
+        {"queues": [{"name": "a.b", "handler": "m:f"}]},
+        "queues.0.name: 'a.b' does not match",
+        id="dotted-queue",
+    ),
+    pytest.param(
+        {"queues": [{"name": "a", "handler": "no-colon"}]},
+        "queues.0.handler: 'no-colon' does not match",
+        id="bad-handler",
+    ),
+    pytest.param({"logFormat": "xml"}, "logFormat: 'xml' is not one of", id="bad-log-format"),
+    pytest.param(
+        {"queues": [{"name": "a", "handler": "m:f", "targetBacklogPerReplica": 0}]},
+        "targetBacklogPerReplica: 0 is less than the minimum of 1",
+        id="zero-target",
+    ),
+]
+
+
+@pytest.mark.parametrize(("spec", "message"), BAD)
+def test_bad_resources_are_rejected_with_the_right_message(
+    spec: dict[str, Any], message: str
+) -> None:
+    errors = validate_cr(_cr(**spec))
+    assert any(message in e for e in errors), errors
+
+
+def test_a_long_name_is_rejected() -> None:
+    cr = _cr()
+    cr["metadata"]["name"] = "x" * 51
+    assert validate_cr(cr) == ["<root>: metadata.name must be at most 50 characters"]
+
+
+def test_unknown_spec_fields_are_rejected() -> None:
+    assert any("Additional properties" in e for e in validate_cr(_cr(replicas=3)))

@@ -1,0 +1,80 @@
+"""The CR model, the shard decision and the condition list: pure parts of the operator."""
+
+from __future__ import annotations
+
+import datetime
+
+import pydantic
+import pytest
+
+from controller.model import OutboxDispatcherSpec
+from controller.shards import decide_shards, streams_to_drain
+from controller.status import DEGRADED, READY, set_condition
+
+SECRETS = {
+    "postgres": {"secretRef": {"name": "db", "key": "url"}},
+    "redis": {"secretRef": {"name": "redis", "key": "url"}},
+}
+
+
+def test_defaults_and_camel_case_aliases() -> None:
+    spec = OutboxDispatcherSpec.model_validate(
+        {**SECRETS, "queues": [{"name": "q", "handler": "m:f", "maxReplicas": 3}]}
+    )
+    assert spec.shards == 4
+    assert spec.enqueuer.batch_size == 50
+    assert spec.queues[0].max_replicas == 3
+    assert spec.queues[0].target_backlog_per_replica == 100
+    assert spec.redis.cluster is False
+    with pytest.raises(pydantic.ValidationError):
+        spec.shards = 5  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("queues", "message"),
+    [
+        ([{"name": "q", "handler": "m:f", "minReplicas": 4, "maxReplicas": 2}], "minReplicas"),
+        ([{"name": "q", "handler": "m:f"}, {"name": "q", "handler": "m:g"}], "unique"),
+    ],
+)
+def test_model_mirrors_the_cel_rules(queues: list[dict[str, object]], message: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match=message):
+        OutboxDispatcherSpec.model_validate({**SECRETS, "queues": queues})
+
+
+def test_streams_to_drain_are_the_removed_shards_of_every_queue() -> None:
+    assert streams_to_drain(["a", "b"], published=4, desired=2) == [
+        "workflow.tasks.a.2",
+        "workflow.tasks.a.3",
+        "workflow.tasks.b.2",
+        "workflow.tasks.b.3",
+    ]
+
+
+def test_shard_decisions() -> None:
+    assert decide_shards(desired=4, published=None, lengths={}).action == "set"
+    assert decide_shards(desired=4, published=4, lengths={}).action == "keep"
+    assert decide_shards(desired=8, published=4, lengths={}).action == "set"
+    drained = decide_shards(desired=2, published=4, lengths={"workflow.tasks.a.3": 0})
+    assert (drained.action, drained.shards) == ("set", 2)
+    blocked = decide_shards(
+        desired=2, published=4, lengths={"workflow.tasks.a.2": 0, "workflow.tasks.a.3": 7}
+    )
+    assert (blocked.action, blocked.shards) == ("block", 4)
+    assert blocked.blocking == {"workflow.tasks.a.3": 7}
+    assert "workflow.tasks.a.3 (7)" in blocked.message
+
+
+def test_condition_transition_time_moves_only_on_a_status_flip() -> None:
+    t0 = datetime.datetime(2024, 1, 1, tzinfo=datetime.UTC)
+    t1 = t0 + datetime.timedelta(minutes=5)
+    conditions = set_condition([], type_=READY, status="True", reason="R", message="", now=t0)
+    conditions = set_condition(
+        conditions, type_=DEGRADED, status="False", reason="AsExpected", message="", now=t0
+    )
+    same = set_condition(conditions, type_=READY, status="True", reason="R2", message="m", now=t1)
+    assert [c.type for c in same] == [READY, DEGRADED]
+    assert same[0].last_transition_time == t0
+    assert same[0].reason == "R2"
+    flipped = set_condition(same, type_=READY, status="False", reason="X", message="", now=t1)
+    assert flipped[0].last_transition_time == t1

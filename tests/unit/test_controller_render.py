@@ -1,0 +1,186 @@
+"""Rendering of the enqueuer and worker Deployments: pure builders, valid manifests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from controller.model import OutboxDispatcherSpec
+from controller.render import (
+    CONFIG_HASH_ANNOTATION,
+    Owner,
+    build_enqueuer_deployment,
+    build_worker_deployment,
+    worker_name,
+)
+
+K8S_VERSION = "1.37.0"
+OWNER = Owner(name="orders", namespace="shop", uid="0b4c5a3e-1111-2222-3333-444455556666")
+
+
+def _spec(**overrides: Any) -> OutboxDispatcherSpec:
+    raw: dict[str, Any] = {
+        "shards": 8,
+        "postgres": {"secretRef": {"name": "pg", "key": "dsn"}},
+        "redis": {"secretRef": {"name": "rd", "key": "url"}, "cluster": True},
+        "enqueuer": {"replicas": 2, "batchSize": 100, "resources": {"limits": {"cpu": 1}}},
+        "queues": [
+            {"name": "emails", "handler": "app.tasks:send", "concurrency": 16},
+            {"name": "Invoices_v2", "handler": "billing:render", "minReplicas": 0},
+        ],
+    }
+    raw.update(overrides)
+    return OutboxDispatcherSpec.model_validate(raw)
+
+
+def _container(manifest: dict[str, Any]) -> dict[str, Any]:
+    containers: list[dict[str, Any]] = manifest["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def _env(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in _container(manifest)["env"]}
+
+
+def _all_manifests(spec: OutboxDispatcherSpec) -> list[dict[str, Any]]:
+    return [
+        build_enqueuer_deployment(spec, owner=OWNER, shards=spec.shards),
+        *(
+            build_worker_deployment(spec, q, owner=OWNER, shards=spec.shards, replicas=1)
+            for q in spec.queues
+        ),
+    ]
+
+
+def test_enqueuer_runs_dispatcher_enqueuer_with_the_spec_flags() -> None:
+    manifest = build_enqueuer_deployment(_spec(), owner=OWNER, shards=8)
+    container = _container(manifest)
+    assert container["command"] == ["dispatcher"]
+    assert container["args"] == [
+        "enqueuer",
+        "--batch-size=100",
+        "--concurrency=4",
+        "--poll-interval=1",
+        "--wait-replicas=0",
+    ]
+    assert manifest["metadata"]["name"] == "orders-enqueuer"
+    assert manifest["spec"]["replicas"] == 2
+    assert container["resources"] == {"limits": {"cpu": 1}}
+
+
+def test_worker_runs_dispatcher_worker_for_its_queue() -> None:
+    spec = _spec()
+    manifest = build_worker_deployment(spec, spec.queues[0], owner=OWNER, shards=8, replicas=3)
+    assert _container(manifest)["args"] == [
+        "worker",
+        "--queue=emails",
+        "--handler=app.tasks:send",
+        "--concurrency=16",
+        "--max-deliveries=5",
+        "--reclaim-idle=30",
+    ]
+    assert manifest["spec"]["replicas"] == 3
+    assert manifest["metadata"]["name"] == "orders-worker-emails"
+
+
+def test_urls_come_from_the_referenced_secrets_never_inline() -> None:
+    spec = _spec()
+    enqueuer, worker, _ = _all_manifests(spec)
+    assert _env(enqueuer)["DATABASE_URL"] == {"secretKeyRef": {"name": "pg", "key": "dsn"}}
+    for manifest in (enqueuer, worker):
+        env = _env(manifest)
+        assert env["REDIS_URL"] == {"secretKeyRef": {"name": "rd", "key": "url"}}
+        assert env["REDIS_CLUSTER"] == "1"
+        assert env["STREAM_SHARDS"] == "8"
+        assert env["METRICS_PORT"] == "9090"
+        assert env["LOG_FORMAT"] == "json"
+    assert "DATABASE_URL" not in _env(worker)  # workers only need Redis
+
+
+def test_labels_selector_and_owner_reference() -> None:
+    for manifest in _all_manifests(_spec()):
+        meta = manifest["metadata"]
+        labels = meta["labels"]
+        assert labels["app.kubernetes.io/name"] == "outbox-dispatcher"
+        assert labels["app.kubernetes.io/instance"] == "orders"
+        assert labels["app.kubernetes.io/managed-by"] == "outbox-dispatcher-operator"
+        selector = manifest["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= manifest["spec"]["template"]["metadata"]["labels"].items()
+        assert meta["ownerReferences"] == [
+            {
+                "apiVersion": "dispatch.composer.dev/v1alpha1",
+                "kind": "OutboxDispatcher",
+                "name": "orders",
+                "uid": OWNER.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+        assert meta["namespace"] == "shop"
+
+
+def test_pods_meet_pod_security_restricted() -> None:
+    for manifest in _all_manifests(_spec()):
+        pod = manifest["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert isinstance(pod["securityContext"]["runAsUser"], int)
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        sc = _container(manifest)["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["runAsNonRoot"] is True
+        assert {"name": "tmp", "mountPath": "/tmp"} in _container(manifest)["volumeMounts"]
+        assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
+
+
+def test_probes_hit_healthz_on_the_metrics_port() -> None:
+    for manifest in _all_manifests(_spec()):
+        container = _container(manifest)
+        assert container["ports"] == [{"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
+        assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+
+
+def _hash(manifest: dict[str, Any]) -> str:
+    value: str = manifest["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+    return value
+
+
+def test_config_hash_is_stable_and_follows_the_config() -> None:
+    spec = _spec()
+    one = build_worker_deployment(spec, spec.queues[0], owner=OWNER, shards=8, replicas=1)
+    again = build_worker_deployment(spec, spec.queues[0], owner=OWNER, shards=8, replicas=5)
+    assert _hash(one) == _hash(again)  # replicas are not configuration
+    more_shards = build_worker_deployment(spec, spec.queues[0], owner=OWNER, shards=16, replicas=1)
+    assert _hash(more_shards) != _hash(one)
+    changed = _spec(queues=[{"name": "emails", "handler": "app.tasks:send2"}])
+    other = build_worker_deployment(changed, changed.queues[0], owner=OWNER, shards=8, replicas=1)
+    assert _hash(other) != _hash(one)
+
+
+def test_names_are_dns_labels_and_distinct() -> None:
+    assert worker_name(OWNER, "emails") == "orders-worker-emails"
+    a, b = worker_name(OWNER, "Invoices_v2"), worker_name(OWNER, "invoices-v2")
+    assert a != b
+    assert a.startswith("orders-worker-invoices-v2-")
+    long = worker_name(Owner(name="x" * 50, namespace="n", uid="u"), "q" * 63)
+    assert len(long) <= 63
+    assert long.replace("-", "").isalnum()
+    assert long.islower()
+
+
+@pytest.mark.parametrize("shards", [1, 8])
+def test_every_rendered_manifest_passes_kubernetes_validate_strict(shards: int) -> None:
+    for manifest in _all_manifests(_spec(shards=shards)):
+        assert kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+
+
+def test_builders_do_not_share_mutable_state() -> None:
+    spec = _spec()
+    first = build_enqueuer_deployment(spec, owner=OWNER, shards=8)
+    first["spec"]["template"]["spec"]["containers"][0]["env"].clear()
+    assert _env(build_enqueuer_deployment(spec, owner=OWNER, shards=8))
