@@ -1,3 +1,9 @@
 """Test-suite wiring: fixtures live in the ``tests/fix_*.py`` plugin modules."""
 
-pytest_plugins = ["tests.fix_servers", "tests.fix_redis", "tests.fix_db", "tests.fix_outbox"]
+pytest_plugins = [
+    "tests.fix_servers",
+    "tests.fix_redis",
+    "tests.fix_db",
+    "tests.fix_outbox",
+    "tests.fix_kube",
+]

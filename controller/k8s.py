@@ -1,0 +1,134 @@
+"""The one thin layer that talks to the Kubernetes API.
+
+It rides on kopf's own API client (``kopf._cogs.clients.api``): the same
+authenticated session, re-login on 401 and retries with backoff on 5xx and
+timeouts as kopf's watchers, with no second client library. That module is
+private to kopf, which is why kopf is pinned to one minor version; nothing
+else in ``controller/`` imports it.
+
+Writes are JSON merge patches of the rendered manifests, sent only when the
+live object does not already contain what we render. Secret values are
+decoded here and handed back, never logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any, Literal
+from urllib.parse import quote, urlencode
+
+import kopf
+from kopf._cogs.clients import api as kopf_api
+from kopf._cogs.clients import errors as kopf_errors
+
+from controller.model import SecretRef
+
+__all__ = ["APIError", "KubeApi", "SecretMissing", "contains"]
+
+APIError = kopf_errors.APIError
+MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
+Logger = logging.Logger | logging.LoggerAdapter[Any]
+
+
+class SecretMissing(Exception):
+    """A referenced Secret or key does not exist (or is not a valid value)."""
+
+
+def contains(live: Any, wanted: Any) -> bool:
+    """Whether ``live`` already holds everything in ``wanted`` (defaults may add more)."""
+    if isinstance(wanted, Mapping):
+        return isinstance(live, Mapping) and all(
+            k in live and contains(live[k], v) for k, v in wanted.items()
+        )
+    if isinstance(wanted, list):
+        return (
+            isinstance(live, list)
+            and len(live) == len(wanted)
+            and all(contains(a, b) for a, b in zip(live, wanted, strict=True))
+        )
+    return bool(live == wanted)
+
+
+def _deployments(namespace: str, name: str | None = None) -> str:
+    url = f"/apis/apps/v1/namespaces/{quote(namespace)}/deployments"
+    return url if name is None else f"{url}/{quote(name)}"
+
+
+class KubeApi:
+    """The API calls the operator makes, on kopf's authenticated session."""
+
+    def __init__(self, *, settings: kopf.OperatorSettings, logger: Logger) -> None:
+        self._settings = settings
+        self._logger = logger
+
+    async def _call(self, method: str, url: str, payload: object | None = None) -> Any:
+        kwargs: dict[str, Any] = {"settings": self._settings, "logger": self._logger}
+        if method == "get":
+            return await kopf_api.get(url, **kwargs)
+        if method == "post":
+            return await kopf_api.post(url, payload=payload, **kwargs)
+        if method == "patch":
+            return await kopf_api.patch(url, payload=payload, headers=MERGE_PATCH, **kwargs)
+        return await kopf_api.delete(url, **kwargs)
+
+    async def secret_value(self, *, namespace: str, ref: SecretRef) -> str:
+        """The decoded value of ``ref``; ``SecretMissing`` names what is missing."""
+        url = f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(ref.name)}"
+        try:
+            secret = await self._call("get", url)
+        except kopf_errors.APINotFoundError:
+            raise SecretMissing(f"Secret {namespace}/{ref.name} does not exist") from None
+        encoded = (secret.get("data") or {}).get(ref.key)
+        if encoded is None:
+            raise SecretMissing(f"Secret {namespace}/{ref.name} has no key {ref.key!r}")
+        try:
+            return base64.b64decode(encoded, validate=True).decode("utf-8").strip()
+        except (binascii.Error, UnicodeDecodeError):
+            raise SecretMissing(
+                f"Secret {namespace}/{ref.name} key {ref.key!r} is not valid UTF-8 text"
+            ) from None
+
+    async def get_deployment(self, *, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = await self._call("get", _deployments(namespace, name))
+        except kopf_errors.APINotFoundError:
+            return None
+        return found
+
+    async def apply_deployment(
+        self, manifest: dict[str, Any]
+    ) -> Literal["created", "updated", "unchanged"]:
+        """Create the Deployment, or merge-patch it if it differs from ``manifest``."""
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        live = await self.get_deployment(namespace=namespace, name=name)
+        if live is None:
+            await self._call("post", _deployments(namespace), manifest)
+            return "created"
+        if contains(live, manifest):
+            return "unchanged"
+        await self._call("patch", _deployments(namespace, name), manifest)
+        return "updated"
+
+    async def list_deployments(
+        self, *, namespace: str, selector: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        """Deployments carrying every label of ``selector`` (checked here too)."""
+        query = urlencode({"labelSelector": ",".join(f"{k}={v}" for k, v in selector.items())})
+        listing = await self._call("get", f"{_deployments(namespace)}?{query}")
+        items: list[dict[str, Any]] = listing.get("items") or []
+        return [
+            d
+            for d in items
+            if selector.items() <= (d.get("metadata", {}).get("labels") or {}).items()
+        ]
+
+    async def delete_deployment(self, *, namespace: str, name: str) -> None:
+        with contextlib.suppress(kopf_errors.APINotFoundError):
+            await self._call("delete", _deployments(namespace, name))
+
+    async def scale_deployment(self, *, namespace: str, name: str, replicas: int) -> None:
+        await self._call("patch", _deployments(namespace, name), {"spec": {"replicas": replicas}})

@@ -1,0 +1,210 @@
+"""Kubernetes fixtures: kmock's emulator with API-server bookkeeping, and a live operator.
+
+``KubeEmulator`` is kmock's ``KubernetesEmulator`` plus what a real API server
+adds and kopf relies on: ``uid``, ``resourceVersion``, ``generation`` (bumped
+when the spec changes), ``creationTimestamp`` and names from ``generateName``.
+``operator`` runs the real kopf operator (``controller.handlers.register``) in
+the test's event loop against it, with an injected clock for the autoscaler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime
+import itertools
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp.web
+import kmock
+import kopf
+import pytest
+from kmock._internal import dicts as kmock_dicts
+from kmock._internal import rendering
+
+from controller.handlers import register
+from controller.operator import Operator, OperatorConfig
+
+NAMESPACE = "default"
+CR_RESOURCE = "dispatch.composer.dev/v1alpha1/outboxdispatchers"
+DEPLOYMENTS = "apps/v1/deployments"
+SECRETS = "v1/secrets"
+EVENTS = "v1/events"
+VERBS = {"list", "watch", "get", "create", "patch", "update", "delete"}
+
+
+class KubeEmulator(kmock.KubernetesEmulator):
+    """kmock's emulator with metadata bookkeeping done before it stores a write."""
+
+    _versions = itertools.count(1)
+
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if request.resource is not None and isinstance(request.data, dict):
+            if request.action == kmock.action.CREATE:
+                self._on_create(request)
+            elif request.action == kmock.action.UPDATE and request.name is not None:
+                self._on_update(request)
+        return await super()._handle(request)
+
+    def _on_create(self, request: rendering.Request) -> None:
+        meta = request.data.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = f"{meta['generateName']}{uuid.uuid4().hex[:5]}"
+        if request.namespace is not None:
+            meta.setdefault("namespace", request.namespace)
+        meta["uid"] = str(uuid.uuid4())
+        meta["resourceVersion"] = str(next(self._versions))
+        meta["generation"] = 1
+        now = datetime.datetime.now(datetime.UTC)
+        meta["creationTimestamp"] = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def _on_update(self, request: rendering.Request) -> None:
+        key = (request.resource, request.namespace, request.name)
+        found = dict(self.objects.items()).get(key)  # type: ignore[arg-type]
+        if found is None or found.deleted:
+            return
+        old = found.raw
+        new = kmock_dicts.patch_dict(old, request.data)
+        meta = request.data.setdefault("metadata", {})
+        meta["resourceVersion"] = str(next(self._versions))
+        if request.subresource is None and new.get("spec") != old.get("spec"):
+            meta["generation"] = int(old.get("metadata", {}).get("generation", 1)) + 1
+
+    # -- test conveniences ----------------------------------------------------------------
+
+    def live(self, resource: str, name: str, namespace: str = NAMESPACE) -> dict[str, Any] | None:
+        """The current state of an object, or None if absent or deleted."""
+        wanted = kmock.resource(resource)
+        for (res, ns, objname), obj in self.objects.items():
+            if res == wanted and ns == namespace and objname == name and not obj.deleted:
+                return obj.raw
+        return None
+
+    def all(self, resource: str, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+        wanted = kmock.resource(resource)
+        return [
+            obj.raw
+            for (res, ns, _), obj in self.objects.items()
+            if res == wanted and ns == namespace and not obj.deleted
+        ]
+
+    def events(self, reason: str | None = None) -> list[dict[str, Any]]:
+        return [e for e in self.all(EVENTS) if reason is None or e.get("reason") == reason]
+
+    async def send(self, method: str, url: str, body: Any = None) -> dict[str, Any]:
+        headers = {"Content-Type": "application/merge-patch+json"} if method == "patch" else {}
+        async with self.request(method, url, json=body, headers=headers) as response:
+            data: dict[str, Any] = await response.json()
+            assert response.status < 400, data
+            return data
+
+
+def _declare_resources(kube: KubeEmulator) -> None:
+    info = kmock.ResourceInfo
+    kube.resources[CR_RESOURCE] = info(
+        kind="OutboxDispatcher",
+        singular="outboxdispatcher",
+        namespaced=True,
+        verbs=VERBS,
+        shortnames={"obd"},
+        subresources={"status"},
+    )
+    kube.resources[DEPLOYMENTS] = info(
+        kind="Deployment", namespaced=True, verbs=VERBS, subresources={"status", "scale"}
+    )
+    kube.resources[SECRETS] = info(kind="Secret", namespaced=True, verbs=VERBS)
+    kube.resources[EVENTS] = info(kind="Event", namespaced=True, verbs=VERBS)
+    # kopf's backbone: looked up at startup even when scanning is disabled.
+    kube.resources["v1/namespaces"] = info(kind="Namespace", namespaced=False, verbs=VERBS)
+    kube.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = info(
+        kind="CustomResourceDefinition", namespaced=False, verbs=VERBS
+    )
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[KubeEmulator]:
+    """A fresh in-memory Kubernetes API on a loopback port."""
+    async with KubeEmulator() as emulator, kmock.Server(emulator):
+        _declare_resources(emulator)
+        yield emulator
+
+
+@dataclass
+class FakeClock:
+    """The autoscaler's clock: moves only when a test says so."""
+
+    now: datetime.datetime = field(
+        default_factory=lambda: datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
+    )
+
+    def __call__(self) -> datetime.datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += datetime.timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@contextlib.asynccontextmanager
+async def running_operator(kube: KubeEmulator, clock: FakeClock) -> AsyncIterator[Operator]:
+    """The real kopf operator, running in this loop against ``kube``, until the block ends."""
+    config = OperatorConfig(
+        autoscale_interval=0.2, retry_base=0.1, retry_cap=0.5, redis_timeout=2.0, clock=clock
+    )
+    registry = kopf.OperatorRegistry()
+    running = register(registry, Operator(config))
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=str(kube.url).rstrip("/"), default_namespace=NAMESPACE)
+
+    settings = kopf.OperatorSettings()
+    settings.networking.error_backoffs = [0.1, 0.2]
+    settings.posting.default_backoffs = [0.1]
+    settings.watching.reconnect_backoff = 0.1
+    settings.queueing.idle_timeout = 1.0
+    settings.scanning.disabled = True  # the namespace and CRD lists of a cluster are not here
+    stop, ready = asyncio.Event(), asyncio.Event()
+    # spawn_tasks + run_tasks instead of kopf.operator(): at the end kopf cancels every task
+    # born after its start, and pytest-asyncio's teardown is one of those.
+    before = asyncio.all_tasks()
+    tasks = await kopf.spawn_tasks(
+        registry=registry,
+        settings=settings,
+        standalone=True,
+        namespaces=[NAMESPACE],
+        stop_flag=stop,
+        ready_flag=ready,
+    )
+    await asyncio.wait_for(ready.wait(), 30)
+    try:
+        yield running
+    finally:
+        stop.set()
+        ignored = before | {t for t in asyncio.all_tasks() if not _spawned_by_kopf(t)}
+        await asyncio.wait_for(kopf.run_tasks(tasks, ignored=ignored), 30)
+
+
+@pytest.fixture
+async def operator(kube: KubeEmulator, clock: FakeClock) -> AsyncIterator[Operator]:
+    async with running_operator(kube, clock) as running:
+        yield running
+
+
+def _spawned_by_kopf(task: asyncio.Task[Any]) -> bool:
+    """kopf's own tasks (the only ones its shutdown should wait for or cancel)."""
+    code = getattr(task.get_coro(), "cr_code", None)
+    return code is not None and "/kopf/" in code.co_filename
+
+
+def secret(name: str, **data: str) -> dict[str, Any]:
+    encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": encoded}

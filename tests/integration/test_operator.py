@@ -1,0 +1,390 @@
+"""The kopf operator end to end: kmock as the Kubernetes API, the machine's Redis.
+
+Each test runs the real operator (``tests.fix_kube.operator``) in its own
+loop, applies ``OutboxDispatcher`` resources through the API, and polls the
+API and Redis for the outcome with a deadline, never a guessed sleep. The
+autoscaler's stabilization window runs on an injected clock.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import redis.asyncio
+
+from controller.model import OutboxDispatcherStatus
+from controller.operator import Operator
+from controller.render import CONFIG_HASH_ANNOTATION
+from dispatcher.stream.naming import SHARDS_KEY
+from tests.fix_kube import (
+    CR_RESOURCE,
+    DEPLOYMENTS,
+    NAMESPACE,
+    FakeClock,
+    KubeEmulator,
+    running_operator,
+    secret,
+)
+from tests.helpers import eventually
+
+CR_URL = f"/apis/dispatch.composer.dev/v1alpha1/namespaces/{NAMESPACE}/outboxdispatchers"
+SECRETS_URL = f"/api/v1/namespaces/{NAMESPACE}/secrets"
+NAME = "orders"
+
+
+def dispatcher(**spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "shards": 2,
+        "postgres": {"secretRef": {"name": "pg", "key": "url"}},
+        "redis": {"secretRef": {"name": "rd", "key": "url"}},
+        "queues": [
+            {"name": "emails", "handler": "app.tasks:send", "maxReplicas": 5},
+            {"name": "invoices", "handler": "billing:render", "minReplicas": 0},
+        ],
+    }
+    body.update(spec)
+    return {
+        "apiVersion": "dispatch.composer.dev/v1alpha1",
+        "kind": "OutboxDispatcher",
+        "metadata": {"name": NAME, "namespace": NAMESPACE},
+        "spec": body,
+    }
+
+
+async def _secrets(kube: KubeEmulator, redis_url: str) -> None:
+    await kube.send("post", SECRETS_URL, secret("pg", url="postgresql://app:pw@db/app"))
+    await kube.send("post", SECRETS_URL, secret("rd", url=redis_url))
+
+
+async def _apply(kube: KubeEmulator, body: dict[str, Any]) -> dict[str, Any]:
+    return await kube.send("post", CR_URL, body)
+
+
+async def _patch_spec(kube: KubeEmulator, spec: dict[str, Any]) -> None:
+    await kube.send("patch", f"{CR_URL}/{NAME}", {"spec": spec})
+
+
+def _status(kube: KubeEmulator) -> OutboxDispatcherStatus:
+    cr = kube.live(CR_RESOURCE, NAME) or {}
+    return OutboxDispatcherStatus.model_validate(cr.get("status") or {})
+
+
+def _condition(kube: KubeEmulator, type_: str) -> tuple[str, str] | None:
+    found = _status(kube).condition(type_)
+    return None if found is None else (found.status, found.reason)
+
+
+def _deployment(kube: KubeEmulator, name: str) -> dict[str, Any]:
+    found = kube.live(DEPLOYMENTS, name)
+    assert found is not None, f"no Deployment {name}"
+    return found
+
+
+def _container(deployment: dict[str, Any]) -> dict[str, Any]:
+    container: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def _replicas(kube: KubeEmulator, name: str) -> int | None:
+    found = kube.live(DEPLOYMENTS, name)
+    return None if found is None else int(found["spec"]["replicas"])
+
+
+async def _ready(kube: KubeEmulator) -> None:
+    async def check() -> bool:
+        return _condition(kube, "Ready") == ("True", "Reconciled") and bool(
+            kube.live(DEPLOYMENTS, "orders-worker-invoices")
+        )
+
+    await eventually(check, within=20)
+
+
+@pytest.fixture
+async def client(redis_url: str) -> Any:
+    conn = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+    yield conn
+    await conn.aclose()
+
+
+async def test_apply_creates_enqueuer_and_one_worker_per_queue(
+    kube: KubeEmulator, operator: Operator, redis_url: str, client: Any
+) -> None:
+    await _secrets(kube, redis_url)
+    cr = await _apply(kube, dispatcher())
+    await _ready(kube)
+
+    enqueuer = _deployment(kube, "orders-enqueuer")
+    assert _container(enqueuer)["command"] == ["dispatcher"]
+    assert _container(enqueuer)["args"][0] == "enqueuer"
+    env = {e["name"]: e for e in _container(enqueuer)["env"]}
+    assert env["DATABASE_URL"]["valueFrom"] == {"secretKeyRef": {"name": "pg", "key": "url"}}
+    assert env["REDIS_URL"]["valueFrom"] == {"secretKeyRef": {"name": "rd", "key": "url"}}
+    assert env["STREAM_SHARDS"]["value"] == "2"
+    for name, queue in (("orders-worker-emails", "emails"), ("orders-worker-invoices", "invoices")):
+        worker = _deployment(kube, name)
+        assert _container(worker)["args"][:2] == ["worker", f"--queue={queue}"]
+        labels = worker["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == NAME
+        assert labels["app.kubernetes.io/component"] == "worker"
+        assert labels["app.kubernetes.io/managed-by"] == "outbox-dispatcher-operator"
+        owner = worker["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["name"], owner["uid"]) == (
+            "OutboxDispatcher",
+            NAME,
+            cr["metadata"]["uid"],
+        )
+        assert owner["controller"] is True
+        security = _container(worker)["securityContext"]
+        assert security["runAsNonRoot"] is True
+        assert security["capabilities"] == {"drop": ["ALL"]}
+        assert security["readOnlyRootFilesystem"] is True
+        assert "value" not in {e["name"]: e for e in _container(worker)["env"]}["REDIS_URL"]
+    assert _replicas(kube, "orders-worker-emails") == 1
+    assert _replicas(kube, "orders-worker-invoices") == 0
+
+    assert await client.get(SHARDS_KEY) == "2"
+    status = _status(kube)
+    assert status.shards == 2
+    assert status.observed_generation == 1
+    assert _condition(kube, "Degraded") == ("False", "AsExpected")
+    assert redis_url not in repr(kube.all("v1/events"))  # no secret in any event
+
+
+async def test_spec_change_patches_deployments_and_removed_queue_is_deleted(
+    kube: KubeEmulator, operator: Operator, redis_url: str
+) -> None:
+    await _secrets(kube, redis_url)
+    await _apply(kube, dispatcher())
+    await _ready(kube)
+    old_hash = _deployment(kube, "orders-worker-emails")["spec"]["template"]["metadata"][
+        "annotations"
+    ][CONFIG_HASH_ANNOTATION]
+
+    new_spec = copy.deepcopy(dispatcher()["spec"])
+    new_spec["queues"] = [
+        {"name": "emails", "handler": "app.tasks:send_v2", "concurrency": 32, "maxReplicas": 5}
+    ]
+    new_spec["enqueuer"] = {"batchSize": 200}
+    await _patch_spec(kube, new_spec)
+
+    async def applied() -> bool:
+        worker = kube.live(DEPLOYMENTS, "orders-worker-emails") or {}
+        args = _container(worker)["args"] if worker else []
+        return "--handler=app.tasks:send_v2" in args and (
+            kube.live(DEPLOYMENTS, "orders-worker-invoices") is None
+        )
+
+    await eventually(applied, within=20)
+    worker = _deployment(kube, "orders-worker-emails")
+    assert "--concurrency=32" in _container(worker)["args"]
+    new_hash = worker["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
+    assert new_hash != old_hash
+    assert "--batch-size=200" in _container(_deployment(kube, "orders-enqueuer"))["args"]
+
+    async def observed() -> bool:
+        return _status(kube).observed_generation == 2
+
+    await eventually(observed, within=10)
+
+
+async def test_shard_key_follows_spec_and_decrease_waits_for_drain(
+    kube: KubeEmulator, operator: Operator, redis_url: str, client: Any
+) -> None:
+    await _secrets(kube, redis_url)
+    await _apply(kube, dispatcher(shards=4))
+    await _ready(kube)
+    assert await client.get(SHARDS_KEY) == "4"
+
+    await _patch_spec(kube, {"shards": 8})  # raising: immediate
+
+    async def raised() -> bool:
+        return await client.get(SHARDS_KEY) == "8" and _status(kube).shards == 8
+
+    await eventually(raised, within=15)
+
+    await client.xadd("workflow.tasks.emails.6", {"task_id": "t1"})
+    await _patch_spec(kube, {"shards": 2})  # lowering while shard 6 holds an entry
+
+    async def blocked() -> bool:
+        return _condition(kube, "Degraded") == ("True", "ShardDecreaseBlocked")
+
+    await eventually(blocked, within=15)
+    assert await client.get(SHARDS_KEY) == "8"
+    assert _status(kube).shards == 8
+    message = _status(kube).condition("Degraded")
+    assert message is not None
+    assert "workflow.tasks.emails.6 (1)" in message.message
+    assert kube.events("ShardDecreaseBlocked")
+    env = {e["name"]: e for e in _container(_deployment(kube, "orders-enqueuer"))["env"]}
+    assert env["STREAM_SHARDS"]["value"] == "8"  # pods keep the shards that hold entries
+
+    await client.delete("workflow.tasks.emails.6")  # drained
+
+    async def accepted() -> bool:
+        return (
+            await client.get(SHARDS_KEY) == "2"
+            and _condition(kube, "Degraded") == ("False", "AsExpected")
+            and _status(kube).shards == 2
+        )
+
+    await eventually(accepted, within=15)
+
+
+async def test_backlog_scales_up_at_once_and_down_after_stabilization(
+    kube: KubeEmulator, operator: Operator, redis_url: str, client: Any, clock: FakeClock
+) -> None:
+    await _secrets(kube, redis_url)
+    queues = [
+        {
+            "name": "emails",
+            "handler": "app.tasks:send",
+            "minReplicas": 1,
+            "maxReplicas": 5,
+            "targetBacklogPerReplica": 100,
+            "scaleDownStabilizationSeconds": 300,
+        }
+    ]
+    await _apply(kube, dispatcher(shards=2, queues=queues))
+
+    async def created() -> bool:
+        return _replicas(kube, "orders-worker-emails") == 1
+
+    await eventually(created, within=20)
+
+    for i in range(250):  # 250 entries over both shards -> ceil(250/100) = 3 replicas
+        await client.xadd(f"workflow.tasks.emails.{i % 2}", {"task_id": f"t{i}"})
+
+    async def scaled_up() -> bool:
+        row = _status(kube).queue("emails")
+        return (
+            _replicas(kube, "orders-worker-emails") == 3 and row is not None and row.replicas == 3
+        )
+
+    await eventually(scaled_up, within=15)
+    row = _status(kube).queue("emails")
+    assert row is not None
+    assert row.backlog == 250
+    assert row.desired_replicas == 3
+    assert row.last_scale_time == clock.now
+    assert kube.events("Scaled")
+
+    await client.delete("workflow.tasks.emails.0", "workflow.tasks.emails.1")  # drained
+
+    async def wants_fewer() -> bool:
+        row = _status(kube).queue("emails")
+        return row is not None and row.backlog == 0 and row.desired_replicas == 1
+
+    await eventually(wants_fewer, within=15)
+    clock.advance(299)
+    await eventually(wants_fewer, within=15)
+    assert _replicas(kube, "orders-worker-emails") == 3  # still inside the window
+
+    clock.advance(1)
+
+    async def scaled_down() -> bool:
+        return _replicas(kube, "orders-worker-emails") == 1
+
+    await eventually(scaled_down, within=15)
+    assert len(kube.events("Scaled")) == 2
+
+
+async def test_missing_secret_and_invalid_spec_degrade_without_crashing(
+    kube: KubeEmulator, operator: Operator, redis_url: str
+) -> None:
+    await _apply(kube, dispatcher())
+
+    async def secret_missing() -> bool:
+        return _condition(kube, "Degraded") == ("True", "SecretMissing")
+
+    await eventually(secret_missing, within=15)
+    assert _condition(kube, "Ready") == ("False", "SecretMissing")
+    assert kube.events("SecretMissing")
+    assert kube.live(DEPLOYMENTS, "orders-enqueuer") is None
+
+    await _secrets(kube, redis_url)  # retried with backoff: recovers on its own
+    await _ready(kube)
+
+    bad = dispatcher()["spec"]
+    bad["queues"] = [{"name": "emails", "handler": "m:f", "minReplicas": 4, "maxReplicas": 2}]
+    await _patch_spec(kube, bad)  # slips past the schema: kmock does not validate
+
+    async def invalid() -> bool:
+        return _condition(kube, "Degraded") == ("True", "InvalidSpec")
+
+    await eventually(invalid, within=15)
+    found = _status(kube).condition("Degraded")
+    assert found is not None
+    assert "minReplicas must be <= maxReplicas" in found.message
+    assert kube.events("InvalidSpec")
+
+
+async def test_unreachable_redis_degrades_and_holds_replicas(
+    kube: KubeEmulator, operator: Operator, redis_url: str, client: Any, clock: FakeClock
+) -> None:
+    await _secrets(kube, redis_url)
+    await _apply(kube, dispatcher())
+    await _ready(kube)
+    for i in range(300):
+        await client.xadd(f"workflow.tasks.emails.{i % 2}", {"task_id": f"t{i}"})
+
+    async def scaled_up() -> bool:
+        return _replicas(kube, "orders-worker-emails") == 3
+
+    await eventually(scaled_up, within=15)
+
+    # The Secret now points at a port nobody listens on: Redis is unreachable.
+    unreachable = secret("rd", url="redis://:hunter2@127.0.0.1:1/0")
+    await kube.send("patch", f"{SECRETS_URL}/rd", {"data": unreachable["data"]})
+
+    async def unavailable() -> bool:
+        return _condition(kube, "Degraded") == ("True", "RedisUnavailable")
+
+    await eventually(unavailable, within=15)
+    found = _status(kube).condition("Degraded")
+    assert found is not None
+    assert "127.0.0.1:1" in found.message
+    assert "hunter2" not in repr(kube.all("v1/events")) + found.message
+    assert kube.events("RedisUnavailable")
+
+    await client.delete("workflow.tasks.emails.0", "workflow.tasks.emails.1")
+    clock.advance(3600)  # far past the window: with no backlog known, hold anyway
+
+    async def held() -> bool:
+        row = _status(kube).queue("emails")
+        return row is not None and row.backlog is None and row.replicas == 3
+
+    await eventually(held, within=15)
+    assert _replicas(kube, "orders-worker-emails") == 3
+
+    await kube.send("patch", f"{SECRETS_URL}/rd", {"data": secret("rd", url=redis_url)["data"]})
+
+    async def recovered() -> bool:
+        return _condition(kube, "Degraded") == ("False", "AsExpected")
+
+    await eventually(recovered, within=15)
+
+
+async def test_resume_reconciles_resources_that_existed_before_the_operator(
+    kube: KubeEmulator, redis_url: str, client: Any, clock: FakeClock
+) -> None:
+    await _secrets(kube, redis_url)
+    await _apply(kube, dispatcher(shards=3))
+    async with running_operator(kube, clock):
+        await _ready(kube)
+    assert await client.get(SHARDS_KEY) == "3"
+    assert _replicas(kube, "orders-worker-emails") == 1
+
+
+async def test_every_deployment_the_operator_writes_passes_kubernetes_validate(
+    kube: KubeEmulator, operator: Operator, redis_url: str
+) -> None:
+    await _secrets(kube, redis_url)
+    await _apply(kube, dispatcher())
+    await _ready(kube)
+    deployments = kube.all(DEPLOYMENTS)
+    assert len(deployments) == 3
+    for deployment in deployments:
+        assert kubernetes_validate.validate(deployment, "1.37.0", strict=True)
