@@ -14,7 +14,7 @@ import kopf
 from controller.model import API_GROUP, API_VERSION, PLURAL
 from controller.operator import Operator, OperatorConfig
 
-__all__ = ["OPERATOR", "configure", "register"]
+__all__ = ["OPERATOR", "configure", "login", "register", "register_login"]
 
 RESOURCE = (API_GROUP, API_VERSION, PLURAL)
 
@@ -26,6 +26,16 @@ def configure(settings: kopf.OperatorSettings) -> None:
         prefix=API_GROUP, key="last-handled-configuration"
     )
     settings.posting.loggers = False
+
+
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In a pod: its service account; elsewhere: the kubeconfig (kopf's own logins)."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+
+def register_login(registry: kopf.OperatorRegistry) -> None:
+    """For a registry of our own (the default one has kopf's logins already)."""
+    kopf.on.login(registry=registry)(login)
 
 
 def register(registry: kopf.OperatorRegistry, operator: Operator) -> Operator:

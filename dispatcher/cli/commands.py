@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dispatcher.cli.demo import register as register_demo
+from dispatcher.cli.operator import register as register_operator
 from dispatcher.cli.ops import register_dlq, register_status
 from dispatcher.cli.outbox import register_enqueuer, register_migrate
 from dispatcher.cli.worker import register as register_worker
@@ -20,4 +21,5 @@ REGISTRY: list[Register] = [
     register_status,
     register_dlq,
     register_demo,
+    register_operator,
 ]

@@ -1,0 +1,89 @@
+"""``dispatcher operator``: run the kopf operator for ``OutboxDispatcher`` resources.
+
+The same handlers as ``kopf run -m controller.handlers``, with the scope
+(``--namespace`` or ``--all-namespaces``), kopf's liveness endpoint and the
+autoscaler interval as flags. kopf handles SIGTERM/SIGINT itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from dispatcher.cli.main import UsageError
+from dispatcher.config import Settings
+
+__all__ = ["register"]
+
+Common = Callable[[argparse.ArgumentParser], None]
+
+
+def register(sub: Any, common: Common) -> None:
+    p = sub.add_parser(
+        "operator",
+        help="run the Kubernetes operator for OutboxDispatcher resources",
+        description="Reconcile OutboxDispatcher resources (dispatch.composer.dev/v1alpha1): the "
+        "enqueuer Deployment, one worker Deployment per queue autoscaled on stream backlog, and "
+        "the shard count in Redis. Runs until SIGTERM/SIGINT.",
+    )
+    g = p.add_argument_group("operator")
+    scope = g.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        dest="namespaces",
+        metavar="NS",
+        help="watch this namespace (repeatable; globs such as 'team-*' work)",
+    )
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    g.add_argument(
+        "--liveness",
+        default="http://0.0.0.0:8080/healthz",
+        help="kopf liveness endpoint URL, '' to disable (http://0.0.0.0:8080/healthz)",
+    )
+    g.add_argument(
+        "--autoscale-interval",
+        type=float,
+        default=15.0,
+        help="seconds between backlog measurements per resource (15)",
+    )
+    g.add_argument(
+        "--peering",
+        default=None,
+        help="kopf peering object name, for several operator replicas (default: standalone)",
+    )
+    common(p)
+    p.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace, settings: Settings) -> Any:
+    if not args.namespaces and not args.all_namespaces:
+        raise UsageError("pass --namespace NS (repeatable) or --all-namespaces")
+    if args.autoscale_interval <= 0:
+        raise UsageError(f"--autoscale-interval must be > 0, got {args.autoscale_interval}")
+    return _serve(args)
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    import kopf
+
+    from controller.handlers import register as register_handlers
+    from controller.handlers import register_login
+    from controller.operator import Operator, OperatorConfig
+
+    registry = kopf.OperatorRegistry()
+    register_login(registry)
+    register_handlers(
+        registry, Operator(OperatorConfig(autoscale_interval=args.autoscale_interval))
+    )
+    await kopf.operator(
+        registry=registry,
+        clusterwide=bool(args.all_namespaces),
+        namespaces=args.namespaces or (),
+        liveness_endpoint=args.liveness or None,
+        standalone=args.peering is None,
+        peering_name=args.peering,
+    )
+    return 0

@@ -1,0 +1,42 @@
+"""``dispatcher operator``: flags and the one-line errors, without a cluster."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from dispatcher.cli.main import build_parser, main
+
+
+@pytest.fixture(autouse=True)
+def _keep_logging() -> Iterator[None]:
+    """``main`` points the root logger at the captured stderr: put pytest's back."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def test_operator_needs_a_scope(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["operator"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "dispatcher operator: pass --namespace NS (repeatable) or --all-namespaces"
+    )
+
+
+def test_operator_rejects_a_bad_interval(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["operator", "-A", "--autoscale-interval", "0"]) == 2
+    assert "--autoscale-interval must be > 0" in capsys.readouterr().err
+
+
+def test_operator_flags() -> None:
+    args = build_parser().parse_args(["operator", "-n", "a", "--namespace", "b", "--peering", "p"])
+    assert args.namespaces == ["a", "b"]
+    assert args.all_namespaces is False
+    assert args.liveness == "http://0.0.0.0:8080/healthz"
+    assert args.peering == "p"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["operator", "-n", "a", "-A"])
