@@ -2,8 +2,10 @@
 
 Two condition types: ``Ready`` (the workloads are applied and Redis answers)
 and ``Degraded`` (something needs a human: an invalid spec, a missing Secret,
-an unreachable Redis, a blocked shard decrease). ``lastTransitionTime`` moves
-only when a condition's status flips, as Kubernetes conventions ask.
+an unreachable Redis, a blocked shard decrease). A blocked decrease leaves
+``Ready`` true (everything runs, on the old shard count) with ``Degraded`` true.
+``lastTransitionTime`` moves only when a condition's status flips, as
+Kubernetes conventions ask.
 """
 
 from __future__ import annotations
