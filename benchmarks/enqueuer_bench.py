@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -75,6 +77,8 @@ async def idle_latency(env: BenchEnv, variant: str, samples: int = 200) -> dict[
                 sync_conn.commit()
                 committed = time.perf_counter()
             reply = await reader
+            if not reply:
+                raise RuntimeError("a dispatch did not reach Redis within 5 s")
             latencies.append((time.perf_counter() - committed) * 1000)
             last_id = reply[0][1][-1][0]
         return {
@@ -112,3 +116,133 @@ def _dispatch(task_id: str, queue: str) -> TaskDispatch:
         task_id=task_id, run_id="r", workflow_id="wf", workflow_version=1, node_id="n",
         node_type="t", queue=queue, attempt=1, input='{"x": 1}',
     )  # fmt: skip
+
+
+async def notify_round_trip(env: BenchEnv, samples: int = 200) -> dict[str, float]:
+    """The floor: commit a bare NOTIFY, time until a LISTENing session receives it."""
+    latencies: list[float] = []
+    async with await psycopg.AsyncConnection.connect(env.db_url, autocommit=True) as listener:
+        await listener.execute("LISTEN bench_rtt")
+        gen = listener.notifies()
+        with psycopg.connect(env.db_url, autocommit=True) as sender:
+            for _ in range(samples):
+                waiting = asyncio.ensure_future(anext(gen))
+                await asyncio.sleep(0.02)
+                sender.execute("NOTIFY bench_rtt")
+                committed = time.perf_counter()
+                await waiting
+                latencies.append((time.perf_counter() - committed) * 1000)
+        await gen.aclose()  # an open notifies() generator blocks the connection's close
+    return {"p50_ms": statistics.median(latencies), "p99_ms": percentile(latencies, 99)}
+
+
+def _paced_inserts(db_url: str, queue: str, rate: float, seconds: float) -> dict[str, float]:
+    """Commit one dispatch per transaction at ``rate``/s; return commit wall times by id."""
+    committed: dict[str, float] = {}
+    interval = 1.0 / rate
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        start = time.perf_counter()
+        for i in range(int(rate * seconds)):
+            target = start + i * interval
+            pause = target - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+            outbox_id = enqueue_dispatch(conn, _dispatch(f"p{i}", queue), shards=4)
+            committed[outbox_id] = time.time()
+    return committed
+
+
+async def latency_under_load(env: BenchEnv, variant: str, rate: float = 1000.0) -> dict[str, float]:
+    """Commit -> stream at ``rate`` rows/s offered (Redis entry ids give the publish time, 1 ms)."""
+    queue = f"ld{uuid.uuid4().hex[:6]}"
+
+    async def body(enqueuer: OutboxEnqueuer, redis: Any) -> dict[str, float]:
+        while not (enqueuer.listener and enqueuer.listener.connected):  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        committed = await asyncio.to_thread(_paced_inserts, env.db_url, queue, rate, 5.0)
+        await asyncio.sleep(0.5)
+        latencies = []
+        for shard in range(4):
+            for entry_id, fields in await redis.xrange(task_stream(queue, shard)):
+                stored_ms = int(entry_id.split("-")[0])
+                latencies.append(stored_ms - committed[fields["outbox_id"]] * 1000)
+        return {
+            "offered_rows_per_s": len(committed) / 5.0,
+            "p50_ms": statistics.median(latencies),
+            "p99_ms": percentile(latencies, 99),
+        }
+
+    result: dict[str, float] = await _with_enqueuer(env, variant, True, body)
+    return result
+
+
+SPEC_CLAIM = """
+UPDATE outbox SET status = 'IN_FLIGHT', updated_at = NOW()
+ WHERE id IN (
+       SELECT id FROM outbox
+        WHERE status IN ('PENDING', 'RETRY')
+          AND (next_attempt_at IS NULL OR next_attempt_at <= NOW())
+        ORDER BY created_at
+        LIMIT %s
+          FOR UPDATE SKIP LOCKED)
+RETURNING id, stream, payload, attempt_count, max_retries, next_attempt_at, backoff_seconds
+"""
+
+
+async def sql_only_cycle(env: BenchEnv, rows: int = 50_000) -> dict[str, float]:
+    """The spec page's claim -> delete with no Redis at all: batch 50, 4 connections."""
+    insert_rows(env.db_url, rows, queue="sqlonly", prefix=f"s{uuid.uuid4().hex[:6]}-")
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        env.db_url, min_size=4, max_size=4, kwargs={"autocommit": True}, open=False
+    )
+    await pool.open(wait=True)
+
+    async def loop() -> None:
+        while True:
+            async with pool.connection() as conn:
+                claimed = await (await conn.execute(SPEC_CLAIM, (50,))).fetchall()
+                if not claimed:
+                    return
+                await conn.execute(
+                    "DELETE FROM outbox WHERE id = ANY(%s)", ([r[0] for r in claimed],)
+                )
+
+    started = time.perf_counter()
+    await asyncio.gather(*(loop() for _ in range(4)))
+    elapsed = time.perf_counter() - started
+    await pool.close()
+    return {"rows_per_s": rows / elapsed}
+
+
+def _spawn_enqueuers(env: BenchEnv, processes: int) -> list[subprocess.Popen[bytes]]:
+    command = [sys.executable, "-m", "dispatcher.cli", "enqueuer", "--no-listen",
+               "--database-url", env.db_url, "--redis-url", env.redis_url]  # fmt: skip
+    return [
+        subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(processes)
+    ]
+
+
+async def drain_processes(env: BenchEnv, processes: int, rows: int = 50_000) -> dict[str, float]:
+    """``processes`` real ``dispatcher enqueuer`` processes drain ``rows`` pre-filled rows."""
+    queue = f"mp{uuid.uuid4().hex[:6]}"
+    insert_rows(env.db_url, rows, queue=queue, prefix=f"{queue}-")
+    procs = _spawn_enqueuers(env, processes)
+    try:
+        # The clock starts at the first published batch, so process start-up does not count.
+        started, base = 0.0, rows
+        async with await psycopg.AsyncConnection.connect(env.db_url, autocommit=True) as conn:
+            while True:
+                row = await (await conn.execute("SELECT count(*) FROM outbox")).fetchone()
+                left = int(row[0]) if row else 0
+                if not started and left < rows:
+                    started, base = time.perf_counter(), left
+                if left == 0:
+                    break
+                await asyncio.sleep(0.02)
+        return {"rows_per_s": base / (time.perf_counter() - started)}
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(30)

@@ -1,43 +1,87 @@
-"""Run the benchmarks: ``python -m benchmarks.run [--rounds 3] [--only NAME]``.
+"""Run every benchmark figure in one run: ``python -m benchmarks.run [--rounds 3] [--only NAME]``.
 
-Variants of one figure run interleaved (A, B, A, B, ...) so drift on the
-machine hits them alike; each figure is the median of its rounds. Results go
-to stdout and ``benchmarks/RESULTS.md``.
+Each figure has variants (the product and its baselines) that run interleaved
+(A, B, C, A, B, C, ...) so drift on the machine hits them alike; each number
+is the median of its rounds. Results go to stdout and ``benchmarks/RESULTS.md``.
+Not part of CI: it takes minutes and its numbers are only meaningful on a
+quiet machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import statistics
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from benchmarks import enqueuer_bench
+from benchmarks import enqueuer_bench as eb
+from benchmarks import insert_bench as ib
 from benchmarks.env import BenchEnv, bench_env, machine_facts
 
-Figure = Callable[[BenchEnv, str], Awaitable[dict[str, float]]]
+Variant = Callable[[BenchEnv], Any]
 
-FIGURES: dict[str, tuple[Figure, list[str]]] = {
-    "idle_latency": (enqueuer_bench.idle_latency, ["pipelined", "per-row"]),
-    "drain_50k": (enqueuer_bench.drain, ["pipelined", "per-row"]),
+# figure -> (what it shows, {variant: measure}); the first variant is the product.
+FIGURES: dict[str, tuple[str, dict[str, Variant]]] = {
+    "insert_tps_4": (
+        "business INSERT tps, 4 pgbench clients, enqueuer running",
+        {v: partial(ib.insert_tps, variant=v, clients=4) for v in ib.TRIGGERS},
+    ),
+    "insert_tps_16": (
+        "business INSERT tps, 16 pgbench clients, enqueuer running",
+        {v: partial(ib.insert_tps, variant=v, clients=16) for v in ib.TRIGGERS},
+    ),
+    "idle_latency": (
+        "commit -> entry in Redis at idle, one dispatch at a time (ms)",
+        {
+            "enqueuer": partial(eb.idle_latency, variant="pipelined"),
+            "per-row relay": partial(eb.idle_latency, variant="per-row"),
+            "bare NOTIFY round trip": eb.notify_round_trip,
+        },
+    ),
+    "latency_1k": (
+        "commit -> entry in Redis at ~1,000 rows/s offered (ms, 1 ms resolution)",
+        {"enqueuer": partial(eb.latency_under_load, variant="pipelined")},
+    ),
+    "drain_50k": (
+        "drain of 50,000 pre-filled rows, default settings (batch 50, concurrency 4)",
+        {
+            "enqueuer": partial(eb.drain, variant="pipelined"),
+            "per-row relay": partial(eb.drain, variant="per-row"),
+            "spec SQL-only claim->delete": eb.sql_only_cycle,
+        },
+    ),
+    "drain_processes": (
+        "drain of 50,000 rows by enqueuer processes",
+        {
+            "2 enqueuers": partial(eb.drain_processes, processes=2),
+            "1 enqueuer": partial(eb.drain_processes, processes=1),
+        },
+    ),
 }
 
 
-async def measure(env: BenchEnv, rounds: int, only: set[str]) -> dict[str, dict[str, Any]]:
+async def _call(measure: Variant, env: BenchEnv) -> dict[str, float]:
+    result = measure(env)
+    if inspect.isawaitable(result):
+        result = await result
+    return dict(result)
+
+
+async def measure_all(env: BenchEnv, rounds: int, only: set[str]) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
-    for name, (figure, variants) in FIGURES.items():
+    for name, (_, variants) in FIGURES.items():
         if only and name not in only:
             continue
         runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
         for r in range(rounds):
-            for variant in variants:
-                print(
-                    f"[{name}] round {r + 1}/{rounds}: {variant} ...", file=sys.stderr, flush=True
-                )
-                runs[variant].append(await figure(env, variant))
+            for variant, measure in variants.items():
+                print(f"[{name}] round {r + 1}/{rounds}: {variant}", file=sys.stderr, flush=True)
+                runs[variant].append(await _call(measure, env))
         results[name] = {
             v: {k: statistics.median(run[k] for run in rs) for k in rs[0]} for v, rs in runs.items()
         }
@@ -45,22 +89,20 @@ async def measure(env: BenchEnv, rounds: int, only: set[str]) -> dict[str, dict[
 
 
 def render(results: dict[str, dict[str, Any]], rounds: int) -> str:
-    facts = machine_facts()
     lines = ["# Benchmark results", ""]
-    lines += [f"- {k}: {v}" for k, v in facts.items()]
-    lines += [f"- rounds: {rounds} (medians), variants interleaved", "",
-              "Reproduce: `make bench` (or `python -m benchmarks.run`).", ""]  # fmt: skip
+    lines += [f"- {k}: {v}" for k, v in machine_facts().items()]
+    lines += [f"- rounds: {rounds}, variants interleaved, medians",
+              "- reproduce: `make bench` (`python -m benchmarks.run`)", ""]  # fmt: skip
     for name, variants in results.items():
         keys = list(next(iter(variants.values())))
-        lines += [f"## {name}", "", "| variant | " + " | ".join(keys) + " |",
-                  "|---|" + "---|" * len(keys)]  # fmt: skip
+        first = next(iter(variants.values()))
+        lines += [f"## {name}: {FIGURES[name][0]}", "",
+                  "| variant | " + " | ".join(keys) + " | ratio to first |",
+                  "|---|" + "---|" * (len(keys) + 1)]  # fmt: skip
         for variant, figures in variants.items():
-            lines.append(f"| {variant} | " + " | ".join(f"{figures[k]:.2f}" for k in keys) + " |")
-        base = list(variants)
-        if len(base) == 2:
-            a, b = (variants[v] for v in base)
-            ratios = ", ".join(f"{k} {a[k] / b[k]:.2f}x" for k in keys if b[k])
-            lines += ["", f"{base[0]} / {base[1]}: {ratios}"]
+            ratio = ", ".join(f"{first[k] / figures[k]:.2f}x" for k in keys[-1:] if figures[k])
+            cells = " | ".join(f"{figures[k]:,.2f}" for k in keys)
+            lines.append(f"| {variant} | {cells} | first/this: {ratio} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -72,10 +114,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("RESULTS.md"))
     args = parser.parse_args()
     with bench_env() as env:
-        results = asyncio.run(measure(env, args.rounds, set(args.only)))
+        results = asyncio.run(measure_all(env, args.rounds, set(args.only)))
     text = render(results, args.rounds)
     print(text)
-    args.out.write_text(text + "\n")
+    if not args.only:
+        args.out.write_text(text + "\n")
 
 
 if __name__ == "__main__":
