@@ -5,19 +5,27 @@ entry stays in the group's pending entries list (PEL) until ``ack``.
 ``reclaim_orphaned`` takes over entries another consumer left idle (it
 crashed, or its handler failed) and reports exact delivery counts, so callers
 can dead-letter poison messages. One consumer object reads one stream, so on
-Redis Cluster every read is single-key and never CROSSSLOT.
+Redis Cluster every read is single-key and never CROSSSLOT. ``ack_many``
+settles many entries of the stream in one round trip; ``add_ack`` queues the
+same commands on a caller's pipeline, so they can travel with other writes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from redis.asyncio.client import Pipeline
+from redis.asyncio.cluster import ClusterPipeline
 
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.protocol import Message
 from dispatcher.stream.publisher import ensure_group
 
-__all__ = ["RedisStreamConsumer"]
+__all__ = ["RedisPipeline", "RedisStreamConsumer"]
+
+RedisPipeline = Pipeline | ClusterPipeline
 
 
 @dataclass
@@ -81,10 +89,20 @@ class RedisStreamConsumer:
         ]
 
     async def ack(self, message_id: str) -> None:
+        await self.ack_many([message_id])
+
+    async def ack_many(self, message_ids: Sequence[str]) -> None:
+        """XACK + XDEL of all ``message_ids`` in one round trip; raise if Redis refused."""
+        if not message_ids:
+            return
         pipe = self.client.pipeline(transaction=False)
-        pipe.xack(self.stream, self.group, message_id)
-        pipe.xdel(self.stream, message_id)
+        self.add_ack(pipe, message_ids)
         await pipe.execute()
+
+    def add_ack(self, pipe: RedisPipeline, message_ids: Sequence[str]) -> None:
+        """Queue XACK then XDEL of ``message_ids`` on ``pipe``; the caller executes it."""
+        pipe.xack(self.stream, self.group, *message_ids)
+        pipe.xdel(self.stream, *message_ids)
 
     async def pending_count(self) -> int:
         """Entries delivered to this consumer and not yet acked."""

@@ -6,13 +6,17 @@ attempt (``TaskMessage.dedup_key`` = ``<task_id>:<attempt>``) turn most
 duplicates into no-ops:
 
 - ``dispatcher:lease:<task_id>:<attempt>`` — SET NX PX with this worker's
-  token before the handler runs, renewed every third of its TTL while it
-  runs, deleted (only if still ours) when the handler fails. While it exists,
-  no other delivery of the attempt runs: that delivery stays pending and is
-  reclaimed later.
+  token before the handler runs, renewed while a run lasts longer than a
+  third of its TTL (``leases.py``), deleted (only if still ours) when the
+  handler fails. While it exists, no other delivery of the attempt runs: that
+  delivery stays pending and is reclaimed later.
 - ``dispatcher:done:<task_id>:<attempt>`` — written after the handler
-  succeeded, kept for the dedup window (default 24 h). A delivery of a done
-  attempt is acked without running.
+  succeeded, kept for the dedup window (default 24 h), and always before the
+  entry is acked (``settle.py``). A delivery of a done attempt is acked
+  without running.
+
+``claim_many`` takes the leases and reads the done marks of a whole read
+batch in one pipelined round trip.
 
 After a success the lease is left to expire rather than deleted, so a
 duplicate that read "not done" just before the done mark was written cannot
@@ -30,8 +34,9 @@ What this does *not* guarantee (be honest with handler authors):
 - Different attempts of one task (``attempt`` 1, 2...) are different
   identities by design: a retry is meant to run.
 - On Redis Cluster the two keys live in different slots; every operation is
-  a single-key command (or a single-key script), never a multi-key
-  transaction, so there is no atomicity across them beyond the ordering above.
+  a single-key command (or a single-key script), pipelined but never a
+  multi-key transaction, so there is no atomicity across them beyond the
+  ordering above.
 - The keys are independent of the stream: a failover that loses recent
   writes on a replica-less primary can lose a done mark too.
 """
@@ -39,16 +44,13 @@ What this does *not* guarantee (be honest with handler authors):
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import logging
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
-
-from redis.exceptions import RedisError
+from collections.abc import Sequence
 
 from dispatcher.redis_client import RedisClient
+from dispatcher.stream.consumer import RedisPipeline
 
 __all__ = ["AttemptGuard", "Claim", "done_key", "lease_key"]
 
@@ -102,48 +104,55 @@ class AttemptGuard:
 
     async def claim(self, dedup_key: str) -> Claim:
         """Try to take the lease and read the done mark in one round trip."""
+        (claim,) = await self.claim_many([dedup_key])
+        return claim
+
+    async def claim_many(self, dedup_keys: Sequence[str]) -> list[Claim]:
+        """``claim`` for many attempts in one pipelined round trip, in order.
+
+        A key given twice is acquired at most once (SET NX): the later copy is
+        ``BUSY`` unless the attempt is done.
+        """
+        if not dedup_keys:
+            return []
         pipe = self._client.pipeline(transaction=False)
-        pipe.set(lease_key(dedup_key), self._token, nx=True, px=self.lease_ttl_ms)
-        pipe.exists(done_key(dedup_key))
-        acquired, done = await pipe.execute()
-        if done:
-            if acquired:
-                await self.release(dedup_key)
-            return Claim.DONE
-        return Claim.ACQUIRED if acquired else Claim.BUSY
+        for key in dedup_keys:
+            pipe.set(lease_key(key), self._token, nx=True, px=self.lease_ttl_ms)
+            pipe.exists(done_key(key))
+        replies = await pipe.execute()
+        acquired, done = replies[0::2], replies[1::2]
+        taken_but_done = [k for k, a, d in zip(dedup_keys, acquired, done, strict=True) if a and d]
+        if taken_but_done:
+            await asyncio.gather(*(self.release(key) for key in taken_but_done))
+        return [_claim_of(bool(a), bool(d)) for a, d in zip(acquired, done, strict=True)]
 
     async def mark_done(self, dedup_key: str) -> None:
-        await self._client.set(done_key(dedup_key), "1", px=self.done_ttl_ms)
+        await self.mark_done_many([dedup_key])
+
+    async def mark_done_many(self, dedup_keys: Sequence[str]) -> None:
+        """Write the done marks of ``dedup_keys`` in one pipelined round trip."""
+        if not dedup_keys:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        self.add_done_marks(pipe, dedup_keys)
+        await pipe.execute()
+
+    def add_done_marks(self, pipe: RedisPipeline, dedup_keys: Sequence[str]) -> None:
+        """Queue the done marks of ``dedup_keys`` on ``pipe``; the caller executes it."""
+        for key in dedup_keys:
+            pipe.set(done_key(key), "1", px=self.done_ttl_ms)
+
+    async def renew(self, dedup_key: str) -> bool:
+        """Push the lease's expiry a full TTL ahead; False if it is no longer ours."""
+        kept = await self._renew(keys=[lease_key(dedup_key)], args=[self._token, self.lease_ttl_ms])
+        return bool(kept)
 
     async def release(self, dedup_key: str) -> None:
         """Delete the lease if it is still ours (a failed run: let a retry take it)."""
         await self._release(keys=[lease_key(dedup_key)], args=[self._token])
 
-    @contextlib.asynccontextmanager
-    async def renewed(self, dedup_key: str) -> AsyncIterator[None]:
-        """Keep the lease alive while the body runs."""
-        task = asyncio.create_task(self._keep_alive(dedup_key), name=f"lease {dedup_key}")
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
-    async def _keep_alive(self, dedup_key: str) -> None:
-        interval = self.lease_ttl_ms / 3000
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                kept: Any = await self._renew(
-                    keys=[lease_key(dedup_key)], args=[self._token, self.lease_ttl_ms]
-                )
-            except (RedisError, OSError) as exc:
-                log.warning("cannot renew lease: %s", exc, extra={"dedup_key": dedup_key})
-                continue
-            if not kept:
-                log.warning(
-                    "lease lost while the handler runs; another worker may run it too",
-                    extra={"dedup_key": dedup_key},
-                )
-                return
+def _claim_of(acquired: bool, done: bool) -> Claim:
+    if done:
+        return Claim.DONE
+    return Claim.ACQUIRED if acquired else Claim.BUSY

@@ -1,13 +1,17 @@
-"""What happens to one delivered entry: parse, dedup, run the handler, settle.
+"""What happens to a batch of delivered entries: parse, dedup, run the handler, settle.
 
-The outcomes, in the order they are decided:
+One round trip claims the leases and reads the done marks of the whole batch
+(``AttemptGuard.claim_many``, joined with the claims of batches read at the
+same time); then each entry goes its own way, concurrently,
+and is settled through the worker's ``Settler`` (grouped acks). The outcomes
+of one entry, in the order they are decided:
 
 - malformed fields → dead letter (reason ``malformed``), ack;
 - the attempt is already done → ack without running (a suppressed duplicate);
 - another run holds the attempt's lease → leave it pending (reclaimed later);
 - delivered more than ``max_deliveries`` times → dead letter (reason
   ``max_deliveries``, carrying the last handler error this worker saw), ack;
-- the handler succeeds → done mark, ack (XACK+XDEL);
+- the handler succeeds → done mark, then ack (XACK+XDEL);
 - the handler raises → release the lease, leave it pending: the reclaim loop
   runs it again after ``reclaim_idle``.
 
@@ -20,24 +24,33 @@ outlives ``reclaim_idle x max_deliveries`` is dead-lettered without a run
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
+
+from redis.exceptions import RedisError
 
 from dispatcher.models import MalformedMessage, TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.consumer import RedisStreamConsumer
 from dispatcher.stream.protocol import Message
+from dispatcher.worker.coalesce import Coalescer
 from dispatcher.worker.dead_letter import ErrorMemory, describe_error, write_dead_letter
 from dispatcher.worker.dedup import AttemptGuard, Claim
 from dispatcher.worker.handler import Handler, invoke
-from dispatcher.worker.metrics import WorkerMetrics
+from dispatcher.worker.leases import LeaseKeeper
+from dispatcher.worker.metrics import QueueMetrics, WorkerMetrics
+from dispatcher.worker.settle import Settler
 
-__all__ = ["Deliveries", "Outcome"]
+__all__ = ["Deliveries", "Freed", "Outcome"]
 
 log = logging.getLogger(__name__)
+
+Freed = Callable[[Message], None]
 
 
 class Outcome(enum.Enum):
@@ -46,6 +59,17 @@ class Outcome(enum.Enum):
     DUPLICATE = "duplicate"
     BUSY = "busy"
     DEAD_LETTERED = "dead_lettered"
+    UNSETTLED = "unsettled"  # a Redis error: the entry stays pending
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """Where a batch came from, the metrics of its queue, and whom to tell of free slots."""
+
+    consumer: RedisStreamConsumer
+    queue: str
+    metrics: QueueMetrics
+    freed: Freed
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,60 +79,112 @@ class Deliveries:
     client: RedisClient
     handler: Handler
     guard: AttemptGuard
+    claims: Coalescer[str, Claim]  # guard.claim_many, joined across concurrent batches
+    leases: LeaseKeeper
+    settler: Settler
     metrics: WorkerMetrics
     errors: ErrorMemory
     max_deliveries: int
     executor: Executor | None = None
 
-    async def process(self, consumer: RedisStreamConsumer, queue: str, message: Message) -> Outcome:
+    async def process(
+        self,
+        consumer: RedisStreamConsumer,
+        queue: str,
+        messages: Sequence[Message],
+        *,
+        freed: Freed,
+    ) -> list[Outcome]:
+        """Settle one read batch; the outcomes come in the order of ``messages``.
+
+        ``freed(message)`` says the message's handler slot may be reused: once
+        its handler returned (the ack may still be in flight), or once it was
+        decided without a run. It may be called again for the same message
+        later; only the first call counts.
+        """
+        source = _Source(consumer, queue, self.metrics.for_queue(queue), freed)
+        parsed = [(message, _parse(message)) for message in messages]
+        keys = [task.dedup_key for _, task in parsed if isinstance(task, TaskMessage)]
         try:
-            task = TaskMessage.from_fields(message.fields)
-        except MalformedMessage as exc:
-            await self._dead_letter(
-                consumer, queue, message, error=f"malformed message: {exc}", reason="malformed"
-            )
-            return Outcome.DEAD_LETTERED
-        claim = await self.guard.claim(task.dedup_key)
+            claims = await self.claims.submit(keys)
+        except (RedisError, OSError) as exc:
+            for message in messages:
+                _left_pending(message, exc)
+                freed(message)
+            return [Outcome.UNSETTLED] * len(messages)
+        steps = [
+            self._guarded(source, message, self._step(source, message, task, claim))
+            for (message, task), claim in zip(parsed, _aligned(parsed, claims), strict=True)
+        ]
+        if len(steps) == 1:
+            return [await steps[0]]
+        return list(await asyncio.gather(*steps))
+
+    async def _step(
+        self,
+        source: _Source,
+        message: Message,
+        task: TaskMessage | MalformedMessage,
+        claim: Claim | None,
+    ) -> Outcome:
+        if isinstance(task, MalformedMessage):
+            error = f"malformed message: {task}"
+            return await self._dead_letter(source, message, error=error, reason="malformed")
         if claim is Claim.DONE:
-            await consumer.ack(message.id)
+            await self.settler.settle(source.consumer, message.id)
             self.errors.forget(message)
-            self.metrics.duplicates.labels(queue).inc()
+            source.metrics.duplicates.inc()
             return Outcome.DUPLICATE
         if claim is Claim.BUSY:
-            self.metrics.lease_busy.labels(queue).inc()
+            source.metrics.lease_busy.inc()
             return Outcome.BUSY
         if message.delivery_count > self.max_deliveries:
             error = self._give_up_reason(message)
-            await self._dead_letter(consumer, queue, message, error=error, reason="max_deliveries")
+            await self._dead_letter(source, message, error=error, reason="max_deliveries")
             await self.guard.release(task.dedup_key)
             return Outcome.DEAD_LETTERED
-        return await self._run(consumer, queue, message, task)
+        return await self._run(source, message, task)
 
-    async def _run(
-        self, consumer: RedisStreamConsumer, queue: str, message: Message, task: TaskMessage
+    async def _guarded(
+        self, source: _Source, message: Message, step: Awaitable[Outcome]
     ) -> Outcome:
-        started = time.perf_counter()
-        self.metrics.in_flight.inc()
         try:
-            async with self.guard.renewed(task.dedup_key):
-                await invoke(self.handler, task, executor=self.executor)
-        except Exception as exc:
-            return await self._failed(queue, message, task, exc)
+            return await step
+        except (RedisError, OSError) as exc:
+            _left_pending(message, exc)
+        except Exception:
+            log.exception("unexpected error settling an entry", extra={"entry_id": message.id})
         finally:
+            source.freed(message)
+        return Outcome.UNSETTLED
+
+    async def _run(self, source: _Source, message: Message, task: TaskMessage) -> Outcome:
+        started = time.perf_counter()
+        lease = self.leases.hold(task.dedup_key)
+        self.metrics.in_flight.inc()
+        failure: Exception | None = None
+        try:
+            await invoke(self.handler, task, executor=self.executor)
+        except Exception as exc:
+            failure = exc
+        finally:
+            self.leases.drop(lease)
             self.metrics.in_flight.dec()
-            self.metrics.latency.labels(queue).observe(time.perf_counter() - started)
-        await self.guard.mark_done(task.dedup_key)
-        await consumer.ack(message.id)
+            source.metrics.latency.observe(time.perf_counter() - started)
+            source.freed(message)
+        if failure is not None:
+            return await self._failed(source, message, task, failure)
+        await self.settler.settle(source.consumer, message.id, done=task.dedup_key)
         self.errors.forget(message)
-        self.metrics.handled.labels(queue).inc()
+        source.metrics.handled.inc()
         return Outcome.HANDLED
 
     async def _failed(
-        self, queue: str, message: Message, task: TaskMessage, exc: Exception
+        self, source: _Source, message: Message, task: TaskMessage, exc: Exception
     ) -> Outcome:
         error = describe_error(exc)
         self.errors.remember(message, error)
-        self.metrics.failed.labels(queue).inc()
+        source.metrics.failed.inc()
         log.warning(
             "handler failed; the entry stays pending and is retried after reclaim-idle",
             extra=_log_fields(message, task) | {"error": error},
@@ -123,18 +199,14 @@ class Deliveries:
         return f"{reason}; last error: {last}" if last else reason
 
     async def _dead_letter(
-        self,
-        consumer: RedisStreamConsumer,
-        queue: str,
-        message: Message,
-        *,
-        error: str,
-        reason: str,
-    ) -> None:
-        dead_id = await write_dead_letter(self.client, queue=queue, message=message, error=error)
-        await consumer.ack(message.id)
+        self, source: _Source, message: Message, *, error: str, reason: str
+    ) -> Outcome:
+        dead_id = await write_dead_letter(
+            self.client, queue=source.queue, message=message, error=error
+        )
+        await self.settler.settle(source.consumer, message.id)
         self.errors.forget(message)
-        self.metrics.dead_lettered.labels(queue, reason).inc()
+        self.metrics.dead_lettered.labels(source.queue, reason).inc()
         log.error(
             "dead-lettered: %s",
             error,
@@ -146,6 +218,30 @@ class Deliveries:
                 "reason": reason,
             },
         )
+        return Outcome.DEAD_LETTERED
+
+
+def _parse(message: Message) -> TaskMessage | MalformedMessage:
+    try:
+        return TaskMessage.from_fields(message.fields)
+    except MalformedMessage as exc:
+        return exc
+
+
+def _aligned(
+    parsed: list[tuple[Message, TaskMessage | MalformedMessage]], claims: list[Claim]
+) -> list[Claim | None]:
+    """The claim of each parsed entry (None for a malformed one, which was not claimed)."""
+    found = iter(claims)
+    return [next(found) if isinstance(task, TaskMessage) else None for _, task in parsed]
+
+
+def _left_pending(message: Message, exc: BaseException) -> None:
+    log.warning(
+        "could not settle an entry; it stays pending: %s",
+        exc,
+        extra={"stream": message.stream, "entry_id": message.id},
+    )
 
 
 def _log_fields(message: Message, task: TaskMessage) -> dict[str, object]:

@@ -2,19 +2,34 @@
 
 Each ``Worker`` registers its metrics in the registry it is given; the CLI
 passes the process-wide default registry, tests and embedders may pass their
-own so several workers can live in one process.
+own so several workers can live in one process. ``for_queue`` hands out the
+labelled children of one queue, looked up once and cached, so the per-message
+path never resolves labels.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from dispatcher.stream.stats import StreamStats
 
-__all__ = ["WorkerMetrics"]
+__all__ = ["QueueMetrics", "WorkerMetrics"]
 
 _PREFIX = "dispatcher_worker_"
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueMetrics:
+    """The children of ``WorkerMetrics`` labelled with one queue."""
+
+    handled: Counter
+    failed: Counter
+    duplicates: Counter
+    lease_busy: Counter
+    latency: Histogram
 
 
 class WorkerMetrics:
@@ -22,6 +37,7 @@ class WorkerMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self._queues: dict[str, QueueMetrics] = {}
         q = ["queue"]
         self.handled = Counter(
             _PREFIX + "handled", "Messages whose handler succeeded (acked).", q, registry=registry
@@ -72,6 +88,18 @@ class WorkerMetrics:
             s,
             registry=registry,
         )
+
+    def for_queue(self, queue: str) -> QueueMetrics:
+        found = self._queues.get(queue)
+        if found is None:
+            found = self._queues[queue] = QueueMetrics(
+                handled=self.handled.labels(queue),
+                failed=self.failed.labels(queue),
+                duplicates=self.duplicates.labels(queue),
+                lease_busy=self.lease_busy.labels(queue),
+                latency=self.latency.labels(queue),
+            )
+        return found
 
     def observe_stream(self, queue: str, stats: StreamStats) -> None:
         self.stream_length.labels(queue, stats.stream).set(stats.length)

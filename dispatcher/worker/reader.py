@@ -2,8 +2,8 @@
 
 Each stream has its own blocking XREADGROUP loop (one single-key command at a
 time: Cluster-safe, and a quiet shard never delays a busy one) and its own
-XAUTOCLAIM loop. Both hand entries to the worker's ``submit``, which waits
-for a handler slot. Redis errors are logged and retried with a capped
+XAUTOCLAIM loop. Both hand each batch they read to the worker's ``submit``,
+which waits for handler slots. Redis errors are logged and retried with a capped
 backoff; a loop never dies of a transient failure.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from redis.exceptions import RedisError
@@ -26,7 +26,7 @@ __all__ = ["StreamReader", "Submit"]
 
 log = logging.getLogger(__name__)
 
-Submit = Callable[["StreamReader", Message], Awaitable[None]]
+Submit = Callable[["StreamReader", Sequence[Message]], Awaitable[None]]
 
 _BACKOFF_FIRST = 0.1
 _BACKOFF_MAX = 5.0
@@ -62,8 +62,8 @@ class StreamReader:
                 continue
             backoff = _BACKOFF_FIRST
             self.on_redis_ok()
-            for message in batch:
-                await self.submit(self, message)
+            if batch:
+                await self.submit(self, batch)
 
     async def reclaim_loop(self) -> None:
         backoff = _BACKOFF_FIRST
@@ -78,8 +78,7 @@ class StreamReader:
             self.on_redis_ok()
             if batch:
                 log.info("reclaimed %d idle entries", len(batch), extra={"stream": self.stream})
-            for message in batch:
-                await self.submit(self, message)
+                await self.submit(self, batch)
 
     async def _recover(self, exc: BaseException, backoff: float, what: str) -> float:
         """Log, wait ``backoff`` (or until stopping), re-create a lost group; next backoff."""

@@ -2,11 +2,14 @@
 
 One worker process reads every shard stream of its queues, each with its own
 read and reclaim loops (``reader.py``), and runs handlers in one bounded pool
-of slots. It re-reads ``composer:stream_shards`` periodically and starts
-loops for new shards without a restart (it never stops reading old ones: they
-may still hold entries). ``request_stop()`` stops reading; handlers in hand
-finish within the grace period, the rest stay pending for another worker; a
-consumer with nothing pending is then removed from its group.
+of slots: each read batch is one task that claims all its entries at once and
+then runs them concurrently (``delivery.py``); finished entries are acked in
+groups (``settle.py``) and long runs keep their leases (``leases.py``). It
+re-reads ``composer:stream_shards`` periodically and starts loops for new
+shards without a restart (it never stops reading old ones: they may still
+hold entries). ``request_stop()`` stops reading; handlers in hand finish
+within the grace period, the rest stay pending for another worker; a consumer
+with nothing pending is then removed from its group.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -28,13 +31,16 @@ from dispatcher.stream.naming import parse_task_stream, queue_streams
 from dispatcher.stream.protocol import Message
 from dispatcher.stream.shards import read_shard_count
 from dispatcher.stream.stats import stream_stats
+from dispatcher.worker.coalesce import Coalescer
 from dispatcher.worker.config import WorkerConfig
 from dispatcher.worker.dead_letter import ErrorMemory
 from dispatcher.worker.dedup import AttemptGuard
 from dispatcher.worker.delivery import Deliveries
 from dispatcher.worker.handler import Handler
+from dispatcher.worker.leases import LeaseKeeper
 from dispatcher.worker.metrics import WorkerMetrics
 from dispatcher.worker.reader import StreamReader
+from dispatcher.worker.settle import Settler
 from dispatcher.worker.slots import SlotPool
 
 __all__ = ["Worker"]
@@ -64,6 +70,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self._readers: dict[str, StreamReader] = {}
         self._loops: set[asyncio.Task[None]] = set()
+        self._keeper: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         self._in_flight: set[tuple[str, str]] = set()
         self._slots = SlotPool(config.concurrency)
@@ -86,7 +93,7 @@ class Worker:
         """Started, no loop died, and Redis answered recently (always true while stopping)."""
         if not self._started or self._stopping.is_set():
             return self._started
-        crashed = any(t.done() for t in self._loops)
+        crashed = any(t.done() for t in self._loops) or bool(self._keeper and self._keeper.done())
         return not crashed and time.monotonic() - self._last_redis_ok < REDIS_STALE_AFTER
 
     def ready(self) -> bool:
@@ -101,7 +108,10 @@ class Worker:
             await self._drain()
             await self._leave_groups()
         finally:
-            await self._cancel(self._loops | self._handlers)
+            keeper = {self._keeper} if self._keeper else set()
+            await self._cancel(self._loops | self._handlers | keeper)
+            await self._deliveries.claims.aclose()
+            await self._deliveries.settler.aclose()
             # A sync handler still running past the grace period cannot be
             # interrupted; we stop waiting for it, its entry stays pending.
             self._executor.shutdown(wait=False, cancel_futures=True)
@@ -120,6 +130,9 @@ class Worker:
             client=self.client,
             handler=self._handler,
             guard=guard,
+            claims=Coalescer(guard.claim_many, name="claim"),
+            leases=LeaseKeeper(guard),
+            settler=Settler(self.client, guard),
             metrics=self.metrics,
             errors=ErrorMemory(),
             max_deliveries=self.config.max_deliveries,
@@ -132,6 +145,9 @@ class Worker:
         shards = await read_shard_count(self.client, fallback=self.config.shards)
         await self._grow_to(shards)
         self._last_redis_ok = time.monotonic()
+        # Not a loop of its own: it renews leases of handlers still draining.
+        self._keeper = asyncio.create_task(self._deliveries.leases.run(), name="lease keeper")
+        self._keeper.add_done_callback(_log_crash)
         self._spawn_loop(self._watch_shards(), "shard watch")
         self._spawn_loop(self._report_stats(), "stream stats")
         self._started = True
@@ -201,34 +217,40 @@ class Worker:
 
     # -- handling ---------------------------------------------------------------
 
-    async def _submit(self, reader: StreamReader, message: Message) -> None:
-        key = (message.stream, message.id)
-        if key in self._in_flight:  # our own reclaim of an entry we are running
-            return
-        self._in_flight.add(key)
-        try:
-            await self._slots.acquire()
-        except BaseException:
-            self._in_flight.discard(key)
-            raise
-        task = asyncio.create_task(self._settle(reader, message), name=f"handle {message.id}")
+    async def _submit(self, reader: StreamReader, batch: Sequence[Message]) -> None:
+        """Start the batch in as few pieces as free slots allow; wait holding none."""
+        todo = [m for m in batch if (m.stream, m.id) not in self._in_flight]
+        while todo:
+            taken = self._slots.take(len(todo))
+            if not taken:
+                await self._slots.acquire()
+                taken = 1 + self._slots.take(len(todo) - 1)
+            part, todo = todo[:taken], todo[taken:]
+            self._in_flight.update((m.stream, m.id) for m in part)
+            self._start_batch(reader, part)
+
+    def _start_batch(self, reader: StreamReader, messages: list[Message]) -> None:
+        task = asyncio.create_task(self._process(reader, messages), name=f"batch {messages[0].id}")
         self._handlers.add(task)
         task.add_done_callback(self._handlers.discard)
 
-    async def _settle(self, reader: StreamReader, message: Message) -> None:
+    async def _process(self, reader: StreamReader, messages: list[Message]) -> None:
+        """Run one batch; a slot frees when its handler is done, ``_in_flight`` at the end."""
+        holding = {message.id for message in messages}
+
+        def freed(message: Message) -> None:
+            if message.id in holding:
+                holding.discard(message.id)
+                self._slots.release()
+
         try:
-            await self._deliveries.process(reader.consumer, reader.queue, message)
-        except (RedisError, OSError) as exc:
-            log.warning(
-                "could not settle an entry; it stays pending: %s",
-                exc,
-                extra={"stream": message.stream, "entry_id": message.id},
-            )
+            await self._deliveries.process(reader.consumer, reader.queue, messages, freed=freed)
         except Exception:
-            log.exception("unexpected error settling an entry", extra={"entry_id": message.id})
+            log.exception("unexpected error settling entries", extra={"stream": reader.stream})
         finally:
-            self._in_flight.discard((message.stream, message.id))
-            self._slots.release()
+            for message in messages:
+                freed(message)
+                self._in_flight.discard((message.stream, message.id))
 
     # -- shutdown -----------------------------------------------------------------
 
@@ -242,8 +264,8 @@ class Worker:
             await asyncio.wait(set(self._handlers), timeout=left)
         if self._handlers:
             log.warning(
-                "grace period over: %d handlers cancelled; their entries stay pending",
-                len(self._handlers),
+                "grace period over: %d entries in hand cancelled; they stay pending",
+                len(self._in_flight),
             )
             await self._cancel(self._handlers)
 

@@ -2,24 +2,28 @@
 
 A stream loop asks how many slots are free and reads at most that many
 entries, so a busy shard cannot hoard the pool and starve the others; each
-entry then takes one slot for the length of its handler run.
+entry then takes one slot until its handler is done. ``take`` grabs what is
+free now without waiting, so a read batch starts as one piece when it can;
+``acquire`` waits for one slot (first come, first served). A caller never
+waits while holding slots it has not put to work: that could deadlock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 
 __all__ = ["SlotPool"]
 
 
 class SlotPool:
-    """``size`` slots; ``free`` is a hint for how much to read, ``acquire`` is the bound."""
+    """``size`` slots; ``free`` is a hint for how much to read, ``take``/``acquire`` the bound."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._semaphore = asyncio.Semaphore(size)
         self._held = 0
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._freed = asyncio.Event()
 
     @property
@@ -30,13 +34,37 @@ class SlotPool:
     def held(self) -> int:
         return self._held
 
+    def take(self, count: int) -> int:
+        """Take up to ``count`` free slots now; none while others wait. Return how many."""
+        if any(not w.done() for w in self._waiters):
+            return 0
+        taken = max(min(count, self.free), 0)
+        self._held += taken
+        return taken
+
     async def acquire(self) -> None:
-        await self._semaphore.acquire()
-        self._held += 1
+        """Wait for one slot."""
+        if self.take(1):
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed over just as we were cancelled: pass it on
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
+            raise
 
     def release(self) -> None:
+        """Hand the slot to the first waiter, or free it."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
         self._held -= 1
-        self._semaphore.release()
         self._freed.set()
 
     async def wait_free(self, *, within: float) -> int:
