@@ -6,4 +6,6 @@ pytest_plugins = [
     "tests.fix_db",
     "tests.fix_outbox",
     "tests.fix_kube",
+    "tests.fix_pg",
+    "tests.fix_proxy",
 ]

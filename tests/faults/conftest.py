@@ -1,0 +1,101 @@
+"""Fixtures of the fault suite: the recorder, a fresh database, pipelines, own Redis servers.
+
+Fault scenarios use the suite's own PostgreSQL (``pg_process``; scenario 7
+restarts it) and their own redis-server processes, never the machine's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from dispatcher.outbox.schema import migrate
+from tests.faults.harness import Pipeline
+from tests.faults.load import BUSINESS_TABLE
+from tests.fix_pg import PostgresProcess
+from tests.fix_servers import RedisClusterProcess, RedisProcess
+
+
+@pytest.fixture(scope="session")
+def recorder() -> Iterator[RedisProcess]:
+    """Where handler runs are logged: a redis-server no scenario ever faults."""
+    workdir = Path(tempfile.mkdtemp(prefix="od-recorder-"))
+    server = RedisProcess(workdir).start()
+    try:
+        yield server
+    finally:
+        server.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def fault_db(pg_process: PostgresProcess) -> str:
+    """A fresh database on the suite's own PostgreSQL: migrated, with the business table."""
+    url = pg_process.create_database("fault")
+
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await migrate(conn)
+            await conn.execute(BUSINESS_TABLE)
+
+    asyncio.run(run())
+    return url
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[Callable[..., RedisProcess]]:
+    """Start redis-servers with extra settings (``own_redis("--appendonly", "yes")``)."""
+    started: list[RedisProcess] = []
+
+    def start(*extra: str) -> RedisProcess:
+        server = RedisProcess(tmp_path / f"redis{len(started)}", *extra).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.kill()
+
+
+@pytest.fixture
+def own_cluster(tmp_path: Path) -> Iterator[Callable[..., RedisClusterProcess]]:
+    started: list[RedisClusterProcess] = []
+
+    def start(*, replicas: int = 0) -> RedisClusterProcess:
+        cluster = RedisClusterProcess(tmp_path / "cluster", replicas=replicas).start()
+        started.append(cluster)
+        return cluster
+
+    yield start
+    for cluster in started:
+        cluster.stop()
+
+
+@pytest.fixture
+def pipeline(
+    request: pytest.FixtureRequest, fault_db: str, recorder: RedisProcess, tmp_path: Path
+) -> Iterator[Callable[..., Pipeline]]:
+    """``pipeline(redis_url, cluster=False)``: the scenario's pipeline, stopped at teardown."""
+    made: list[Pipeline] = []
+
+    def make(redis_url: str, *, cluster: bool = False) -> Pipeline:
+        p = Pipeline(
+            scenario=request.node.name.removeprefix("test_"),
+            db_url=fault_db,
+            redis_url=redis_url,
+            recorder_url=recorder.url,
+            workdir=tmp_path,
+            cluster=cluster,
+        )
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.stop_all()
