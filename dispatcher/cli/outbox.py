@@ -137,7 +137,14 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
         dsn,
         min_size=1,
         max_size=config.concurrency + 2,
-        kwargs={"autocommit": True, "application_name": "outbox-dispatcher-enqueuer"},
+        kwargs={
+            "autocommit": True,
+            "application_name": "outbox-dispatcher-enqueuer",
+            # The enqueuer's own commits need no synchronous WAL flush: losing the last
+            # few in a PostgreSQL crash only republishes rows (at-least-once); the
+            # application's dispatch commit keeps its own synchronous durability.
+            "options": "-c synchronous_commit=off",
+        },
         open=False,
     )
     try:

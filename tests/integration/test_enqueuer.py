@@ -182,8 +182,9 @@ async def test_listener_reconnects_after_its_backend_is_killed(
                 " AND datname = current_database()"
             ).fetchall()
             assert killed == [(True,)]
-            # Committed while nobody listens; the poll is 60 s away.
-            insert_rows(db_url, 5, queue=queue)
+        await eventually(lambda: _true(not listener.connected))
+        # Committed while nobody listens; the poll is 60 s away.
+        insert_rows(db_url, 5, queue=queue)
         await eventually(lambda: _has_entries(redis_standalone, queue, 5), within=20)
         assert listener.connects >= 2
 
