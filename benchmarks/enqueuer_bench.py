@@ -22,6 +22,7 @@ from benchmarks.baselines import PerRowPublisher
 from benchmarks.env import BenchEnv
 from dispatcher.models import TaskDispatch
 from dispatcher.outbox import EnqueuerConfig, OutboxEnqueuer, OutboxRepository, enqueue_dispatch
+from dispatcher.outbox.repository import enqueuer_pool
 from dispatcher.redis_client import connect_redis
 from dispatcher.stream import RedisStreamPublisher, task_stream
 from tests.fix_outbox import insert_rows
@@ -39,9 +40,7 @@ def percentile(values: list[float], q: float) -> float:
 
 async def _with_enqueuer(env: BenchEnv, variant: str, listen: bool, body: Any) -> Any:
     redis = connect_redis(env.redis_url)
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        env.db_url, min_size=6, max_size=6, kwargs={"autocommit": True}, open=False
-    )
+    pool = enqueuer_pool(env.db_url, max_size=6)
     await pool.open(wait=True)
     enqueuer = OutboxEnqueuer(
         repository=OutboxRepository(pool),

@@ -11,14 +11,13 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.cli.main import UsageError
 from dispatcher.config import Settings
 from dispatcher.lifecycle import run_until_signalled
 from dispatcher.observability import ObservabilityServer
 from dispatcher.outbox.enqueuer import EnqueuerConfig, OutboxEnqueuer
-from dispatcher.outbox.repository import OutboxRepository
+from dispatcher.outbox.repository import OutboxRepository, enqueuer_pool
 from dispatcher.outbox.schema import migrate
 from dispatcher.redis_client import connect_redis
 from dispatcher.stream.publisher import RedisStreamPublisher
@@ -133,20 +132,7 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
     config = _config(args)
     dsn = settings.require_database_url()
     redis = connect_redis(settings.redis_url.get_secret_value(), cluster=settings.redis_cluster)
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        dsn,
-        min_size=1,
-        max_size=config.concurrency + 2,
-        kwargs={
-            "autocommit": True,
-            "application_name": "outbox-dispatcher-enqueuer",
-            # The enqueuer's own commits need no synchronous WAL flush: losing the last
-            # few in a PostgreSQL crash only republishes rows (at-least-once); the
-            # application's dispatch commit keeps its own synchronous durability.
-            "options": "-c synchronous_commit=off",
-        },
-        open=False,
-    )
+    pool = enqueuer_pool(dsn, max_size=config.concurrency + 2)
     try:
         await pool.open(wait=True, timeout=15)
         await publish_shard_count(redis, settings.stream_shards)

@@ -30,6 +30,7 @@ from dispatcher.outbox import (
     enqueue_dispatch_async,
     migrate,
 )
+from dispatcher.outbox.repository import enqueuer_pool
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.stream import (
     Fields,
@@ -135,10 +136,13 @@ async def run_demo(
     queue = f"demo{uuid.uuid4().hex[:6]}"
     progress = Progress(total=tasks)
     redis = connect_redis(redis_url)
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        database_url, min_size=2, max_size=8, kwargs={"autocommit": True}, open=False
+    pool = enqueuer_pool(database_url, max_size=6, application_name="outbox-dispatcher-demo")
+    # The producers are "the application": ordinary sessions, synchronous commits.
+    app_pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        database_url, min_size=1, max_size=4, kwargs={"autocommit": True}, open=False
     )
     await pool.open(wait=True, timeout=30)
+    await app_pool.open(wait=True, timeout=30)
     shards = await read_shard_count(redis, fallback=4)
     enqueuer = OutboxEnqueuer(
         repository=OutboxRepository(pool),
@@ -156,7 +160,7 @@ async def run_demo(
     started = time.perf_counter()
     try:
         producing = asyncio.create_task(
-            _produce(pool, progress, queue, shards, batch, rollback_ratio, random.Random(seed))
+            _produce(app_pool, progress, queue, shards, batch, rollback_ratio, random.Random(seed))
         )
         deadline = started + give_up_after
         while time.perf_counter() < deadline:
@@ -177,6 +181,7 @@ async def run_demo(
         dead = int(await redis.xlen(dead_letter_stream(queue)))
         await redis.delete(*queue_streams([queue], shards), dead_letter_stream(queue))
         await pool.close()
+        await app_pool.close()
         await redis.aclose()
     return DemoResult(
         verdict=verdict(progress.committed, progress.rolled_back, progress.handled_runs),
