@@ -1,0 +1,94 @@
+{{/*
+Names and labels shared by every template (the standard Helm helpers).
+*/}}
+
+{{/* The chart name, or nameOverride. */}}
+{{- define "outbox-dispatcher.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* release-chart, shortened to the release name when it already contains the chart name. */}}
+{{- define "outbox-dispatcher.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* chart-version, for the helm.sh/chart label. */}}
+{{- define "outbox-dispatcher.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The name of the operator's Deployment, ServiceAccount, Role and RoleBinding. */}}
+{{- define "outbox-dispatcher.operatorName" -}}
+{{- printf "%s-operator" (include "outbox-dispatcher.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The name and instance labels. */}}
+{{- define "outbox-dispatcher.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "outbox-dispatcher.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The standard labels of every object of the chart. */}}
+{{- define "outbox-dispatcher.labels" -}}
+helm.sh/chart: {{ include "outbox-dispatcher.chart" . }}
+{{ include "outbox-dispatcher.selectorLabels" . }}
+app.kubernetes.io/part-of: outbox-dispatcher
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* The standard labels of the operator's objects. */}}
+{{- define "outbox-dispatcher.operatorLabels" -}}
+{{ include "outbox-dispatcher.labels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* The selector of the operator pod (never changes across upgrades). */}}
+{{- define "outbox-dispatcher.operatorSelectorLabels" -}}
+{{ include "outbox-dispatcher.selectorLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* The labels of the operator pod: no chart version, so a chart bump alone rolls nothing. */}}
+{{- define "outbox-dispatcher.operatorPodLabels" -}}
+{{ include "outbox-dispatcher.operatorSelectorLabels" . }}
+app.kubernetes.io/part-of: outbox-dispatcher
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+
+{{/* The operator's ServiceAccount name. */}}
+{{- define "outbox-dispatcher.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "outbox-dispatcher.operatorName" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The operator image: repository:tag, or repository@digest when a digest is given. */}}
+{{- define "outbox-dispatcher.operatorImage" -}}
+{{- $image := .Values.operator.image }}
+{{- if $image.digest }}
+{{- printf "%s@%s" $image.repository $image.digest }}
+{{- else }}
+{{- printf "%s:%s" $image.repository (default .Chart.AppVersion $image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The namespaces the operator watches (a Role and RoleBinding in each). */}}
+{{- define "outbox-dispatcher.watchNamespaces" -}}
+{{- if .Values.operator.watchNamespaces }}
+{{- toJson (uniq .Values.operator.watchNamespaces) }}
+{{- else }}
+{{- toJson (list .Release.Namespace) }}
+{{- end }}
+{{- end }}
