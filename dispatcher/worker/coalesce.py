@@ -56,6 +56,9 @@ class Coalescer(Generic[T, R]):
             self._flusher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
+        left, self._queue = self._queue, []  # a flusher cancelled before it started
+        for request in left:
+            request.future.cancel()
 
     async def _flush_all(self) -> None:
         group: list[_Request[T, R]] = []

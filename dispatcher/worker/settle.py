@@ -10,8 +10,8 @@ done mark is written. On standalone Redis a group is one MULTI/EXEC (done
 marks, then acks; a command refused while queueing aborts all of it). On
 Redis Cluster the done keys and the streams live in different slots, so the
 done marks go first as one pipeline and the acks follow only once it
-succeeded. A failed group fails every waiter; its entries stay pending and
-are reclaimed later.
+succeeded. A failed group fails every waiter; its entries that were not
+acked stay pending and are reclaimed later.
 """
 
 from __future__ import annotations
