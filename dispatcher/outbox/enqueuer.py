@@ -7,10 +7,12 @@ comes first: a wake-up from the LISTEN connection or the poll interval
 
 NOTIFY is not free: it serialises the commits of every transaction that sends
 it. So the trigger notifies only while some enqueuer has announced itself idle
-(``outbox_idle``). An enqueuer announces when a claim finds nothing, then
-claims twice more shortly after (closing the race with commits that checked
-the flag just before it was set), and withdraws when a full batch shows it is
-busy; until its next empty claim it drains without waiting for notifications.
+(``outbox_idle``). An enqueuer withdraws its announcement as soon as one claim
+finds several rows (commits arrive faster than it wakes: notifications would
+only slow them down) and then drains in a loop without waiting. It announces
+again after two empty claims a few milliseconds apart, then claims once more
+shortly after (closing the race with commits that checked the flag just before
+it was set); the poll interval stays the backstop.
 
 A batch is claimed under a fresh token, published in one pipelined round
 trip, then settled: published rows are deleted, failed ones rescheduled with
@@ -60,8 +62,12 @@ class EnqueuerConfig:
     publish_timeout: float = 10.0
     shutdown_timeout: float = 30.0
     listener_rotate_after: float = 600.0
-    # After announcing idle, claim again this many seconds later (the flag/commit race).
-    idle_follow_ups: tuple[float, ...] = (0.005, 0.03)
+    # Withdraw the idle announcement when one claim finds at least this many rows.
+    busy_at_rows: int = 2
+    # An empty claim is confirmed by a second one this many seconds later before announcing.
+    idle_confirm_after: float = 0.005
+    # After announcing, claim again this many seconds later (the flag/commit race).
+    idle_follow_ups: tuple[float, ...] = (0.03,)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.concurrency < 1:
@@ -98,6 +104,7 @@ class OutboxEnqueuer:
         self._backlog = False
         self.name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._idle_announced = False
+        self._empty_claims = 0
         self._idle_lock = asyncio.Lock()
         self._active: dict[uuid.UUID, list[str]] = {}
         self.last_loop = time.monotonic()
@@ -173,21 +180,29 @@ class OutboxEnqueuer:
     async def _after_batch(self, count: int) -> None:
         """Decide whether to go again at once, and whether inserts should NOTIFY us."""
         full = count >= self.config.batch_size
+        self._empty_claims = self._empty_claims + 1 if count == 0 else 0
         async with self._idle_lock:
-            if full and self._idle_announced:
+            if self._idle_announced and count >= self.config.busy_at_rows:
                 await self._repo.withdraw_idle(self.name)
                 self._idle_announced = False
             elif count == 0 and not self._idle_announced and self._can_listen():
-                await self._repo.announce_idle(self.name, self.listener.backend_pid)  # type: ignore[union-attr]
-                self._idle_announced = True
-                loop = asyncio.get_running_loop()
-                for delay in self.config.idle_follow_ups:
-                    loop.call_later(delay, self.wake)
-        # A full batch means more rows wait; rows found while nobody announced idle mean
-        # no NOTIFY will come for the next ones: either way, claim again at once.
+                await self._confirm_idle()
+        # Rows found while nobody announced idle: no NOTIFY will come for the next ones,
+        # so claim again at once (and likewise after a full batch).
         self._backlog = full or (count > 0 and not self._idle_announced)
         if self._backlog:
             self._kick.set()
+
+    async def _confirm_idle(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._empty_claims < 2:
+            loop.call_later(self.config.idle_confirm_after, self.wake)
+            return
+        assert self.listener is not None
+        await self._repo.announce_idle(self.name, self.listener.backend_pid)
+        self._idle_announced = True
+        for delay in self.config.idle_follow_ups:
+            loop.call_later(delay, self.wake)
 
     def _can_listen(self) -> bool:
         return bool(self.listener and self.listener.connected and not self._stopping)

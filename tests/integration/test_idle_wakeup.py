@@ -50,11 +50,11 @@ async def test_enqueuer_announces_when_idle_and_withdraws_when_busy(
         insert_rows(db_url, 3, queue=queue, prefix="a-")
         await eventually(lambda: _count(redis_standalone, queue, 3), within=10)
 
-        # A full batch withdraws the announcement; the next empty claim renews it.
-        await enqueuer._after_batch(enqueuer.config.batch_size)
+        # A claim that finds several rows withdraws the announcement; the enqueuer's own
+        # empty claims that follow (two in a row) renew it.
+        await enqueuer._after_batch(enqueuer.config.busy_at_rows)
         assert announced(db_url) == []
-        await enqueuer._after_batch(0)
-        assert announced(db_url) == [enqueuer.name]
+        await eventually(lambda: _is(announced(db_url) == [enqueuer.name]))
     assert announced(db_url) == [], "a stopped enqueuer is not idle"
 
 
