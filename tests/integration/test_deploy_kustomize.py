@@ -1,0 +1,131 @@
+"""The kustomize base and example, built by ``kubectl kustomize`` (no cluster involved).
+
+The output must pass ``kubernetes-validate`` strictly (the example ``OutboxDispatcher`` passes
+the CRD's schema instead), follow the restricted profile the brief asks for, and agree with the
+Helm chart on the operator's Deployment, ServiceAccount and RBAC: the same objects, up to the
+two labels only Helm sets.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from controller.model import OutboxDispatcherSpec
+from tests.unit.test_deploy_chart import CRD, K8S_VERSION, NAMESPACE, RELEASE, render
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBECTL = shutil.which("kubectl")
+HELM_ONLY_LABELS = {"helm.sh/chart", "app.kubernetes.io/managed-by"}
+OPERATOR_KINDS = {"Deployment", "ServiceAccount", "Role", "RoleBinding"}
+
+pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustomize) not installed")
+
+
+def kustomize(directory: str) -> list[dict[str, Any]]:
+    assert KUBECTL is not None
+    done = subprocess.run(
+        [KUBECTL, "kustomize", str(ROOT / directory)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def _by_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def test_base_and_example_pass_kubernetes_validate_strict() -> None:
+    schema = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for directory in ("deploy/base", "deploy/example"):
+        for obj in kustomize(directory):
+            if obj["kind"] == "OutboxDispatcher":
+                jsonschema.validate(obj, schema)
+                OutboxDispatcherSpec.model_validate(obj["spec"])
+            else:
+                assert kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_base_holds_crd_namespace_account_rbac_and_operator() -> None:
+    objects = kustomize("deploy/base")
+    assert sorted(o["kind"] for o in objects) == [
+        "CustomResourceDefinition", "Deployment", "Namespace", "Role", "RoleBinding",
+        "ServiceAccount",
+    ]  # fmt: skip
+    (crd,) = _by_kind(objects, "CustomResourceDefinition")
+    assert crd["spec"] == yaml.safe_load(CRD.read_text())["spec"]
+    (namespace,) = _by_kind(objects, "Namespace")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    for obj in objects:
+        if obj["kind"] in OPERATOR_KINDS:
+            assert obj["metadata"]["namespace"] == namespace["metadata"]["name"]
+
+
+def test_operator_deployment_is_one_restricted_recreated_replica_with_liveness() -> None:
+    (deployment,) = _by_kind(kustomize("deploy/base"), "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
+    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert {"name": "healthz", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
+    assert not [a for a in container["args"] if a.startswith("--peering")]  # standalone
+    assert container["image"] == "outbox-dispatcher-operator:0.1.0"
+
+
+def test_example_references_secrets_and_inlines_no_url() -> None:
+    (cr,) = kustomize("deploy/example")
+    assert cr["kind"] == "OutboxDispatcher"
+    assert cr["spec"]["postgres"] == {"secretRef": {"name": "dispatcher-postgres", "key": "url"}}
+    assert cr["spec"]["redis"]["secretRef"] == {"name": "dispatcher-redis", "key": "url"}
+    text = yaml.safe_dump([*kustomize("deploy/base"), cr])
+    assert "postgresql://" not in text
+    assert "redis://" not in text
+    assert not [o for o in kustomize("deploy/base") if o["kind"] == "Secret"]
+
+
+def _comparable(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object without the labels only Helm adds (on the object and its pod template)."""
+    obj = yaml.safe_load(yaml.safe_dump(obj))
+    for meta in (obj["metadata"], obj.get("spec", {}).get("template", {}).get("metadata", {})):
+        labels = {k: v for k, v in (meta.get("labels") or {}).items() if k not in HELM_ONLY_LABELS}
+        if labels:
+            meta["labels"] = labels
+    return obj
+
+
+def test_kustomize_and_chart_agree_on_the_operator_and_its_rbac() -> None:
+    base = {
+        (o["kind"], o["metadata"]["name"]): _comparable(o)
+        for o in kustomize("deploy/base")
+        if o["kind"] in OPERATOR_KINDS
+    }
+    chart = {
+        (o["kind"], o["metadata"]["name"]): _comparable(o)
+        for o in render({}, name=RELEASE, namespace=NAMESPACE)
+        if o["kind"] in OPERATOR_KINDS
+    }
+    assert sorted(base) == sorted(chart)
+    for key, obj in base.items():
+        assert obj == chart[key], key

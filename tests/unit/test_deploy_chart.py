@@ -1,0 +1,243 @@
+"""The Helm chart, rendered and linted offline by Helm's own SDK (``helm-python-sdk``, no binary).
+
+Every render (default values and several non-default sets) must pass ``kubernetes-validate``
+strictly; an ``OutboxDispatcher`` it renders must pass the CRD's own schema; the schema of the
+values must refuse bad values; and the CRD shipped in ``crds/`` must be the repository's one.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from controller.model import DEFAULT_VERSION_TAG, OutboxDispatcherSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "outbox-dispatcher"
+CRD = ROOT / "crds" / "outboxdispatchers.yaml"
+K8S_VERSION = "1.37.0"
+RELEASE, NAMESPACE = "outbox-dispatcher", "outbox-dispatcher"
+
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "with-dispatcher": {
+        "dispatcher": {
+            "enabled": True,
+            "name": "orders",
+            "images": {"enqueuer": "reg.example.com/enq:1.2", "worker": "reg.example.com/w:1.2"},
+            "spec": {
+                "shards": 8,
+                "queues": [
+                    {"name": "emails", "handler": "myapp.tasks:send_email", "maxReplicas": 20},
+                    {"name": "pdf", "handler": "b.h:render", "image": "reg.example.com/pdf:3"},
+                ],
+                "logFormat": "text",
+            },
+        }
+    },
+    "multi-namespace": {
+        "fullnameOverride": "obd",
+        "namespace": {"create": True},
+        "operator": {
+            "image": {"repository": "reg.example.com/op", "digest": "sha256:" + "ab" * 32},
+            "imagePullSecrets": ["regcred"],
+            "watchNamespaces": ["team-a", "team-b"],
+            "autoscaleInterval": 7.5,
+            "logLevel": "DEBUG",
+            "podAnnotations": {"example.com/scrape": "false"},
+            "nodeSelector": {"kubernetes.io/os": "linux"},
+            "tolerations": [{"key": "ops", "operator": "Exists", "effect": "NoSchedule"}],
+            "priorityClassName": "system-cluster-critical",
+        },
+        "serviceAccount": {"annotations": {"example.com/role": "dispatcher"}},
+        "rbac": {"secretNames": ["dispatcher-postgres", "dispatcher-redis"]},
+    },
+    # What `skaffold dev -p kind` passes (skaffold.yaml: setValueTemplates + the kind patch).
+    "skaffold-kind": helm.parse_set_string(
+        "operator.image.repository=outbox-dispatcher-operator,operator.image.tag=abc1234,"
+        "dispatcher.images.enqueuer=outbox-dispatcher-enqueuer:abc1234,"
+        "dispatcher.images.worker=outbox-dispatcher-worker:abc1234,"
+        "operator.logLevel=DEBUG,dispatcher.enabled=true,"
+        "dispatcher.spec.queues[0].name=default,dispatcher.spec.queues[0].handler=builtins:print"
+    ),
+}
+
+
+def render(
+    values: dict[str, Any], *, name: str = RELEASE, namespace: str = NAMESPACE
+) -> list[dict[str, Any]]:
+    """Every object the chart renders (templates only; Helm applies crds/ on its own)."""
+    with helm.Chart.load(CHART) as chart:
+        manifests = chart.render(copy.deepcopy(values), name=name, namespace=namespace)
+    return [
+        doc
+        for path, text in sorted(manifests.items())
+        if path.endswith(".yaml")
+        for doc in yaml.safe_load_all(text)
+        if doc
+    ]
+
+
+def _crd_schema() -> dict[str, Any]:
+    crd = yaml.safe_load(CRD.read_text())
+    schema: dict[str, Any] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def _kinds(objects: list[dict[str, Any]]) -> list[tuple[str, str, str | None]]:
+    return sorted(
+        (o["kind"], o["metadata"]["name"], o["metadata"].get("namespace")) for o in objects
+    )
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=list(VALUE_SETS))
+def test_render_passes_kubernetes_validate_strict(values: dict[str, Any]) -> None:
+    objects = render(values)
+    assert objects
+    for obj in objects:
+        if obj["kind"] == "OutboxDispatcher":
+            jsonschema.validate(obj, _crd_schema())
+            OutboxDispatcherSpec.model_validate(obj["spec"])  # what the operator accepts
+        else:
+            assert kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+def test_default_render_is_the_operator_and_its_rbac() -> None:
+    assert _kinds(render({})) == [
+        ("Deployment", "outbox-dispatcher-operator", NAMESPACE),
+        ("Role", "outbox-dispatcher-operator", NAMESPACE),
+        ("RoleBinding", "outbox-dispatcher-operator", NAMESPACE),
+        ("ServiceAccount", "outbox-dispatcher-operator", NAMESPACE),
+    ]
+
+
+def test_watch_namespaces_get_a_role_each_and_become_operator_args() -> None:
+    objects = render(VALUE_SETS["multi-namespace"], name="rel", namespace="ops")
+    roles = {(o["kind"], o["metadata"]["namespace"]) for o in objects if "Role" in o["kind"]}
+    assert roles == {(k, ns) for k in ("Role", "RoleBinding") for ns in ("team-a", "team-b")}
+    for binding in (o for o in objects if o["kind"] == "RoleBinding"):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "obd-operator", "namespace": "ops"}
+        ]
+    (deployment,) = (o for o in objects if o["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "reg.example.com/op@sha256:" + "ab" * 32
+    assert container["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
+    assert "--autoscale-interval=7.5" in container["args"]
+    (role, _) = (o for o in objects if o["kind"] == "Role")
+    (secrets,) = (r for r in role["rules"] if r["resources"] == ["secrets"])
+    assert secrets["resourceNames"] == ["dispatcher-postgres", "dispatcher-redis"]
+    (namespace,) = (o for o in objects if o["kind"] == "Namespace")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_optional_dispatcher_fills_in_default_images_and_references_secrets() -> None:
+    (cr,) = (o for o in render(VALUE_SETS["with-dispatcher"]) if o["kind"] == "OutboxDispatcher")
+    spec = cr["spec"]
+    assert spec["enqueuer"]["image"] == "reg.example.com/enq:1.2"
+    assert [q["image"] for q in spec["queues"]] == [
+        "reg.example.com/w:1.2",
+        "reg.example.com/pdf:3",
+    ]
+    assert spec["postgres"] == {"secretRef": {"name": "dispatcher-postgres", "key": "url"}}
+    assert set(spec["redis"]) == {"secretRef", "cluster"}
+    assert not [o for o in render({}) if o["kind"] == "OutboxDispatcher"]
+
+
+def test_operator_image_defaults_to_the_app_version_everywhere() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert chart["appVersion"] == DEFAULT_VERSION_TAG
+    assert f'version = "{DEFAULT_VERSION_TAG}"' in pyproject
+    (deployment,) = (o for o in render({}) if o["kind"] == "Deployment")
+    image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == f"outbox-dispatcher-operator:{DEFAULT_VERSION_TAG}"
+
+
+def test_chart_lints_clean() -> None:
+    for values in VALUE_SETS.values():
+        report = helm.lint(
+            CHART, copy.deepcopy(values), strict=True, namespace=NAMESPACE, kube_version="v1.32.0"
+        )
+        problems = [m for m in report["messages"] if m["severity"] >= 2]
+        assert not problems, report
+        assert not report["errors"], report
+
+
+BAD_VALUES = {
+    "unknown key": {"replicaCount": 2},
+    "inline database URL": {
+        "dispatcher": {"spec": {"postgres": {"url": "postgresql://app:pw@db/app"}}}
+    },
+    "secretRef without key": {"dispatcher": {"spec": {"redis": {"secretRef": {"key": None}}}}},
+    "secretRef name": {"dispatcher": {"spec": {"redis": {"secretRef": {"name": "Not_DNS"}}}}},
+    "log level": {"operator": {"logLevel": "LOUD"}},
+    "pull policy": {"operator": {"image": {"pullPolicy": "Sometimes"}}},
+    "autoscale interval": {"operator": {"autoscaleInterval": 0}},
+    "namespace glob": {"operator": {"watchNamespaces": ["team-*"]}},
+    "namespaces as a string": {"operator": {"watchNamespaces": "team-a"}},
+    "dispatcher name too long": {"dispatcher": {"name": "x" * 51}},
+    "bad handler": {"dispatcher": {"spec": {"queues": [{"name": "q", "handler": "nocolon"}]}}},
+    "digest": {"operator": {"image": {"digest": "latest"}}},
+}
+
+
+@pytest.mark.parametrize("values", BAD_VALUES.values(), ids=list(BAD_VALUES))
+def test_values_schema_rejects_bad_values(values: dict[str, Any]) -> None:
+    with helm.Chart.load(CHART) as chart:
+        with pytest.raises(helm.HelmValuesError):
+            chart.validate_schema(values)
+        with pytest.raises(helm.HelmValuesError):
+            chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=list(VALUE_SETS))
+def test_values_schema_accepts_the_documented_value_sets(values: dict[str, Any]) -> None:
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema(copy.deepcopy(values))
+
+
+def test_every_value_is_documented_by_a_comment() -> None:
+    """Each setting (a key with a value on its line, above the spec/resources payloads) has a
+    comment right above it."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    payload_indent: int | None = None  # inside dispatcher.spec or a resources block
+    for n, line in enumerate(lines):
+        indent = len(line) - len(line.lstrip())
+        key, colon, value = line.strip().partition(":")
+        if not colon or line.lstrip().startswith("#"):
+            continue
+        inside = payload_indent is not None and indent > payload_indent
+        if inside and not (key == "queues" and lines[n - 1].lstrip().startswith("#")):
+            continue
+        payload_indent = indent if key in ("spec", "resources") else None
+        if value.strip():
+            assert lines[n - 1].lstrip().startswith("#"), f"values.yaml:{n + 1} {line.strip()}"
+
+
+@pytest.mark.parametrize(
+    "copy_path",
+    [
+        "charts/outbox-dispatcher/crds/outboxdispatchers.yaml",
+        "deploy/base/crds/outboxdispatchers.yaml",
+    ],
+)
+def test_crd_copies_are_byte_identical_to_the_source(copy_path: str) -> None:
+    assert (ROOT / copy_path).read_bytes() == CRD.read_bytes(), (
+        f"{copy_path} drifted from crds/outboxdispatchers.yaml: cp crds/outboxdispatchers.yaml "
+        f"{copy_path}"
+    )
+
+
+def test_chart_ships_exactly_the_crd() -> None:
+    with helm.Chart.load(CHART) as chart:
+        crds = chart.crds
+    assert [c["filename"] for c in crds] == ["outbox-dispatcher/crds/outboxdispatchers.yaml"]
+    assert yaml.safe_load(crds[0]["data"]) == yaml.safe_load(CRD.read_text())
