@@ -19,7 +19,7 @@ from dispatcher.outbox.schema import migrate
 from tests.faults.harness import Pipeline
 from tests.faults.load import BUSINESS_TABLE
 from tests.fix_pg import PostgresProcess
-from tests.fix_servers import RedisClusterProcess, RedisProcess
+from tests.fix_servers import RedisClusterProcess, RedisProcess, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -68,8 +68,12 @@ def own_cluster(tmp_path: Path) -> Iterator[Callable[..., RedisClusterProcess]]:
     started: list[RedisClusterProcess] = []
 
     def start(*, replicas: int = 0) -> RedisClusterProcess:
-        cluster = RedisClusterProcess(tmp_path / "cluster", replicas=replicas).start()
-        started.append(cluster)
+        cluster = RedisClusterProcess(tmp_path / "cluster", replicas=replicas)
+        for node in cluster.nodes:  # replicas sync at once, not after the default 5 s
+            node.extra = (*node.extra, "--repl-diskless-sync-delay", "0")
+        started.append(cluster.start())
+        for node in cluster.nodes:  # a replica that never synced would never be promoted
+            wait_until(lambda n=node: "master_link_status:down" not in n.cli("INFO"), timeout=30)
         return cluster
 
     yield start

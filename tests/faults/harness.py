@@ -224,6 +224,7 @@ class Pipeline:
             started=self.started,
         )
         report.faults = dict(self.faults)
+        print(report.summary())  # shown with -s, and on failure
         context = f"{report.summary()}\n{self._logs()}"
         assert report.committed > 0, context
         assert not report.lost, "committed tasks lost\n" + context
