@@ -15,7 +15,6 @@ from typing import Any
 
 import jsonschema
 import kubernetes_validate
-import pytest
 import yaml
 
 from controller.model import OutboxDispatcherSpec
@@ -26,11 +25,8 @@ KUBECTL = shutil.which("kubectl")
 HELM_ONLY_LABELS = {"helm.sh/chart", "app.kubernetes.io/managed-by"}
 OPERATOR_KINDS = {"Deployment", "ServiceAccount", "Role", "RoleBinding"}
 
-pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustomize) not installed")
-
-
 def kustomize(directory: str) -> list[dict[str, Any]]:
-    assert KUBECTL is not None
+    assert KUBECTL is not None, "kubectl (with kustomize) is required: .ci/run installs it"
     done = subprocess.run(
         [KUBECTL, "kustomize", str(ROOT / directory)],
         capture_output=True,
