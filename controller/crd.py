@@ -29,7 +29,13 @@ from controller.model import (
 
 __all__ = ["CRD_PATH", "build_crd", "crd_yaml", "structural"]
 
-CRD_PATH = Path(__file__).resolve().parent.parent / "crds" / "outboxdispatchers.yaml"
+_ROOT = Path(__file__).resolve().parent.parent
+CRD_PATH = _ROOT / "crds" / "outboxdispatchers.yaml"
+# Copies shipped with the kustomize base and the Helm chart (kept identical by a test).
+CRD_COPIES = (
+    _ROOT / "deploy" / "base" / "crds" / "outboxdispatchers.yaml",
+    _ROOT / "charts" / "outbox-dispatcher" / "crds" / "outboxdispatchers.yaml",
+)
 
 _KEEP = {
     "type",
@@ -176,6 +182,8 @@ def crd_yaml() -> str:
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--write"]:
-        CRD_PATH.write_text(crd_yaml())
+        for path in (CRD_PATH, *CRD_COPIES):
+            if path.parent.is_dir():
+                path.write_text(crd_yaml())
     else:
         sys.stdout.write(crd_yaml())

@@ -8,7 +8,7 @@ autoscaler interval as flags. kopf handles SIGTERM/SIGINT itself.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from dispatcher.cli.main import UsageError
@@ -66,6 +66,20 @@ def _run(args: argparse.Namespace, settings: Settings) -> Any:
     return _serve(args)
 
 
+def operator_settings(namespaces: Sequence[str], *, all_namespaces: bool) -> Any:
+    """kopf settings for this scope: exact namespace names need no discovery.
+
+    With scanning off, kopf neither lists namespaces nor watches CRDs, so the
+    namespaced Role is all it needs.
+    """
+    import kopf
+
+    settings = kopf.OperatorSettings()
+    globs = any(ch in ns for ns in namespaces for ch in "*?[!")
+    settings.scanning.disabled = not all_namespaces and not globs
+    return settings
+
+
 async def _serve(args: argparse.Namespace) -> int:
     import kopf
 
@@ -80,6 +94,7 @@ async def _serve(args: argparse.Namespace) -> int:
     )
     await kopf.operator(
         registry=registry,
+        settings=operator_settings(args.namespaces or (), all_namespaces=args.all_namespaces),
         clusterwide=bool(args.all_namespaces),
         namespaces=args.namespaces or (),
         liveness_endpoint=args.liveness or None,

@@ -40,3 +40,11 @@ def test_operator_flags() -> None:
     assert args.peering == "p"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["operator", "-n", "a", "-A"])
+
+
+def test_exact_namespaces_turn_kopf_scanning_off() -> None:
+    from dispatcher.cli.operator import operator_settings
+
+    assert operator_settings(["prod"], all_namespaces=False).scanning.disabled is True
+    assert operator_settings(["team-*"], all_namespaces=False).scanning.disabled is False
+    assert operator_settings([], all_namespaces=True).scanning.disabled is False
