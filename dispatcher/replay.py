@@ -17,11 +17,9 @@ import psycopg
 from dispatcher.outbox.queries import QUERIES
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.naming import dead_letter_stream, shard_for, task_stream
+from dispatcher.worker.dead_letter import original_fields
 
-__all__ = ["DEAD_LETTER_FIELDS", "ReplayError", "replay_dead_stream", "replay_outbox_dlq"]
-
-# Fields the worker adds when it dead-letters an entry; stripped on replay.
-DEAD_LETTER_FIELDS = ("error", "delivery_count", "source_stream", "source_id")
+__all__ = ["ReplayError", "replay_dead_stream", "replay_outbox_dlq"]
 
 
 class ReplayError(ValueError):
@@ -69,7 +67,6 @@ async def replay_dead_stream(
         target = fields.get("source_stream") or task_stream(
             queue, shard_for(fields.get("task_id", ""), shards)
         )
-        body = {k: v for k, v in fields.items() if k not in DEAD_LETTER_FIELDS}
-        await client.xadd(target, body)  # type: ignore[arg-type]
+        await client.xadd(target, original_fields(fields))  # type: ignore[arg-type]
         await client.xdel(dead, entry_id)
     return Replayed([i for i, _ in chosen], dry_run=False)

@@ -11,15 +11,25 @@ letter and never loses one.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.naming import dead_letter_stream
 from dispatcher.stream.protocol import Message
 
-__all__ = ["ErrorMemory", "dead_letter_fields", "describe_error", "write_dead_letter"]
+__all__ = [
+    "DEAD_LETTER_FIELDS",
+    "ErrorMemory",
+    "dead_letter_fields",
+    "describe_error",
+    "original_fields",
+    "write_dead_letter",
+]
 
 MAX_ERROR_CHARS = 2000
+# What a dead letter adds to the original fields (the contract in ARCHITECTURE.md).
+DEAD_LETTER_FIELDS = ("error", "delivery_count", "source_stream", "source_id")
 
 
 def describe_error(exc: BaseException) -> str:
@@ -37,6 +47,11 @@ def dead_letter_fields(message: Message, *, error: str) -> dict[str, str]:
         "source_stream": message.stream,
         "source_id": message.id,
     }
+
+
+def original_fields(dead_letter: Mapping[str, str]) -> dict[str, str]:
+    """A dead letter's fields without what dead-lettering added: the entry to replay."""
+    return {k: v for k, v in dead_letter.items() if k not in DEAD_LETTER_FIELDS}
 
 
 async def write_dead_letter(
