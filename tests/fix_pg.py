@@ -9,6 +9,7 @@ socket in the temp dir so nothing collides with the machine's cluster.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -21,9 +22,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from dispatcher.outbox.schema import migrate
 from tests.fix_servers import free_port, wait_until
 
-__all__ = ["PostgresProcess", "pg_process"]
+__all__ = ["PostgresProcess", "pg_db", "pg_process"]
 
 PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
 PG_USER = "postgres"
@@ -117,3 +119,16 @@ def pg_process() -> Iterator[PostgresProcess]:
     finally:
         server.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def pg_db(pg_process: PostgresProcess) -> str:
+    """A fresh database on the suite's own PostgreSQL with the outbox schema migrated."""
+    url = pg_process.create_database()
+
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await migrate(conn)
+
+    asyncio.run(run())
+    return url

@@ -6,7 +6,6 @@ restarts it) and their own redis-server processes, never the machine's.
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -15,10 +14,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from dispatcher.outbox.schema import migrate
 from tests.faults.harness import Pipeline
 from tests.faults.load import BUSINESS_TABLE
-from tests.fix_pg import PostgresProcess
 from tests.fix_servers import RedisClusterProcess, RedisProcess, wait_until
 
 
@@ -35,17 +32,11 @@ def recorder() -> Iterator[RedisProcess]:
 
 
 @pytest.fixture
-def fault_db(pg_process: PostgresProcess) -> str:
+def fault_db(pg_db: str) -> str:
     """A fresh database on the suite's own PostgreSQL: migrated, with the business table."""
-    url = pg_process.create_database("fault")
-
-    async def run() -> None:
-        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-            await migrate(conn)
-            await conn.execute(BUSINESS_TABLE)
-
-    asyncio.run(run())
-    return url
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(BUSINESS_TABLE)
+    return pg_db
 
 
 @pytest.fixture

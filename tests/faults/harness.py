@@ -161,18 +161,32 @@ class Pipeline:
         self.procs.append(proc)
         return proc
 
-    def enqueuer(self, *flags: str, redis_url: str | None = None, name: str = "") -> Proc:
+    def enqueuer(
+        self,
+        *flags: str,
+        redis_url: str | None = None,
+        name: str = "",
+        env: dict[str, str] | None = None,
+    ) -> Proc:
+        """``dispatcher enqueuer``; ``redis_url``/``env`` override the pipeline's settings."""
         name = name or f"enqueuer-{len(self.procs)}"
-        env = self._env(**({"REDIS_URL": redis_url} if redis_url else {}))
-        return self._spawn("enqueuer", name, [*ENQUEUER_FLAGS, *flags], env)
+        overrides = {**({"REDIS_URL": redis_url} if redis_url else {}), **(env or {})}
+        return self._spawn("enqueuer", name, [*ENQUEUER_FLAGS, *flags], self._env(**overrides))
 
-    def worker(self, *flags: str, redis_url: str | None = None, name: str = "") -> Proc:
+    def worker(
+        self,
+        *flags: str,
+        redis_url: str | None = None,
+        name: str = "",
+        env: dict[str, str] | None = None,
+    ) -> Proc:
         name = name or f"worker-{len(self.procs)}"
         env = self._env(
             FAULT_RECORD_URL=self.recorder_url,
             FAULT_RECORD_KEY=self.record_key,
             FAULT_CONSUMER=name,
             **({"REDIS_URL": redis_url} if redis_url else {}),
+            **(env or {}),
         )
         flags_all = ["--queue", self.queue, "--consumer", name, *WORKER_FLAGS, *flags]
         return self._spawn("worker", name, flags_all, env)
@@ -192,9 +206,10 @@ class Pipeline:
 
     # -- load ---------------------------------------------------------------------
 
-    def start_load(self, spec: LoadSpec) -> LoadGenerator:
+    def start_load(self, spec: LoadSpec, *, db_url: str | None = None) -> LoadGenerator:
+        """Start the load (as ``db_url``'s role if given; the checker keeps ``self.db_url``)."""
         self.load = LoadGenerator(
-            db_url=self.db_url, queue=self.queue, shards=self.shards, spec=spec
+            db_url=db_url or self.db_url, queue=self.queue, shards=self.shards, spec=spec
         ).start()
         return self.load
 

@@ -1,0 +1,110 @@
+"""Least-privilege PostgreSQL roles (``dispatcher/outbox/sql/roles.sql``) on a real server.
+
+The suite's own PostgreSQL (roles are cluster-wide: never on the machine's
+server). A real ``dispatcher enqueuer`` logs in as ``outbox_enqueuer`` and
+drains what a load generator commits as ``outbox_app`` through
+``enqueue_dispatch``; each role is denied what it must not do.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from dispatcher import TaskDispatch, enqueue_dispatch
+from tests.faults.harness import Pipeline
+from tests.faults.load import BUSINESS_TABLE, LoadSpec
+
+ROLES_SQL = resources.files("dispatcher.outbox").joinpath("sql/roles.sql").read_text()
+DENIED = psycopg.errors.InsufficientPrivilege
+
+
+def as_role(url: str, role: str) -> str:
+    return psycopg.conninfo.make_conninfo(url, user=role)
+
+
+@pytest.fixture
+def roles_db(pg_db: str) -> str:
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(ROLES_SQL)
+        conn.execute(ROLES_SQL)  # idempotent
+        conn.execute(BUSINESS_TABLE)
+        conn.execute("GRANT INSERT ON fault_business TO outbox_app")  # the app's own table
+    return pg_db
+
+
+def _denied(conn: psycopg.Connection[object], statement: str) -> bool:
+    try:
+        conn.execute(statement)
+    except DENIED:
+        return True
+    finally:
+        conn.rollback()
+    return False
+
+
+def test_the_app_role_may_only_insert_into_the_outbox(roles_db: str) -> None:
+    dispatch = TaskDispatch(
+        task_id="t1", run_id="r", workflow_id="wf", workflow_version=1,
+        node_id="n", node_type="t", queue="secure",
+    )  # fmt: skip
+    with psycopg.connect(as_role(roles_db, "outbox_app")) as app:
+        outbox_id = enqueue_dispatch(app, dispatch, shards=4)
+        app.commit()
+        for statement in (
+            "SELECT * FROM outbox",
+            "SELECT count(*) FROM outbox_dlq",
+            "UPDATE outbox SET status = 'SENT'",
+            "DELETE FROM outbox",
+            "TRUNCATE outbox",
+            "DELETE FROM outbox_idle",
+            "CREATE TABLE sneaky (x int)",
+        ):
+            assert _denied(app, statement), statement
+        assert _settings(app) == ("30s", "5s", "1min")
+    with psycopg.connect(roles_db) as owner:
+        row = owner.execute("SELECT task_id FROM outbox WHERE id = %s", (outbox_id,)).fetchone()
+    assert row == ("t1",)
+
+
+def test_the_enqueuer_role_is_denied_what_it_does_not_need(roles_db: str) -> None:
+    with psycopg.connect(as_role(roles_db, "outbox_enqueuer")) as enq:
+        for statement in (
+            "INSERT INTO outbox (id, stream) VALUES ('x', 'workflow.tasks.q.0')",
+            "TRUNCATE outbox",
+            "DROP TABLE outbox_dlq",
+            "DELETE FROM outbox_schema_version",
+            "CREATE TABLE sneaky (x int)",
+        ):
+            assert _denied(enq, statement), statement
+        assert _settings(enq) == ("30s", "5s", "1min")
+
+
+def test_a_real_enqueuer_as_outbox_enqueuer_drains_what_outbox_app_commits(
+    roles_db: str, redis_url: str, tmp_path: Path
+) -> None:
+    p = Pipeline(
+        scenario="security_roles", db_url=roles_db, redis_url=redis_url,
+        recorder_url=redis_url, workdir=tmp_path,
+    )  # fmt: skip
+    try:
+        enqueuer = p.enqueuer(env={"DATABASE_URL": as_role(roles_db, "outbox_enqueuer")})
+        p.worker()
+        p.start_load(LoadSpec(tasks=200, rate=100), db_url=as_role(roles_db, "outbox_app"))
+        report = p.verify(within=60)
+        assert report.committed == 200
+        assert enqueuer.alive()
+    finally:
+        p.stop_all()
+    log = enqueuer.log.read_text()
+    assert "permission denied" not in log, log[-2000:]
+    assert "InsufficientPrivilege" not in log, log[-2000:]
+    assert "outbox enqueuer stopped" in log
+
+
+def _settings(conn: psycopg.Connection[object]) -> tuple[str, ...]:
+    names = ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")
+    return tuple(str(conn.execute(f"SHOW {n}").fetchone()[0]) for n in names)  # type: ignore[index]
