@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 from dispatcher.models import TaskDispatch
 from dispatcher.outbox.queries import QUERIES
 from dispatcher.stream.naming import DEFAULT_SHARDS, shard_for, task_stream
+from dispatcher.tracing import current_trace_fields
 
 __all__ = ["enqueue_dispatch", "enqueue_dispatch_async"]
 
@@ -42,24 +43,13 @@ def _statement(
         "id": outbox_id,
         "task_id": dispatch.task_id,
         "stream": task_stream(dispatch.queue, shard_for(dispatch.task_id, shards)),
-        "payload": Jsonb(dispatch.payload(extra=_trace_context())),
+        "payload": Jsonb(dispatch.payload(extra=current_trace_fields())),
         "type": TASK_EXECUTION,
         "not_before": not_before,
         "max_retries": max_retries,
         "backoff_seconds": backoff_seconds,
     }
     return QUERIES["insert_dispatch"], params
-
-
-def _trace_context() -> dict[str, str]:
-    """The active OpenTelemetry context as W3C headers, when OpenTelemetry is installed."""
-    try:
-        from opentelemetry import propagate
-    except ImportError:
-        return {}
-    carrier: dict[str, str] = {}
-    propagate.inject(carrier)
-    return {k: v for k, v in carrier.items() if k in ("traceparent", "tracestate")}
 
 
 def enqueue_dispatch(

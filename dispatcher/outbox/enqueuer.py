@@ -42,6 +42,7 @@ from dispatcher.outbox.listener import OutboxListener
 from dispatcher.outbox.repository import Claim, OutboxRepository
 from dispatcher.stream.protocol import PublishResult
 from dispatcher.stream.publisher import RedisStreamPublisher
+from dispatcher.tracing import child_span
 
 __all__ = ["EnqueuerConfig", "OutboxEnqueuer"]
 
@@ -250,6 +251,27 @@ class OutboxEnqueuer:
 
     async def _publish(self, rows: list[ClaimedRow]) -> list[PublishResult]:
         entries = [(r.stream or FALLBACK_STREAM, payload_fields(r.payload, r.id)) for r in rows]
+        with contextlib.ExitStack() as spans:
+            return await self._publish_entries(rows, self._traced(entries, spans))
+
+    @staticmethod
+    def _traced(
+        entries: list[tuple[str, dict[str, str]]], spans: contextlib.ExitStack
+    ) -> list[tuple[str, dict[str, str]]]:
+        """Entries that carry a trace get a publish span; its context replaces theirs."""
+        out = []
+        for stream, fields in entries:
+            if "traceparent" in fields:
+                attributes = {"messaging.destination.name": stream}
+                span = child_span(fields, "outbox publish", kind="PRODUCER", **attributes)
+                own = spans.enter_context(span)
+                fields = {**fields, **own}
+            out.append((stream, fields))
+        return out
+
+    async def _publish_entries(
+        self, rows: list[ClaimedRow], entries: list[tuple[str, dict[str, str]]]
+    ) -> list[PublishResult]:
         started = time.monotonic()
         try:
             results = await asyncio.wait_for(

@@ -38,6 +38,7 @@ from dispatcher.models import MalformedMessage, TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.consumer import RedisStreamConsumer
 from dispatcher.stream.protocol import Message
+from dispatcher.tracing import child_span
 from dispatcher.worker.coalesce import Coalescer
 from dispatcher.worker.dead_letter import ErrorMemory, describe_error, write_dead_letter
 from dispatcher.worker.dedup import AttemptGuard, Claim
@@ -164,7 +165,9 @@ class Deliveries:
         self.metrics.in_flight.inc()
         failure: Exception | None = None
         try:
-            await invoke(self.handler, task, executor=self.executor)
+            source_attr = {"messaging.source.name": message.stream}
+            with child_span(message.fields, "handle task", kind="CONSUMER", **source_attr):
+                await invoke(self.handler, task, executor=self.executor)
         except Exception as exc:
             failure = exc
         finally:

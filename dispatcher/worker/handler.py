@@ -9,6 +9,8 @@ raising; its return value is ignored.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import importlib
 import inspect
 from collections.abc import Awaitable, Callable
@@ -59,6 +61,8 @@ async def invoke(handler: Handler, message: TaskMessage, *, executor: Executor |
     if is_async(handler):
         await handler(message)
         return
-    result = await asyncio.get_running_loop().run_in_executor(executor, handler, message)
+    # Run in a copy of this context, so the handler's thread sees the current span.
+    call = functools.partial(contextvars.copy_context().run, handler, message)
+    result = await asyncio.get_running_loop().run_in_executor(executor, call)
     if inspect.isawaitable(result):  # a sync factory that returned a coroutine
         await result
