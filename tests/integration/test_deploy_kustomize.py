@@ -25,6 +25,7 @@ KUBECTL = shutil.which("kubectl")
 HELM_ONLY_LABELS = {"helm.sh/chart", "app.kubernetes.io/managed-by"}
 OPERATOR_KINDS = {"Deployment", "ServiceAccount", "Role", "RoleBinding"}
 
+
 def kustomize(directory: str) -> list[dict[str, Any]]:
     assert KUBECTL is not None, "kubectl (with kustomize) is required: .ci/run installs it"
     done = subprocess.run(
