@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -57,6 +58,8 @@ def _positive(kind: type[float] | type[int], minimum: float = 0) -> Callable[[st
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value):  # nan/inf would spin or disable a timer
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
         return value

@@ -11,6 +11,7 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from dispatcher.cli.main import UsageError
+from dispatcher.cli.outbox import _positive
 from dispatcher.config import Settings
 from dispatcher.lifecycle import run_until_signalled
 from dispatcher.observability import ObservabilityServer
@@ -38,6 +39,7 @@ def register(sub: Any, common: Common) -> None:
         "success, reclaim idle entries, dead-letter poison messages to workflow.dead.<queue>.",
     )
     g = p.add_argument_group("worker")
+    seconds = _positive(float)  # finite: nan/inf would spin or disable a timer
     g.add_argument("--queue", action="append", required=True, help="queue to read (repeatable)")
     g.add_argument(
         "--handler",
@@ -50,14 +52,14 @@ def register(sub: Any, common: Common) -> None:
     g.add_argument("--consumer", default=None, help="consumer name (hostname-pid)")
     g.add_argument("--max-deliveries", type=int, default=5, help="then dead-letter (5)")
     g.add_argument(
-        "--reclaim-idle", type=float, default=30.0, help="seconds before reclaiming an entry (30)"
+        "--reclaim-idle", type=seconds, default=30.0, help="seconds before reclaiming an entry (30)"
     )
     g.add_argument("--shards", type=int, default=None, help="shards if the key is unset (env)")
     g.add_argument("--metrics-port", type=int, default=None, help="env METRICS_PORT; 0 = off")
-    g.add_argument("--grace-period", type=float, default=30.0, help="seconds on stop (30)")
-    g.add_argument("--lease-ttl", type=float, default=30.0, help="attempt lease seconds (30)")
+    g.add_argument("--grace-period", type=seconds, default=30.0, help="seconds on stop (30)")
+    g.add_argument("--lease-ttl", type=seconds, default=30.0, help="attempt lease seconds (30)")
     g.add_argument(
-        "--dedup-window", type=float, default=86400.0, help="seconds a done attempt is remembered"
+        "--dedup-window", type=seconds, default=86400.0, help="seconds a done attempt is remembered"
     )
     common(p)
     p.set_defaults(handler=_run)
