@@ -1,0 +1,44 @@
+"""The Grafana dashboard queries only metrics the code exports."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from prometheus_client import REGISTRY, CollectorRegistry
+
+import dispatcher.outbox.metrics  # noqa: F401  (registers the enqueuer's metrics)
+from dispatcher.worker.metrics import WorkerMetrics
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "outbox-dispatcher.json"
+SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
+
+
+def exported_names() -> set[str]:
+    names = set()
+    worker = CollectorRegistry()
+    WorkerMetrics(worker)
+    for registry in (REGISTRY, worker):
+        for family in registry.collect():
+            names.update(sample.name for sample in family.samples)
+            names.add(family.name)
+    return names
+
+
+def _family(sample_name: str) -> str:
+    for suffix in SUFFIXES:
+        if sample_name.endswith(suffix):
+            return sample_name.removesuffix(suffix)
+    return sample_name
+
+
+def test_every_dashboard_metric_is_exported() -> None:
+    doc = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for panel in doc["panels"] for t in panel["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\bdispatcher_[a-z_]+", e)}
+    exported = exported_names()
+    missing = {m for m in used if m not in exported and _family(m) not in exported}
+    assert used, "the dashboard queries something"
+    assert missing == set()
+    assert len({p["id"] for p in doc["panels"]}) == len(doc["panels"])
