@@ -70,14 +70,15 @@ async def test_settle_writes_done_marks_then_acks_entries_of_many_streams(
     read = [(c, m) for c in consumers for m in await c.read_new(10)]
 
     await asyncio.gather(
-        *(settler.settle(c, m.id, done=f"{queue}-{m.id}:1") for c, m in read[:4]),
+        *(settler.settle(c, m.id, done=f"{c.stream}-{m.id}:1") for c, m in read[:4]),
         *(settler.settle(c, m.id) for c, m in read[4:]),  # duplicates: ack only
     )
 
     for consumer in consumers:
         assert await any_redis.xlen(consumer.stream) == 0
         assert await consumer.pending_count() == 0
-    marks = [done_key(f"{queue}-{m.id}:1") for _, m in read]
+    # Keyed by stream too: two streams can hand out the same entry id.
+    marks = [done_key(f"{c.stream}-{m.id}:1") for c, m in read]
     assert [bool(await any_redis.exists(k)) for k in marks] == [True] * 4 + [False] * 2
     await any_redis.delete(*marks[:4])
 
