@@ -91,12 +91,14 @@ class Proc:
             self.popen.kill()
             self.popen.wait(10)
 
-    def terminate(self, timeout: float = 15) -> int | None:
+    def terminate(self, timeout: float = 15, *, signalled: bool = False) -> int | None:
+        """SIGTERM (unless ``signalled`` already: a second one cancels) and wait; then kill."""
         if not self.alive():
             return self.popen.returncode if self.popen else None
         assert self.popen is not None
-        os.kill(self.pid, signal.SIGCONT)
-        self.popen.terminate()
+        if not signalled:
+            os.kill(self.pid, signal.SIGCONT)
+            self.popen.terminate()
         try:
             return self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -194,11 +196,9 @@ class Pipeline:
     def stop_all(self) -> None:
         for proc in self.procs:
             proc.signal(signal.SIGCONT)
-            if proc.alive():
-                assert proc.popen is not None
-                proc.popen.terminate()
+            proc.signal(signal.SIGTERM)
         for proc in self.procs:
-            proc.terminate(timeout=10)
+            proc.terminate(timeout=10, signalled=True)
         if self.load:
             self.load.stop()
         self.recorder.close()
