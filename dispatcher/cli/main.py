@@ -105,7 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if asyncio.iscoroutine(result):
             result = asyncio.run(result)
         return int(result or 0)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        # Ctrl-C, or a second SIGTERM that cancelled the graceful stop.
+        print(f"dispatcher {args.command}: interrupted", file=sys.stderr)
         return 130
     except (UsageError, ConfigError) as exc:
         print(f"dispatcher {args.command}: {exc}", file=sys.stderr)

@@ -10,15 +10,22 @@ done mark is written. On standalone Redis a group is one MULTI/EXEC (done
 marks, then acks; a command refused while queueing aborts all of it). On
 Redis Cluster the done keys and the streams live in different slots, so the
 done marks go first as one pipeline and the acks follow only once it
-succeeded. A failed group fails every waiter; its entries that were not
-acked stay pending and are reclaimed later.
+succeeded. Every command here may be repeated safely (SET of the done mark,
+XACK, XDEL), so a group whose connection dropped is retried with a short
+backoff before it fails: a handler that succeeded should not run again just
+because Redis blinked. A group that still fails fails every waiter; its
+entries that were not acked stay pending and are reclaimed later.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from dataclasses import dataclass
 
 from redis.asyncio import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.consumer import RedisStreamConsumer
@@ -26,6 +33,11 @@ from dispatcher.worker.coalesce import Coalescer
 from dispatcher.worker.dedup import AttemptGuard
 
 __all__ = ["Settler"]
+
+log = logging.getLogger(__name__)
+
+# Seconds to wait before each retry of a group whose connection failed (~3 s in all).
+RETRY_DELAYS = (0.1, 0.2, 0.4, 0.8, 1.6)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +66,15 @@ class Settler:
         await self._groups.aclose()
 
     async def _write(self, group: list[_Ack]) -> list[None]:
+        for delay in RETRY_DELAYS:
+            try:
+                return await self._write_once(group)
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                log.warning("settling %d entries failed (%s); retrying", len(group), exc)
+                await asyncio.sleep(delay)
+        return await self._write_once(group)
+
+    async def _write_once(self, group: list[_Ack]) -> list[None]:
         done = [ack.done for ack in group if ack.done is not None]
         if self._cluster and done:
             await self._guard.mark_done_many(done)
