@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import enqueuer_bench as eb
+from benchmarks import handled_latency as hl
 from benchmarks import insert_bench as ib
 from benchmarks.env import BenchEnv, bench_env, machine_facts
 
@@ -62,6 +63,7 @@ FIGURES: dict[str, tuple[str, dict[str, Variant]]] = {
             "1 enqueuer": partial(eb.drain_processes, processes=1),
         },
     ),
+    "handled_latency": hl.figure(),  # procrastinate baseline: needs .venv-bench (see module)
 }
 
 
