@@ -26,7 +26,11 @@ from dispatcher.stream import task_stream
 from dispatcher.stream.naming import dead_letter_stream
 from tests.faults.harness import Pipeline
 
-text = st.text(alphabet=st.characters(exclude_characters="\x00"), max_size=20)
+# PostgreSQL's jsonb stores neither NUL nor a lone UTF-16 surrogate: no application can
+# commit such a payload, so generating one only fails the INSERT in the test itself.
+text = st.text(
+    alphabet=st.characters(exclude_characters="\x00", exclude_categories=["Cs"]), max_size=20
+)
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
     | text,
