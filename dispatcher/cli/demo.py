@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
+from dispatcher.cli.main import Common
 from dispatcher.config import Settings
 from dispatcher.demo.report import Latency
 from dispatcher.demo.run import DemoResult, Progress, run_demo
 from dispatcher.demo.servers import demo_servers
 
 __all__ = ["register"]
-
-Common = Callable[[argparse.ArgumentParser], None]
 
 
 def register(sub: Any, common: Common) -> None:

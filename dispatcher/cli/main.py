@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -22,13 +23,34 @@ import redis.exceptions
 from dispatcher.config import ConfigError, Settings
 from dispatcher.logs import configure_logging
 
-__all__ = ["UsageError", "main"]
+__all__ = ["Common", "UsageError", "main", "number"]
 
 log = logging.getLogger("dispatcher")
 
 
+# Adds the connection and logging flags every subcommand shares.
+Common = Callable[[argparse.ArgumentParser], None]
+
+
 class UsageError(Exception):
     """A user mistake in flags or settings: exit 2 with the message."""
+
+
+def number(kind: type[float] | type[int], minimum: float = 0) -> Callable[[str], Any]:
+    """argparse ``type=``: a finite ``kind`` >= ``minimum``, else one clear error."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value):  # nan/inf would spin or disable a timer
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
+        return value
+
+    return parse
 
 
 def _common_flags(parser: argparse.ArgumentParser) -> None:

@@ -8,15 +8,13 @@ autoscaler interval as flags. kopf handles SIGTERM/SIGINT itself.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from dispatcher.cli.main import UsageError
+from dispatcher.cli.main import Common, UsageError
 from dispatcher.config import Settings
 
 __all__ = ["register"]
-
-Common = Callable[[argparse.ArgumentParser], None]
 
 
 def register(sub: Any, common: Common) -> None:

@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher.cli.main import UsageError
+from dispatcher.cli.main import Common, UsageError
 from dispatcher.config import Settings
 from dispatcher.outbox.queries import QUERIES
 from dispatcher.redis_client import RedisClient, connect_redis
@@ -22,8 +22,6 @@ from dispatcher.stream.naming import InvalidQueueName, dead_letter_stream, valid
 from dispatcher.stream.shards import read_shard_count
 
 __all__ = ["register_dlq", "register_status"]
-
-Common = Callable[[argparse.ArgumentParser], None]
 
 
 @contextlib.asynccontextmanager

@@ -6,14 +6,12 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import math
 import time
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 
-from dispatcher.cli.main import UsageError
+from dispatcher.cli.main import Common, UsageError, number
 from dispatcher.config import Settings
 from dispatcher.lifecycle import run_until_signalled
 from dispatcher.observability import ObservabilityServer
@@ -27,8 +25,6 @@ from dispatcher.stream.shards import publish_shard_count
 __all__ = ["register_enqueuer", "register_migrate"]
 
 log = logging.getLogger("dispatcher.enqueuer")
-
-Common = Callable[[argparse.ArgumentParser], None]
 
 
 def register_migrate(sub: Any, common: Common) -> None:
@@ -52,21 +48,6 @@ async def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _positive(kind: type[float] | type[int], minimum: float = 0) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not math.isfinite(value):  # nan/inf would spin or disable a timer
-            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
-        return value
-
-    return parse
-
-
 def register_enqueuer(sub: Any, common: Common) -> None:
     p = sub.add_parser(
         "enqueuer",
@@ -76,40 +57,40 @@ def register_enqueuer(sub: Any, common: Common) -> None:
         "pipelined round trip, deletes what was published and retries the rest with backoff.",
     )
     g = p.add_argument_group("enqueuer")
-    g.add_argument("--batch-size", type=_positive(int, 1), default=50, help="rows per claim")
-    g.add_argument("--concurrency", type=_positive(int, 1), default=4, help="batches at once")
+    g.add_argument("--batch-size", type=number(int, 1), default=50, help="rows per claim")
+    g.add_argument("--concurrency", type=number(int, 1), default=4, help="batches at once")
     g.add_argument(
-        "--poll-interval", type=_positive(float, 0.01), default=1.0, help="seconds between polls"
+        "--poll-interval", type=number(float, 0.01), default=1.0, help="seconds between polls"
     )
-    g.add_argument("--shards", type=_positive(int, 1), help="shards per queue (env STREAM_SHARDS)")
+    g.add_argument("--shards", type=number(int, 1), help="shards per queue (env STREAM_SHARDS)")
     g.add_argument(
         "--recover-in-flight-after",
-        type=_positive(float, 1),
+        type=number(float, 1),
         default=120.0,
         help="seconds after which a claim whose enqueuer vanished is retried",
     )
     g.add_argument(
         "--maintenance-interval",
-        type=_positive(float, 0.1),
+        type=number(float, 0.1),
         default=30.0,
         help="seconds between SENT clean-up / stale-claim recovery runs",
     )
     g.add_argument(
         "--wait-replicas",
-        type=_positive(int, 0),
+        type=number(int, 0),
         default=0,
         help="Redis replicas that must acknowledge a batch (WAIT) before its rows are deleted",
     )
     g.add_argument(
-        "--publish-timeout", type=_positive(float, 0.1), default=10.0, help="seconds per batch"
+        "--publish-timeout", type=number(float, 0.1), default=10.0, help="seconds per batch"
     )
     g.add_argument(
         "--shutdown-timeout",
-        type=_positive(float, 0),
+        type=number(float, 0),
         default=30.0,
         help="seconds to finish in-flight batches after SIGTERM",
     )
-    g.add_argument("--metrics-port", type=_positive(int, 0), help="env METRICS_PORT; 0 = off")
+    g.add_argument("--metrics-port", type=number(int, 0), help="env METRICS_PORT; 0 = off")
     g.add_argument("--no-listen", action="store_true", help="poll only, no LISTEN connection")
     common(p)
     p.set_defaults(handler=_enqueuer)

@@ -5,13 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import REGISTRY
 
-from dispatcher.cli.main import UsageError
-from dispatcher.cli.outbox import _positive
+from dispatcher.cli.main import Common, UsageError, number
 from dispatcher.config import Settings
 from dispatcher.lifecycle import run_until_signalled
 from dispatcher.observability import ObservabilityServer
@@ -27,8 +25,6 @@ from dispatcher.worker import (
 
 __all__ = ["register"]
 
-Common = Callable[[argparse.ArgumentParser], None]
-
 
 def register(sub: Any, common: Common) -> None:
     p = sub.add_parser(
@@ -39,7 +35,7 @@ def register(sub: Any, common: Common) -> None:
         "success, reclaim idle entries, dead-letter poison messages to workflow.dead.<queue>.",
     )
     g = p.add_argument_group("worker")
-    seconds = _positive(float)  # finite: nan/inf would spin or disable a timer
+    seconds = number(float)  # finite: nan/inf would spin or disable a timer
     g.add_argument("--queue", action="append", required=True, help="queue to read (repeatable)")
     g.add_argument(
         "--handler",
