@@ -18,7 +18,9 @@ from dispatcher.stream.stats import StreamStats, streams_stats
 
 __all__ = ["StatusReport", "gather_status", "render_text"]
 
-STATUSES = ("PENDING", "RETRY", "IN_FLIGHT", "SENT", "DLQ")
+# IN_FLIGHT is not a stored status: it counts rows held by batches in progress (they are
+# PENDING or RETRY too, and are committed as deleted or rescheduled).
+STATUSES = ("PENDING", "RETRY", "DLQ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +57,7 @@ async def gather_status(
     }
     shard_key = await redis.get(SHARDS_KEY)
     return StatusReport(
-        outbox={s: counts.by_status.get(s, 0) for s in STATUSES},
+        outbox={**{s: counts.by_status.get(s, 0) for s in STATUSES}, "IN_FLIGHT": counts.in_flight},
         oldest_pending_age_seconds=max(waiting) if waiting else None,
         dlq=counts.dlq,
         shard_key=None if shard_key is None else str(shard_key),

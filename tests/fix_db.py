@@ -55,7 +55,7 @@ def migrated_url(database_url: str) -> str:
 def db_url(migrated_url: str) -> str:
     """The migrated database, outbox tables emptied for this test."""
     with psycopg.connect(migrated_url, autocommit=True) as conn:
-        conn.execute("TRUNCATE outbox, outbox_dlq")
+        conn.execute("TRUNCATE outbox, outbox_dlq, outbox_batches")
     return migrated_url
 
 

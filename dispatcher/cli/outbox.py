@@ -66,14 +66,15 @@ def register_enqueuer(sub: Any, common: Common) -> None:
     g.add_argument(
         "--recover-in-flight-after",
         type=number(float, 1),
-        default=120.0,
-        help="seconds after which a claim whose enqueuer vanished is retried",
+        default=30.0,
+        help="seconds a batch may hang before PostgreSQL ends its transaction and its rows "
+        "are due again (must exceed --publish-timeout)",
     )
     g.add_argument(
         "--maintenance-interval",
         type=number(float, 0.1),
         default=30.0,
-        help="seconds between SENT clean-up / stale-claim recovery runs",
+        help="seconds between runs that count the attempts of batches that never settled",
     )
     g.add_argument(
         "--wait-replicas",

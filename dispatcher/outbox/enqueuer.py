@@ -14,16 +14,22 @@ again after two empty claims a few milliseconds apart, then claims once more
 shortly after (closing the race with commits that checked the flag just before
 it was set); the poll interval stays the backstop.
 
-A batch is claimed under a fresh token, published in one pipelined round
-trip, then settled: published rows are deleted, failed ones rescheduled with
-backoff or dead-lettered. Every write names the token, so a paused enqueuer
-that wakes late touches nothing it no longer owns. A maintenance loop deletes
-SENT rows and recovers claims whose enqueuer died.
+A batch is one transaction: it locks due rows (FOR UPDATE SKIP LOCKED),
+publishes them in one pipelined round trip and settles them before it
+commits: published rows are deleted, failed ones rescheduled with backoff or
+dead-lettered. The row locks are the claim. An enqueuer that crashes loses
+its session and PostgreSQL rolls the batch back; one that pauses past
+``recover_in_flight_after`` is cut off by ``idle_in_transaction_session_timeout``
+and, when it wakes, has no transaction left to write with. Either way the rows
+are simply due again. Each batch is journalled (``outbox_batches``) so the
+maintenance loop counts an attempt for the rows of a batch that never settled:
+a row that keeps killing enqueuers still reaches the DLQ.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
@@ -39,7 +45,7 @@ from dispatcher.models import payload_fields
 from dispatcher.outbox import metrics
 from dispatcher.outbox.backoff import ClaimedRow, Outcomes, plan_outcomes
 from dispatcher.outbox.listener import OutboxListener
-from dispatcher.outbox.repository import Claim, OutboxRepository
+from dispatcher.outbox.repository import OutboxRepository
 from dispatcher.stream.protocol import PublishResult
 from dispatcher.stream.publisher import RedisStreamPublisher
 from dispatcher.tracing import child_span
@@ -56,7 +62,9 @@ class EnqueuerConfig:
     batch_size: int = 50
     concurrency: int = 4
     poll_interval: float = 1.0
-    recover_in_flight_after: float = 120.0
+    # A batch's transaction idle longer than this (a paused or hung enqueuer) is ended by
+    # PostgreSQL and its rows are due again.
+    recover_in_flight_after: float = 30.0
     maintenance_interval: float = 30.0
     wait_replicas: int = 0
     wait_timeout_ms: int = 1000
@@ -75,10 +83,10 @@ class EnqueuerConfig:
             raise ValueError("batch size and concurrency must be >= 1")
         if self.poll_interval <= 0 or self.maintenance_interval <= 0:
             raise ValueError("poll and maintenance intervals must be > 0")
-        if self.recover_in_flight_after <= self.publish_timeout:
+        if self.recover_in_flight_after <= self.publish_timeout:  # it bounds WAIT too
             raise ValueError(
                 "recover-in-flight-after must exceed the publish timeout "
-                f"({self.publish_timeout} s), or live claims would be recovered"
+                f"({self.publish_timeout:g} s), or PostgreSQL would end batches still publishing"
             )
 
 
@@ -107,7 +115,6 @@ class OutboxEnqueuer:
         self._idle_announced = False
         self._empty_claims = 0
         self._idle_lock = asyncio.Lock()
-        self._active: dict[uuid.UUID, list[str]] = {}
         self.last_loop = time.monotonic()
         self.listener = (
             OutboxListener(
@@ -134,17 +141,22 @@ class OutboxEnqueuer:
             "outbox enqueuer starting",
             extra={"batch_size": self.config.batch_size, "concurrency": self.config.concurrency},
         )
-        helpers = [asyncio.create_task(self._maintenance_loop(), name="outbox-maintenance")]
+        first_pass = asyncio.Event()
+        helpers = [
+            asyncio.create_task(self._maintenance_loop(first_pass), name="outbox-maintenance")
+        ]
         if self.listener:
             helpers.append(asyncio.create_task(self.listener.run(), name="outbox-listener"))
         batches: set[asyncio.Task[int]] = set()
         try:
+            await first_pass.wait()  # count the attempts of batches a crash left before claiming
             await self._main_loop(batches)
         finally:
             await self._drain(batches)
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
+            await self._repo.aclose()
             log.info("outbox enqueuer stopped")
 
     async def _main_loop(self, batches: set[asyncio.Task[int]]) -> None:
@@ -220,34 +232,48 @@ class OutboxEnqueuer:
                 await self._repo.withdraw_idle(self.name)
 
     async def _drain(self, batches: set[asyncio.Task[int]]) -> None:
-        """Let running batches finish; past the timeout cancel them and release their claims."""
+        """Let running batches finish; past the timeout cancel them (their rows roll back)."""
         if batches:
             _, late = await asyncio.wait(batches, timeout=self.config.shutdown_timeout)
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
+            if late:
+                log.warning("cancelled %d unfinished batches at shutdown", len(late))
         await self._withdraw_quietly()
-        for token, ids in list(self._active.items()):
-            with contextlib.suppress(Exception):
-                released = await self._repo.release(token, ids)
-                log.warning("released %d claimed rows at shutdown", released)
 
     async def process_batch(self) -> int:
-        """Claim, publish and settle one batch; return how many rows were claimed."""
-        claim = await self._repo.claim(self.config.batch_size)
-        if not claim.rows:
-            return 0
-        self._active[claim.token] = [r.id for r in claim.rows]
-        metrics.IN_FLIGHT.inc(len(claim.rows))
-        try:
-            results = await self._publish(claim.rows)
-            outcomes = plan_outcomes(claim.rows, results)
-            await self._settle(claim, outcomes)
-        finally:
-            metrics.IN_FLIGHT.dec(len(claim.rows))
-            self._active.pop(claim.token, None)
+        """Lock, publish and settle one batch; return how many rows it held.
+
+        The rows stay locked by the batch's transaction until ``settle``
+        commits: if anything fails before that, the transaction rolls back and
+        the rows are due again (recovery counts the attempt from the journal).
+        """
+        hold_for = self.config.recover_in_flight_after
+        async with self._repo.lock_batch(self.config.batch_size, hold_for=hold_for) as batch:
+            if not batch.rows:
+                return 0
+            rows = batch.rows
+            metrics.IN_FLIGHT.inc(len(rows))
+            try:
+                results = await self._publish(rows)
+                outcomes = plan_outcomes(rows, results)
+                try:
+                    await batch.settle(outcomes.sent, outcomes.retry, outcomes.dead)
+                except BaseException:
+                    metrics.UNSETTLED.inc()
+                    log.error(
+                        "could not settle a batch of %d rows (%d published): they stay in the "
+                        "outbox and are published again; recovery counts the attempt",
+                        len(rows),
+                        len(outcomes.sent),
+                    )
+                    raise
+            finally:
+                metrics.IN_FLIGHT.dec(len(rows))
+        self._report(rows, outcomes)
         metrics.BATCHES.inc()
-        return len(claim.rows)
+        return len(rows)
 
     async def _publish(self, rows: list[ClaimedRow]) -> list[PublishResult]:
         entries = [(r.stream or FALLBACK_STREAM, payload_fields(r.payload, r.id)) for r in rows]
@@ -291,60 +317,54 @@ class OutboxEnqueuer:
                 metrics.COMMIT_TO_PUBLISH.observe(row.age_seconds + elapsed)
         return results
 
-    async def _settle(self, claim: Claim, outcomes: Outcomes) -> None:
-        streams = {r.id: r.stream for r in claim.rows}
-        if outcomes.sent:
-            await self._delete_sent(claim.token, outcomes.sent)
-            for row_id in outcomes.sent:
-                metrics.PROCESSED.labels(metrics.queue_label(streams[row_id])).inc()
+    @staticmethod
+    def _report(rows: list[ClaimedRow], outcomes: Outcomes) -> None:
+        streams = {r.id: r.stream for r in rows}
+        for counter, ids in (
+            (metrics.PROCESSED, outcomes.sent),
+            (metrics.FAILED, [r.id for r in outcomes.retry]),
+            (metrics.DLQ, [r.id for r in outcomes.dead]),
+        ):
+            for queue, n in collections.Counter(
+                metrics.queue_label(streams[i]) for i in ids
+            ).items():
+                counter.labels(queue).inc(n)
         if outcomes.retry:
-            await self._repo.schedule_retries(claim.token, outcomes.retry)
-            for r in outcomes.retry:
-                metrics.FAILED.labels(metrics.queue_label(streams[r.id])).inc()
             log.warning(
                 "publish failed for %d rows; retrying with backoff: %s",
                 len(outcomes.retry),
                 outcomes.retry[0].error,
             )
         if outcomes.dead:
-            await self._repo.move_to_dlq(claim.token, outcomes.dead)
-            for r in outcomes.dead:
-                metrics.DLQ.labels(metrics.queue_label(streams[r.id])).inc()
             log.error(
                 "%d rows exhausted their retries and moved to outbox_dlq: %s",
                 len(outcomes.dead),
                 outcomes.dead[0].error,
             )
 
-    async def _delete_sent(self, token: uuid.UUID, ids: list[str]) -> None:
-        try:
-            await self._repo.delete_sent(token, ids)
-        except Exception as exc:
-            log.error("deleting %d sent rows failed (%s); marking them SENT", len(ids), exc)
-            await self._repo.mark_sent(token, ids)
-
-    async def _maintenance_loop(self) -> None:
+    async def _maintenance_loop(self, first_pass: asyncio.Event) -> None:
         while True:
             try:
                 await self.maintenance_once()
             except Exception as exc:
                 log.error("outbox maintenance failed: %s", exc, exc_info=True)
+            first_pass.set()
             await asyncio.sleep(self.config.maintenance_interval)
 
     async def maintenance_once(self) -> dict[str, Any]:
-        """Delete SENT rows, recover stale claims, refresh the depth gauge."""
-        cleaned = await self._repo.cleanup_sent()
+        """Count the attempts of batches that never settled; refresh the depth gauges."""
         await self._repo.forget_dead_listeners()
-        retried, dead = await self._repo.recover_stale(self.config.recover_in_flight_after)
+        retried, dead = await self._repo.recover_batches()
         if retried or dead:
             metrics.RECOVERED.labels("retry").inc(retried)
             metrics.RECOVERED.labels("dlq").inc(dead)
             log.warning(
-                "recovered stale IN_FLIGHT rows",
+                "counted an attempt for rows of batches that did not settle",
                 extra={"retried": retried, "dead_lettered": dead},
             )
             self.wake()
         counts = await self._repo.status_counts()
-        for status in ("PENDING", "RETRY", "IN_FLIGHT", "SENT", "DLQ"):
+        for status in ("PENDING", "RETRY", "DLQ"):
             metrics.OUTBOX_DEPTH.labels(status).set(counts.by_status.get(status, 0))
-        return {"cleaned": cleaned, "retried": retried, "dead": dead}
+        metrics.OUTBOX_DEPTH.labels("IN_FLIGHT").set(counts.in_flight)
+        return {"retried": retried, "dead": dead}

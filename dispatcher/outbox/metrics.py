@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from prometheus_client import Counter, Gauge, Histogram
 
 from dispatcher.stream.naming import parse_task_stream
@@ -17,6 +19,7 @@ __all__ = [
     "PROCESSED",
     "PUBLISH_LATENCY",
     "RECOVERED",
+    "UNSETTLED",
     "queue_label",
 ]
 
@@ -26,10 +29,16 @@ PROCESSED = Counter("dispatcher_outbox_processed", "Outbox rows published and de
 FAILED = Counter("dispatcher_outbox_failed", "Outbox rows whose publish failed", ["queue"])
 DLQ = Counter("dispatcher_outbox_dlq", "Outbox rows moved to outbox_dlq", ["queue"])
 RECOVERED = Counter(
-    "dispatcher_outbox_recovered", "Stale IN_FLIGHT claims reset by maintenance", ["outcome"]
+    "dispatcher_outbox_recovered",
+    "Rows of unsettled batches whose attempt maintenance counted",
+    ["outcome"],
+)
+UNSETTLED = Counter(
+    "dispatcher_outbox_unsettled_batches",
+    "Batches whose settling transaction failed (rows rolled back, published again)",
 )
 BATCHES = Counter("dispatcher_outbox_batches", "Claim batches processed (non-empty)")
-IN_FLIGHT = Gauge("dispatcher_outbox_in_flight", "Rows claimed by this process, not yet settled")
+IN_FLIGHT = Gauge("dispatcher_outbox_in_flight", "Rows locked by this process's open batches")
 PUBLISH_LATENCY = Histogram(
     "dispatcher_outbox_publish_seconds",
     "Duration of one pipelined publish of a batch",
@@ -40,12 +49,17 @@ COMMIT_TO_PUBLISH = Histogram(
     "Row creation (its transaction's start) to its entry stored in Redis",
     buckets=_LATENCY_BUCKETS,
 )
-OUTBOX_DEPTH = Gauge("dispatcher_outbox_depth", "Outbox rows by status", ["status"])
+OUTBOX_DEPTH = Gauge(
+    "dispatcher_outbox_depth",
+    "Outbox rows by status; IN_FLIGHT: rows held by open batches (also PENDING or RETRY)",
+    ["status"],
+)
 LISTENER_CONNECTED = Gauge(
     "dispatcher_outbox_listener_connected", "1 while the LISTEN connection is up"
 )
 
 
+@functools.lru_cache(maxsize=4096)
 def queue_label(stream: str) -> str:
     try:
         return parse_task_stream(stream)[0]

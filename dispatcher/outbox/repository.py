@@ -1,24 +1,30 @@
 """All database I/O of the enqueuer, through one narrow async interface.
 
-Every statement runs on a pooled autocommit connection as one short
-transaction; every write to a claimed row names the claim token, so it
-succeeds only for the enqueuer that holds the claim.
+A batch is one transaction on a pooled connection: its row locks are the
+claim, and its commit deletes the published rows (``lock_batch``). Every
+other statement runs autocommitted as one short transaction.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
+from psycopg import AsyncClientCursor, AsyncConnection
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.outbox.backoff import ClaimedRow, Retry
 from dispatcher.outbox.queries import QUERIES
 
-__all__ = ["Claim", "OutboxRepository", "StatusCounts", "enqueuer_pool"]
+__all__ = ["LockedBatch", "OutboxRepository", "StatusCounts", "enqueuer_pool"]
 
 # The enqueuer's own commits need no synchronous WAL flush: losing the last few in a
 # PostgreSQL crash only republishes rows (at-least-once). The application's dispatch
@@ -45,23 +51,83 @@ def enqueuer_pool(
 
 
 @dataclass(frozen=True, slots=True)
-class Claim:
-    """Rows claimed together under one token."""
-
-    token: uuid.UUID
-    rows: list[ClaimedRow]
-
-
-@dataclass(frozen=True, slots=True)
 class StatusCounts:
     by_status: dict[str, int]
     oldest_age_seconds: dict[str, float]
     dlq: int
+    in_flight: int
+
+
+class LockedBatch:
+    """Due rows locked by an open transaction: the claim of one batch.
+
+    Made by ``OutboxRepository.lock_batch``. ``settle`` deletes, reschedules
+    and dead-letters in that transaction and commits it, in one round trip.
+    If the batch is abandoned (an exception, a cancellation, a crash) the
+    transaction rolls back and the rows are due again, untouched.
+    """
+
+    def __init__(self, conn: AsyncConnection[Any], token: uuid.UUID, rows: list[ClaimedRow]):
+        self._conn = conn
+        self.token = token
+        self.rows = rows
+        self.settled = False
+
+    async def settle(
+        self, sent: Sequence[str], retries: Sequence[Retry] = (), dead: Sequence[Retry] = ()
+    ) -> None:
+        async with self._conn.pipeline():
+            await self._conn.execute(QUERIES["close_journal"], {"token": self.token})
+            if sent:
+                await self._conn.execute(QUERIES["delete_published"], {"ids": list(sent)})
+            if retries:
+                await self._conn.execute(QUERIES["schedule_retries"], _retry_params(retries))
+            if dead:
+                params = _retry_params(dead)
+                del params["delays"]
+                await self._conn.execute(QUERIES["move_to_dlq"], params)
+            await self._conn.execute("COMMIT")
+        self.settled = True
+
+
+def _retry_params(retries: Sequence[Retry]) -> dict[str, Any]:
+    return {
+        "ids": [r.id for r in retries],
+        "attempts": [r.attempt for r in retries],
+        "delays": [r.delay for r in retries],
+        "errors": [r.error for r in retries],
+    }
 
 
 class OutboxRepository:
     def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
         self._pool = pool
+        self._holder = f"{socket.gethostname()}-{os.getpid()}"  # journal rows name their process
+        # Journal rows are written while the batch holds its pooled connection. Taking a second
+        # one from the pool could deadlock (every batch holding one, waiting for another), so
+        # they go through one connection of their own, shared by this process's batches.
+        self._journal_conn: AsyncConnection[Any] | None = None
+        self._journal_lock = asyncio.Lock()
+
+    async def aclose(self) -> None:
+        """Close the journal connection (the pool is the caller's)."""
+        async with self._journal_lock:
+            if self._journal_conn is not None:
+                await self._journal_conn.close()
+                self._journal_conn = None
+
+    async def _open_journal(self, params: dict[str, Any]) -> None:
+        async with self._journal_lock:
+            if self._journal_conn is None or self._journal_conn.closed:
+                conninfo, kwargs = self._pool.conninfo, self._pool.kwargs
+                if not isinstance(conninfo, str) or not isinstance(kwargs, dict):
+                    raise TypeError("the enqueuer's pool needs a plain conninfo and kwargs")
+                self._journal_conn = await AsyncConnection.connect(conninfo, **kwargs)
+            try:
+                await self._journal_conn.execute(QUERIES["open_journal"], params)
+            except psycopg.OperationalError:
+                await self._journal_conn.close()  # reconnect next time
+                raise
 
     async def _execute(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         async with self._pool.connection() as conn:
@@ -74,50 +140,58 @@ class OutboxRepository:
             cur = await conn.execute(QUERIES[name], params)
             return int(cur.rowcount)
 
-    async def claim(self, limit: int) -> Claim:
-        token = uuid.uuid4()
-        rows = await self._execute("claim_batch", {"limit": limit, "token": token})
-        return Claim(token, [ClaimedRow(**r) for r in rows])
+    @contextlib.asynccontextmanager
+    async def lock_batch(self, limit: int, *, hold_for: float) -> AsyncIterator[LockedBatch]:
+        """Lock up to ``limit`` due rows for the body of the ``async with``.
 
-    async def delete_sent(self, token: uuid.UUID, ids: Sequence[str]) -> int:
-        return await self._rowcount("delete_sent", {"token": token, "ids": list(ids)})
+        ``hold_for`` seconds is the longest the transaction may sit idle
+        between statements (``idle_in_transaction_session_timeout``): a paused
+        or hung enqueuer loses its session, and so its rows, after that. A
+        batch with rows is journalled before it is handed out. Leaving the
+        block without ``settle`` rolls the transaction back.
+        """
+        async with self._pool.connection() as conn:
+            batch = await self._begin(conn, limit, hold_for)
+            try:
+                yield batch
+            finally:
+                if not batch.settled and not conn.closed:
+                    await conn.rollback()
 
-    async def mark_sent(self, token: uuid.UUID, ids: Sequence[str]) -> int:
-        return await self._rowcount("mark_sent", {"token": token, "ids": list(ids)})
+    async def _begin(self, conn: AsyncConnection[Any], limit: int, hold_for: float) -> LockedBatch:
+        # One simple-protocol round trip (client-side binding of two numbers). Not a pipeline:
+        # the Flush psycopg sends after a pipeline's Sync disarms the server's
+        # idle-in-transaction timer, which is the whole point of hold_for.
+        cur = AsyncClientCursor(conn, row_factory=dict_row)
+        await cur.execute(_BEGIN, {"hold_ms": str(max(1, round(hold_for * 1000))), "limit": limit})
+        cur.nextset()  # past BEGIN
+        cur.nextset()  # past set_config
+        rows = [ClaimedRow(**r) for r in await cur.fetchall()]
+        cur.nextset()
+        xact = await cur.fetchone()
+        batch = LockedBatch(conn, uuid.uuid4(), rows)
+        if rows:
+            if xact is None or xact["xact"] is None:  # locking a row always assigns one
+                raise RuntimeError("a batch locked rows but has no transaction id")
+            await self._open_journal(
+                {
+                    "token": batch.token,
+                    "xact": xact["xact"],
+                    "ids": [r.id for r in rows],
+                    "enqueuer": self._holder,
+                },
+            )
+        return batch
 
-    async def release(self, token: uuid.UUID, ids: Sequence[str]) -> int:
-        return await self._rowcount("release_claims", {"token": token, "ids": list(ids)})
-
-    async def schedule_retries(self, token: uuid.UUID, retries: Sequence[Retry]) -> int:
-        return await self._rowcount(
-            "schedule_retries",
-            {
-                "token": token,
-                "ids": [r.id for r in retries],
-                "attempts": [r.attempt for r in retries],
-                "delays": [r.delay for r in retries],
-                "errors": [r.error for r in retries],
-            },
-        )
-
-    async def move_to_dlq(self, token: uuid.UUID, dead: Sequence[Retry]) -> int:
-        return await self._rowcount(
-            "move_to_dlq",
-            {
-                "token": token,
-                "ids": [r.id for r in dead],
-                "attempts": [r.attempt for r in dead],
-                "errors": [r.error for r in dead],
-            },
-        )
-
-    async def recover_stale(self, age_seconds: float, limit: int = 1000) -> tuple[int, int]:
-        """Reset claims older than ``age_seconds``; return (retried, dead-lettered)."""
-        (row,) = await self._execute("recover_stale", {"age": age_seconds, "limit": limit})
+    async def recover_batches(self) -> tuple[int, int]:
+        """Count an attempt for rows of batches that ended unsettled; (retried, dead-lettered)."""
+        async with self._pool.connection() as conn, conn.transaction():
+            await conn.execute("SET LOCAL lock_timeout = '2s'")
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(QUERIES["recover_batches"])
+            row = await cur.fetchone()
+        assert row is not None
         return int(row["retried"]), int(row["dead"])
-
-    async def cleanup_sent(self) -> int:
-        return await self._rowcount("cleanup_sent", {})
 
     async def announce_idle(self, enqueuer: str, listener_pid: int) -> None:
         """From now on, outbox inserts NOTIFY: this enqueuer is idle and listening."""
@@ -132,8 +206,20 @@ class OutboxRepository:
     async def status_counts(self) -> StatusCounts:
         rows = await self._execute("status_counts", {})
         (dlq,) = await self._execute("dlq_count", {})
+        (open_batches,) = await self._execute("open_batches", {})
         return StatusCounts(
             by_status={r["status"]: int(r["rows"]) for r in rows},
             oldest_age_seconds={r["status"]: float(r["oldest_age_seconds"]) for r in rows},
             dlq=int(dlq["count"]),
+            in_flight=int(open_batches["rows"]),
         )
+
+
+_BEGIN = "; ".join(
+    [
+        "BEGIN",
+        "SELECT set_config('idle_in_transaction_session_timeout', %(hold_ms)s, true)",
+        QUERIES["lock_batch"].rstrip(";"),
+        QUERIES["batch_xact"].rstrip(";"),
+    ]
+)

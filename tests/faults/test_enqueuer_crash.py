@@ -61,7 +61,8 @@ async def test_sigkill_between_publish_and_delete_republishes_and_loses_nothing(
             client = connect_redis(redis_process.url)
             # Published, and its DELETE is stuck behind our lock: the crash window.
             await _wait_for(lambda: _count(client, queue, 30))
-            assert outbox_status(db_url) == {"IN_FLIGHT": 30}
+            assert outbox_status(db_url) == {"PENDING": 30}  # locked by the open batch
+            assert (await OutboxRepository(pool).status_counts()).in_flight == 30
             proc.kill()
             proc.wait(10)
         finally:
@@ -72,7 +73,7 @@ async def test_sigkill_between_publish_and_delete_republishes_and_loses_nothing(
             " AND datname = current_database()"  # never another test's or a benchmark's
         )
         blocker.execute("DROP TRIGGER test_block_delete ON outbox")
-    assert outbox_status(db_url) == {"IN_FLIGHT": 30}
+    assert outbox_status(db_url) == {"PENDING": 30}, "the batch rolled back: nothing deleted"
 
     rescuer = make_enqueuer(pool, client, recover_in_flight_after=0.5, publish_timeout=0.2)
     await _wait_for(lambda: _recover(rescuer.maintenance_once(), db_url, 30))
@@ -98,46 +99,47 @@ async def test_paused_enqueuer_waking_late_touches_nothing_it_no_longer_owns(
         db_url, redis_process.url, tmp_path / "a.log", "--no-listen", "--poll-interval", "0.05",
         "--publish-timeout", "1", "--recover-in-flight-after", "2", "--metrics-port", str(port),
     )  # fmt: skip
+    repo = OutboxRepository(pool)
     try:
         insert_rows(db_url, 4, queue=queue, prefix="warm-")  # A learns the streams' groups
         await _wait_for(lambda: _count(client, queue, 4))
-        await _wait_for(lambda: _true(metric(port, "dispatcher_outbox_batches_total") >= 1))
-        batches_before = metric(port, "dispatcher_outbox_batches_total")
 
-        redis_process.pause()  # A claims and then blocks in its XADD round trip
+        redis_process.pause()  # A locks a batch and then blocks in its XADD round trip
         ids = insert_rows(db_url, 20, queue=queue)
-        await _wait_for(lambda: _true(outbox_status(db_url) == {"IN_FLIGHT": 20}))
+        await _wait_for(lambda: _in_flight(repo, 20))
         os.kill(proc.pid, signal.SIGSTOP)
         redis_process.resume()
 
-        # Past the recovery age, B recovers the rows and claims them under its own token.
-        repo = OutboxRepository(pool)
-        await _wait_for(lambda: _recover(repo.recover_stale(2.0), db_url, 20))
-        claim_b = await repo.claim(50)
-        assert sorted(r.id for r in claim_b.rows) == sorted(ids)
+        # Past --recover-in-flight-after PostgreSQL ends A's idle transaction: B gets the rows.
+        for _ in range(200):
+            async with repo.lock_batch(50, hold_for=30) as batch_b:
+                if batch_b.rows:
+                    break
+            await asyncio.sleep(0.05)
+        assert sorted(r.id for r in batch_b.rows) == sorted(ids)
+        async with repo.lock_batch(50, hold_for=30) as batch_b:
+            assert sorted(r.id for r in batch_b.rows) == sorted(ids)
+            os.kill(proc.pid, signal.SIGCONT)  # A finishes its batch: the late delete fails
+            await _wait_for(
+                lambda: _true(metric(port, "dispatcher_outbox_unsettled_batches_total") >= 1)
+            )
+            assert outbox_status(db_url) == {"PENDING": 20}, "A's late writes touched nothing"
 
-        os.kill(proc.pid, signal.SIGCONT)  # A finishes its batch: late delete or retry
-        await _wait_for(
-            lambda: _true(metric(port, "dispatcher_outbox_batches_total") > batches_before)
-        )
-        assert outbox_status(db_url) == {"IN_FLIGHT": 20}, "A's late writes touched nothing"
-        with psycopg.connect(db_url) as conn:
-            tokens = conn.execute("SELECT DISTINCT claim_token, attempt_count FROM outbox")
-            assert tokens.fetchall() == [(claim_b.token, 1)]  # the recovery counted an attempt
-
-        results = await RedisStreamPublisher(client).publish_many(
-            [(r.stream, {"outbox_id": r.id}) for r in claim_b.rows]
-        )
-        assert all(r.ok for r in results)
-        assert await repo.delete_sent(claim_b.token, [r.id for r in claim_b.rows]) == 20
+            results = await RedisStreamPublisher(client).publish_many(
+                [(r.stream, {"outbox_id": r.id}) for r in batch_b.rows]
+            )
+            assert all(r.ok for r in results)
+            await batch_b.settle([r.id for r in batch_b.rows])
         assert outbox_status(db_url) == {}
+        # A's journal row outlived its transaction; its rows are gone, so nothing to count.
+        assert await repo.recover_batches() == (0, 0)
     finally:
         stop(proc)
         await client.aclose()
 
 
 async def test_sigterm_during_a_drain_leaves_no_row_in_flight(
-    db_url: str, redis_process: RedisProcess, tmp_path: Path
+    db_url: str, pool: AsyncConnectionPool[Any], redis_process: RedisProcess, tmp_path: Path
 ) -> None:
     queue = f"t{uuid.uuid4().hex[:8]}"
     total = 100_000
@@ -151,7 +153,8 @@ async def test_sigterm_during_a_drain_leaves_no_row_in_flight(
     finally:
         stop(proc)
     status = outbox_status(db_url)
-    assert "IN_FLIGHT" not in status
+    assert set(status) <= {"PENDING"}, "nothing rescheduled or dead-lettered by the shutdown"
+    assert (await OutboxRepository(pool).status_counts()).in_flight == 0
     entries = await published(client, queue)
     assert len(entries) == len({e["outbox_id"] for e in entries}), "no duplicates"
     assert len(entries) + status.get("PENDING", 0) == total, "every row published or pending"
@@ -173,6 +176,10 @@ async def _true(value: bool) -> bool:
 
 async def _count(client: Any, queue: str, n: int) -> bool:
     return len(await published(client, queue)) >= n
+
+
+async def _in_flight(repo: OutboxRepository, n: int) -> bool:
+    return (await repo.status_counts()).in_flight >= n
 
 
 async def _recover(recovery: Any, url: str, n: int) -> bool:

@@ -24,8 +24,12 @@ RECOVERY_AGE = 3.0  # --recover-in-flight-after of ENQUEUER_FLAGS
 
 
 def in_flight(db_url: str) -> int:
+    """Rows held by batches in progress (their journal rows)."""
     with psycopg.connect(db_url) as conn:
-        row = conn.execute("SELECT count(*) FROM outbox WHERE status = 'IN_FLIGHT'").fetchone()
+        row = conn.execute(
+            "SELECT coalesce(sum(cardinality(ids)), 0) FROM outbox_batches"
+            " WHERE pg_xact_status(xact) = 'in progress'"
+        ).fetchone()
     return int(row[0]) if row else 0
 
 

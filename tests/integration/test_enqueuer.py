@@ -71,9 +71,13 @@ async def test_claim_never_exceeds_the_batch_size_under_concurrency(
     claimed: list[str] = []
 
     async def claimer() -> None:
-        while rows := (await repo.claim(50)).rows:
-            sizes.append(len(rows))
-            claimed.extend(r.id for r in rows)
+        while True:
+            async with repo.lock_batch(50, hold_for=30) as batch:
+                if not batch.rows:
+                    return
+                sizes.append(len(batch.rows))
+                claimed.extend(r.id for r in batch.rows)
+                await batch.settle([r.id for r in batch.rows])
 
     await asyncio.gather(*(claimer() for _ in range(8)))
 

@@ -8,58 +8,54 @@ INSERT INTO outbox (id, task_id, stream, payload, type, status, next_attempt_at,
 VALUES (%(id)s, %(task_id)s, %(stream)s, %(payload)s, %(type)s, 'PENDING', %(not_before)s,
         %(max_retries)s, %(backoff_seconds)s);
 
--- name: claim_batch
--- A MATERIALIZED CTE is evaluated once, so the row set is fixed by its LIMIT; the
--- spec page's "WHERE id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" may be re-run by
--- the planner (e.g. as the inner side of a join) and claim more than n rows.
-WITH due AS MATERIALIZED (
-    SELECT id FROM outbox
-     WHERE status IN ('PENDING', 'RETRY')
-       AND (next_attempt_at IS NULL OR next_attempt_at <= now())
-     ORDER BY created_at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
-)
-UPDATE outbox o
-   SET status = 'IN_FLIGHT', claim_token = %(token)s, claimed_at = now(), updated_at = now()
-  FROM due
- WHERE o.id = due.id
-RETURNING o.id, o.stream, o.payload::text AS payload, o.attempt_count, o.max_retries,
-          o.backoff_seconds, extract(epoch FROM now() - o.created_at)::float8 AS age_seconds;
+-- name: lock_batch
+-- The claim: due rows locked by the enqueuer's open transaction, which publishes them and
+-- deletes them before it commits. LIMIT sits above the row locking, so at most "limit" rows
+-- are locked (the spec page's "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" under an
+-- UPDATE may be re-run by the planner and claim more than n).
+SELECT id, stream, payload::text AS payload, attempt_count, max_retries, backoff_seconds,
+       extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds
+  FROM outbox
+ WHERE status IN ('PENDING', 'RETRY')
+   AND (next_attempt_at IS NULL OR next_attempt_at <= statement_timestamp())
+ ORDER BY created_at
+ LIMIT %(limit)s
+   FOR UPDATE SKIP LOCKED;
 
--- name: delete_sent
--- Only the claim that published a row may delete it.
-DELETE FROM outbox
- WHERE id = ANY(%(ids)s) AND claim_token = %(token)s AND status = 'IN_FLIGHT';
+-- name: batch_xact
+-- The batch's transaction id: locking a row assigned it.
+SELECT pg_current_xact_id_if_assigned()::text AS xact;
 
--- name: mark_sent
--- Fallback when delete_sent failed: the maintenance loop deletes SENT rows later, and
--- recovery does not republish them.
-UPDATE outbox SET status = 'SENT', sent_at = now(), updated_at = now()
- WHERE id = ANY(%(ids)s) AND claim_token = %(token)s AND status = 'IN_FLIGHT';
+-- name: open_journal
+-- Autocommitted on another session before the batch is published: if the batch's transaction
+-- ends without settling (crash, timeout), this row outlives it and recovery counts an attempt.
+INSERT INTO outbox_batches (token, xact, ids, enqueuer)
+VALUES (%(token)s, %(xact)s::xid8, %(ids)s, %(enqueuer)s);
 
--- name: release_claims
--- Shutdown: rows claimed but not published go back to PENDING, attempt not counted.
-UPDATE outbox SET status = 'PENDING', claim_token = NULL, claimed_at = NULL, updated_at = now()
- WHERE id = ANY(%(ids)s) AND claim_token = %(token)s AND status = 'IN_FLIGHT';
+-- name: close_journal
+-- In the batch's own transaction: the journal row goes exactly when the settlement commits.
+DELETE FROM outbox_batches WHERE token = %(token)s;
+
+-- name: delete_published
+-- Rows of this batch (locked by this transaction) whose entries Redis acknowledged.
+DELETE FROM outbox WHERE id = ANY(%(ids)s);
 
 -- name: schedule_retries
 UPDATE outbox o
    SET status = 'RETRY', attempt_count = r.attempt,
        next_attempt_at = now() + make_interval(secs => r.delay),
-       last_error = r.error, claim_token = NULL, claimed_at = NULL, updated_at = now()
+       last_error = r.error, updated_at = now()
   FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(delays)s::float8[], %(errors)s::text[])
        AS r(id, attempt, delay, error)
- WHERE o.id = r.id AND o.claim_token = %(token)s AND o.status = 'IN_FLIGHT';
+ WHERE o.id = r.id;
 
 -- name: move_to_dlq
 WITH moved AS (
     UPDATE outbox o
-       SET status = 'DLQ', attempt_count = r.attempt, last_error = r.error,
-           claim_token = NULL, claimed_at = NULL, updated_at = now()
+       SET status = 'DLQ', attempt_count = r.attempt, last_error = r.error, updated_at = now()
       FROM unnest(%(ids)s::text[], %(attempts)s::int[], %(errors)s::text[])
            AS r(id, attempt, error)
-     WHERE o.id = r.id AND o.claim_token = %(token)s AND o.status = 'IN_FLIGHT'
+     WHERE o.id = r.id
     RETURNING o.*
 )
 INSERT INTO outbox_dlq (id, task_id, stream, payload, type, last_error, attempts,
@@ -70,26 +66,31 @@ SELECT id, task_id, stream, payload, type, last_error, attempt_count,
 ON CONFLICT (id) DO UPDATE
    SET last_error = EXCLUDED.last_error, attempts = EXCLUDED.attempts, moved_at = now();
 
--- name: recover_stale
--- Claims older than the recovery age: the enqueuer died or hung. Counted as an attempt, so
--- a row that keeps killing its enqueuer ends in the DLQ. Clearing the token makes a late
--- delete or update by the old claimer touch nothing.
-WITH stale AS MATERIALIZED (
-    SELECT id FROM outbox
-     WHERE status = 'IN_FLIGHT' AND claimed_at < now() - make_interval(secs => %(age)s)
-     ORDER BY claimed_at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
+-- name: recover_batches
+-- Journal rows whose transaction is over (aborted: the enqueuer crashed, was cut off by
+-- idle_in_transaction_session_timeout, or its commit failed) without settling the batch.
+-- Their rows still in the outbox count one attempt, as a failed publish would; a row that
+-- keeps killing its enqueuer so ends in the DLQ. Rows locked by a batch in progress are
+-- waited for (the role's lock_timeout bounds it), so no attempt is forgotten.
+WITH ended AS (
+    DELETE FROM outbox_batches
+     WHERE pg_xact_status(xact) IS DISTINCT FROM 'in progress'
+    RETURNING ids
+), hit AS MATERIALIZED (
+    SELECT o.id FROM outbox o
+     WHERE o.id IN (SELECT unnest(ids) FROM ended) AND o.status IN ('PENDING', 'RETRY')
+     ORDER BY o.id
+       FOR UPDATE
 ), reset AS (
     UPDATE outbox o
        SET status = CASE WHEN o.attempt_count + 1 > o.max_retries THEN 'DLQ' ELSE 'RETRY' END,
            attempt_count = o.attempt_count + 1,
            next_attempt_at = now(),
-           last_error = 'claim expired: enqueuer did not finish within '
-                        || %(age)s::text || ' s (crashed or paused)',
-           claim_token = NULL, claimed_at = NULL, updated_at = now()
-      FROM stale
-     WHERE o.id = stale.id
+           last_error = 'batch did not settle: its enqueuer crashed, hung past '
+                        || 'idle_in_transaction_session_timeout, or lost its connection',
+           updated_at = now()
+      FROM hit
+     WHERE o.id = hit.id
     RETURNING o.*
 ), dead AS (
     INSERT INTO outbox_dlq (id, task_id, stream, payload, type, last_error, attempts,
@@ -104,8 +105,10 @@ SELECT count(*) FILTER (WHERE status = 'RETRY') AS retried,
        count(*) FILTER (WHERE status = 'DLQ') AS dead
   FROM reset;
 
--- name: cleanup_sent
-DELETE FROM outbox WHERE status = 'SENT';
+-- name: open_batches
+-- Rows held by batches in progress (the IN_FLIGHT figure of status and metrics).
+SELECT coalesce(sum(cardinality(ids)), 0)::int AS rows, count(*)::int AS batches
+  FROM outbox_batches WHERE pg_xact_status(xact) = 'in progress';
 
 -- name: status_counts
 SELECT status, count(*) AS rows,

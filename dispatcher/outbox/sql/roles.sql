@@ -37,14 +37,15 @@ BEGIN
 END
 $$;
 
-REVOKE ALL ON outbox, outbox_dlq, outbox_idle, outbox_schema_version
+REVOKE ALL ON outbox, outbox_dlq, outbox_idle, outbox_batches, outbox_schema_version
     FROM outbox_app, outbox_enqueuer;
 
 -- The application: enqueue_dispatch is a plain INSERT (no RETURNING, no ON CONFLICT).
 GRANT INSERT ON outbox TO outbox_app;
 
 -- The enqueuer: exactly the statements of sql/queries.sql it runs.
-GRANT SELECT, UPDATE, DELETE ON outbox TO outbox_enqueuer;           -- claim, settle, recover
+GRANT SELECT, UPDATE, DELETE ON outbox TO outbox_enqueuer;           -- lock, settle, recover
+GRANT SELECT, INSERT, DELETE ON outbox_batches TO outbox_enqueuer;   -- the batch journal
 GRANT SELECT, INSERT, UPDATE ON outbox_dlq TO outbox_enqueuer;       -- move_to_dlq (ON CONFLICT)
 GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_idle TO outbox_enqueuer;  -- announce/withdraw
 GRANT SELECT ON outbox_schema_version TO outbox_enqueuer;

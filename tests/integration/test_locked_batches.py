@@ -1,0 +1,120 @@
+"""A batch's claim is its transaction's row locks; its journal row survives a crash.
+
+These drive ``OutboxRepository.lock_batch`` directly (the enqueuer's loop is
+covered in test_enqueuer.py and the fault suite): what other claimers see
+while a batch is open, what a crash or a timed-out pause leaves behind, and
+how recovery turns an unsettled batch into a counted attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from dispatcher.outbox import OutboxRepository
+from tests.fix_outbox import insert_rows, outbox_status
+
+
+def attempts(url: str) -> dict[str, tuple[str, int]]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT id, status, attempt_count FROM outbox").fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def journal(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT count(*) FROM outbox_batches").fetchone()
+    return int(row[0]) if row else -1
+
+
+async def test_an_open_batch_hides_its_rows_and_settling_commits_all_of_it(
+    db_url: str, pool: AsyncConnectionPool[Any], queue: str
+) -> None:
+    ids = insert_rows(db_url, 30, queue=queue)
+    repo = OutboxRepository(pool)
+    async with repo.lock_batch(20, hold_for=30) as first:
+        assert len(first.rows) == 20
+        assert (await repo.status_counts()).in_flight == 20
+        async with repo.lock_batch(50, hold_for=30) as second:
+            assert len(second.rows) == 10, "SKIP LOCKED: only the rows nobody holds"
+            assert not {r.id for r in first.rows} & {r.id for r in second.rows}
+        # second left without settling: its rows rolled back, untouched, due again
+        sent = [r.id for r in first.rows[:15]]
+        await first.settle(sent, [], [])
+    assert outbox_status(db_url) == {"PENDING": 15}
+    assert set(attempts(db_url)) == set(ids) - set(sent)
+    assert (await repo.status_counts()).in_flight == 0
+    # first settled (its journal row went with the commit); second's is left for recovery
+    assert journal(db_url) == 1
+    assert await repo.recover_batches() == (10, 0)
+    assert journal(db_url) == 0
+
+
+async def test_a_paused_batch_loses_its_session_and_its_late_writes_fail(
+    db_url: str, pool: AsyncConnectionPool[Any], queue: str
+) -> None:
+    ids = insert_rows(db_url, 5, queue=queue)
+    repo = OutboxRepository(pool)
+    async with repo.lock_batch(50, hold_for=0.3) as paused:
+        assert len(paused.rows) == 5
+        await asyncio.sleep(1.0)  # idle in transaction past hold_for: PostgreSQL ends it
+        with pytest.raises(psycopg.OperationalError):  # the session is gone
+            await paused.settle([r.id for r in paused.rows])  # the late delete
+    assert sorted(attempts(db_url)) == sorted(ids), "the late delete deleted nothing"
+    async with repo.lock_batch(50, hold_for=30) as rescuer:
+        assert len(rescuer.rows) == 5, "the rows were due again at once"
+    assert await repo.recover_batches() == (5, 0)
+    assert {v for v in attempts(db_url).values()} == {("RETRY", 1)}
+
+
+CRASH_WHILE_HOLDING = textwrap.dedent(
+    """
+    import asyncio, os, sys
+    from psycopg_pool import AsyncConnectionPool
+    from dispatcher.outbox import OutboxRepository
+
+    async def main():
+        pool = AsyncConnectionPool(sys.argv[1], kwargs={"autocommit": True}, open=False)
+        await pool.open(wait=True)
+        async with OutboxRepository(pool).lock_batch(50, hold_for=30) as batch:
+            print(len(batch.rows), flush=True)
+            os._exit(3)  # dies holding the rows, as if the row had killed it
+
+    asyncio.run(main())
+    """
+)
+
+
+async def test_a_row_that_keeps_killing_its_enqueuer_ends_in_the_dlq(
+    db_url: str, pool: AsyncConnectionPool[Any], queue: str
+) -> None:
+    (row_id,) = insert_rows(db_url, 1, queue=queue, max_retries=2)
+    repo = OutboxRepository(pool)
+    for crash in (1, 2, 3):
+        out = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-c", CRASH_WHILE_HOLDING, db_url],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert (out.returncode, out.stdout.strip()) == (3, "1"), out.stderr
+        for _ in range(100):  # the server notices the dead client and aborts the transaction
+            retried, dead = await repo.recover_batches()
+            if retried or dead:
+                break
+            await asyncio.sleep(0.05)
+        expected = (0, 1) if crash == 3 else (1, 0)
+        assert (retried, dead) == expected
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute("UPDATE outbox SET next_attempt_at = NULL")  # due again now
+    assert attempts(db_url) == {row_id: ("DLQ", 3)}
+    with psycopg.connect(db_url) as conn:
+        dlq = conn.execute("SELECT id, attempts, last_error FROM outbox_dlq").fetchall()
+    assert [(r[0], r[1]) for r in dlq] == [(row_id, 3)]
+    assert "did not settle" in dlq[0][2]
