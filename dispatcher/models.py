@@ -81,12 +81,17 @@ def payload_fields(payload: str | None, outbox_id: str) -> dict[str, str]:
         doc = None
     if not isinstance(doc, dict):
         return {"data": payload, "outbox_id": outbox_id}
-    fields = {
-        str(k): v if isinstance(v, str) else json.dumps(v, separators=(",", ":"))
-        for k, v in doc.items()
-    }
+    fields = {str(k): _field_text(v) for k, v in doc.items()}
     fields["outbox_id"] = outbox_id
     return fields
+
+
+def _field_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if type(value) is int:  # the common non-string (attempt, version): same text as JSON's
+        return str(value)
+    return json.dumps(value, separators=(",", ":"))
 
 
 class MalformedMessage(ValueError):
