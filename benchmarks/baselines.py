@@ -1,16 +1,73 @@
 """Baselines the product is measured against, in the same run.
 
-``PerRowPublisher`` is the straightforward relay: one awaited XADD per row,
-as the spec page's ``publishRow`` loop does.
+- ``PerRowPublisher``: one awaited XADD per row, as the spec page's
+  ``publishRow`` loop does.
+- The spec page's own table (``SPEC_SCHEMA``, created in schema ``spec`` of
+  the benchmark database) and its claim (``SPEC_CLAIM``: UPDATE to IN_FLIGHT,
+  then DELETE of the published rows), run with no Redis at all (the SQL-only
+  cycle) and as the straightforward relay (per-row XADD in between).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
+import psycopg
+from psycopg_pool import AsyncConnectionPool
 from redis.exceptions import RedisError
 
+from dispatcher.models import payload_fields
+from dispatcher.redis_client import connect_redis
 from dispatcher.stream import Fields, PublishResult, RedisStreamPublisher
+
+# The spec page's "Step 3" table and indexes, verbatim but for the schema.
+SPEC_SCHEMA = """
+CREATE SCHEMA IF NOT EXISTS spec;
+CREATE TABLE IF NOT EXISTS spec.outbox(
+    id TEXT PRIMARY KEY,
+    task_id TEXT,
+    stream TEXT NOT NULL,
+    payload JSONB,
+    type TEXT,
+    status TEXT NOT NULL DEFAULT 'PENDING',
+    attempt_count INT NOT NULL DEFAULT 0,
+    max_retries INT NOT NULL DEFAULT 5,
+    next_attempt_at TIMESTAMPTZ,
+    last_error TEXT,
+    backoff_seconds INT NOT NULL DEFAULT 5,
+    created_at TIMESTAMPTZ NOT NULL DEFAULT NOW(),
+    updated_at TIMESTAMPTZ NOT NULL DEFAULT NOW(),
+    sent_at TIMESTAMPTZ
+);
+CREATE INDEX IF NOT EXISTS idx_outbox_status ON spec.outbox(status, created_at);
+CREATE INDEX IF NOT EXISTS idx_outbox_pending_next
+    ON spec.outbox (created_at)
+    WHERE status IN ('PENDING', 'RETRY');
+CREATE INDEX IF NOT EXISTS idx_outbox_task_id ON spec.outbox (task_id) WHERE task_id IS NOT NULL;
+"""
+
+# The spec page's processBatch claim, verbatim but for reading the payload as text.
+SPEC_CLAIM = """
+UPDATE outbox SET status = 'IN_FLIGHT', updated_at = NOW()
+ WHERE id IN (
+       SELECT id FROM outbox
+        WHERE status IN ('PENDING', 'RETRY')
+          AND (next_attempt_at IS NULL OR next_attempt_at <= NOW())
+        ORDER BY created_at
+        LIMIT %s
+          FOR UPDATE SKIP LOCKED)
+RETURNING id, stream, payload::text, attempt_count, max_retries, next_attempt_at, backoff_seconds
+"""
+
+
+def spec_schema_url(db_url: str) -> str:
+    """``db_url`` with the spec page's table first on the search path (created if missing)."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(SPEC_SCHEMA)
+    return psycopg.conninfo.make_conninfo(db_url, options="-c search_path=spec")
 
 
 class PerRowPublisher(RedisStreamPublisher):
@@ -32,3 +89,49 @@ class PerRowPublisher(RedisStreamPublisher):
     async def publish(self, stream: str, fields: Fields) -> str:
         await self._ensure_groups([stream])
         return str(await self.client.xadd(stream, dict(fields)))  # type: ignore[arg-type]
+
+
+Publish = Callable[[list[tuple[Any, ...]]], Awaitable[None]]
+
+
+async def spec_cycle(
+    db_url: str, rows: int, publish: Publish | None, batch: int = 50, connections: int = 4
+) -> float:
+    """Rows/s of ``connections`` loops of: spec claim, ``publish`` (if any), DELETE."""
+    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
+        db_url,
+        min_size=connections,
+        max_size=connections,
+        kwargs={"autocommit": True},
+        open=False,
+    )
+    await pool.open(wait=True)
+
+    async def loop() -> None:
+        while True:
+            async with pool.connection() as conn:
+                claimed = await (await conn.execute(SPEC_CLAIM, (batch,))).fetchall()
+                if not claimed:
+                    return
+                if publish:
+                    await publish(claimed)
+                await conn.execute(
+                    "DELETE FROM outbox WHERE id = ANY(%s)", ([r[0] for r in claimed],)
+                )
+
+    started = time.perf_counter()
+    await asyncio.gather(*(loop() for _ in range(connections)))
+    elapsed = time.perf_counter() - started
+    await pool.close()
+    return rows / elapsed
+
+
+def per_row_relay(redis_url: str) -> tuple[Publish, Callable[[], Awaitable[None]]]:
+    """The spec page's publishRow loop: one awaited XADD per claimed row."""
+    publisher = PerRowPublisher(connect_redis(redis_url), group="workers")
+
+    async def publish(claimed: list[tuple[Any, ...]]) -> None:
+        for row_id, stream, payload, *_ in claimed:
+            await publisher.publish(stream, payload_fields(payload, row_id))
+
+    return publish, publisher.client.aclose

@@ -16,9 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
-from benchmarks.baselines import PerRowPublisher
+from benchmarks.baselines import PerRowPublisher, per_row_relay, spec_cycle, spec_schema_url
 from benchmarks.env import BenchEnv
 from dispatcher.models import TaskDispatch
 from dispatcher.outbox import EnqueuerConfig, OutboxEnqueuer, OutboxRepository, enqueue_dispatch
@@ -175,42 +174,27 @@ async def latency_under_load(env: BenchEnv, variant: str, rate: float = 1000.0) 
     return result
 
 
-SPEC_CLAIM = """
-UPDATE outbox SET status = 'IN_FLIGHT', updated_at = NOW()
- WHERE id IN (
-       SELECT id FROM outbox
-        WHERE status IN ('PENDING', 'RETRY')
-          AND (next_attempt_at IS NULL OR next_attempt_at <= NOW())
-        ORDER BY created_at
-        LIMIT %s
-          FOR UPDATE SKIP LOCKED)
-RETURNING id, stream, payload, attempt_count, max_retries, next_attempt_at, backoff_seconds
-"""
+async def sql_only_cycle(env: BenchEnv, schema: str, rows: int = 50_000) -> dict[str, float]:
+    """The spec page's claim -> delete with no Redis at all: batch 50, 4 connections.
+
+    ``schema`` "spec" runs it on the spec page's own table and indexes; "ours" on
+    the project's table (fewer indexes, so the spec's statements run faster on it).
+    """
+    url = spec_schema_url(env.db_url) if schema == "spec" else env.db_url
+    insert_rows(url, rows, queue="sqlonly", prefix=f"s{uuid.uuid4().hex[:6]}-")
+    return {"rows_per_s": await spec_cycle(url, rows, publish=None)}
 
 
-async def sql_only_cycle(env: BenchEnv, rows: int = 50_000) -> dict[str, float]:
-    """The spec page's claim -> delete with no Redis at all: batch 50, 4 connections."""
-    insert_rows(env.db_url, rows, queue="sqlonly", prefix=f"s{uuid.uuid4().hex[:6]}-")
-    pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        env.db_url, min_size=4, max_size=4, kwargs={"autocommit": True}, open=False
-    )
-    await pool.open(wait=True)
-
-    async def loop() -> None:
-        while True:
-            async with pool.connection() as conn:
-                claimed = await (await conn.execute(SPEC_CLAIM, (50,))).fetchall()
-                if not claimed:
-                    return
-                await conn.execute(
-                    "DELETE FROM outbox WHERE id = ANY(%s)", ([r[0] for r in claimed],)
-                )
-
-    started = time.perf_counter()
-    await asyncio.gather(*(loop() for _ in range(4)))
-    elapsed = time.perf_counter() - started
-    await pool.close()
-    return {"rows_per_s": rows / elapsed}
+async def spec_relay(env: BenchEnv, rows: int = 50_000) -> dict[str, float]:
+    """The straightforward relay: spec claim, one awaited XADD per row, DELETE (4 loops)."""
+    url = spec_schema_url(env.db_url)
+    queue = f"sr{uuid.uuid4().hex[:6]}"
+    insert_rows(url, rows, queue=queue, prefix=f"{queue}-")
+    publish, close = per_row_relay(env.redis_url)
+    try:
+        return {"rows_per_s": await spec_cycle(url, rows, publish=publish)}
+    finally:
+        await close()
 
 
 def _spawn_enqueuers(env: BenchEnv, processes: int) -> list[subprocess.Popen[bytes]]:

@@ -52,8 +52,10 @@ FIGURES: dict[str, tuple[str, dict[str, Variant]]] = {
         "drain of 50,000 pre-filled rows, default settings (batch 50, concurrency 4)",
         {
             "enqueuer": partial(eb.drain, variant="pipelined"),
-            "per-row relay": partial(eb.drain, variant="per-row"),
-            "spec SQL-only claim->delete": eb.sql_only_cycle,
+            "spec relay (spec SQL, per-row XADD)": eb.spec_relay,
+            "spec SQL-only claim->delete, spec table": partial(eb.sql_only_cycle, schema="spec"),
+            "spec SQL-only claim->delete, our table": partial(eb.sql_only_cycle, schema="ours"),
+            "enqueuer, per-row XADD": partial(eb.drain, variant="per-row"),
         },
     ),
     "drain_processes": (

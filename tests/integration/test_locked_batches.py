@@ -83,8 +83,19 @@ CRASH_WHILE_HOLDING = textwrap.dedent(
     async def main():
         pool = AsyncConnectionPool(sys.argv[1], kwargs={"autocommit": True}, open=False)
         await pool.open(wait=True)
-        async with OutboxRepository(pool).lock_batch(50, hold_for=30) as batch:
-            print(len(batch.rows), flush=True)
+        repo = OutboxRepository(pool)
+        # A first, healthy batch: the journal connection is up, so the next batch's journal
+        # row is written concurrently with its publish (the latency path), not before it.
+        await pool.check()
+        async with pool.connection() as conn:
+            await conn.execute(
+                "INSERT INTO outbox (id, stream, created_at) VALUES"
+                " ('warm-' || gen_random_uuid(), 'workflow.tasks.warm.0', now() - interval '1h')"
+            )
+        async with repo.lock_batch(1, hold_for=30) as warm:
+            await warm.settle([r.id for r in warm.rows])
+        async with repo.lock_batch(50, hold_for=30) as batch:
+            print(len(batch.rows), batch.journal is not None, flush=True)
             os._exit(3)  # dies holding the rows, as if the row had killed it
 
     asyncio.run(main())
@@ -103,7 +114,7 @@ async def test_a_row_that_keeps_killing_its_enqueuer_ends_in_the_dlq(
             [sys.executable, "-c", CRASH_WHILE_HOLDING, db_url],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
-        assert (out.returncode, out.stdout.strip()) == (3, "1"), out.stderr
+        assert (out.returncode, out.stdout.strip()) == (3, "1 True"), out.stderr
         for _ in range(100):  # the server notices the dead client and aborts the transaction
             retried, dead = await repo.recover_batches()
             if retried or dead:
