@@ -6,13 +6,16 @@ comes first: a wake-up from the LISTEN connection or the poll interval
 (retries coming due, lost notifications).
 
 NOTIFY is not free: it serialises the commits of every transaction that sends
-it. So the trigger notifies only while some enqueuer has announced itself idle
-(``outbox_idle``). An enqueuer withdraws its announcement as soon as one claim
-finds several rows (commits arrive faster than it wakes: notifications would
-only slow them down) and then drains in a loop without waiting. It announces
-again after two empty claims a few milliseconds apart, then claims once more
-shortly after (closing the race with commits that checked the flag just before
-it was set); the poll interval stays the backstop.
+it. So the trigger notifies only while some enqueuer holds the idle flag, an
+advisory lock on its own session (migration 0005). An enqueuer drops the flag
+as soon as one claim finds several rows (commits arrive faster than it wakes:
+notifications would only slow them down); then, while batches come back
+partial, it claims again after ``linger`` so a steady stream of commits goes
+out a batch at a time, and while they come back full, at once. It takes the
+flag again after two empty claims a few milliseconds apart, and claims once
+more right away: every transaction that inserted without a NOTIFY held the
+flag's lock shared until it ended, so that claim sees its rows. The poll
+interval stays the backstop.
 
 A batch is one transaction: it locks due rows (FOR UPDATE SKIP LOCKED),
 publishes them in one pipelined round trip and settles them before it
@@ -73,10 +76,14 @@ class EnqueuerConfig:
     listener_rotate_after: float = 600.0
     # Withdraw the idle announcement when one claim finds at least this many rows.
     busy_at_rows: int = 2
-    # An empty claim is confirmed by a second one this many seconds later before announcing.
+    # An empty claim is confirmed by a second one, started at least this many seconds after
+    # the first ended, before announcing (concurrent empty claims do not confirm each other).
     idle_confirm_after: float = 0.005
-    # After announcing, claim again this many seconds later (the flag/commit race).
-    idle_follow_ups: tuple[float, ...] = (0.03,)
+    # A claim that found rows but not a full batch, with nobody announced idle: wait this long
+    # before the next claim, so rows arriving at a steady rate go out in batches (a few rows
+    # per transaction would spend the database's CPU on the enqueuer instead of the
+    # application). Full batches (a backlog) go again at once.
+    linger: float = 0.002
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.concurrency < 1:
@@ -112,8 +119,8 @@ class OutboxEnqueuer:
         self._stopping = False
         self._backlog = False
         self.name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-        self._idle_announced = False
-        self._empty_claims = 0
+        self._quiet_since: float | None = None  # end of the first empty claim in a row
+        self._flag_retry = config.idle_confirm_after  # backoff while the flag cannot be taken
         self._idle_lock = asyncio.Lock()
         self.last_loop = time.monotonic()
         self.listener = (
@@ -177,6 +184,7 @@ class OutboxEnqueuer:
             self._kick.clear()
 
     async def _batch_in_slot(self, slots: asyncio.Semaphore) -> int:
+        started = asyncio.get_running_loop().time()
         try:
             count = await self.process_batch()
         except Exception:
@@ -185,51 +193,66 @@ class OutboxEnqueuer:
         finally:
             slots.release()
         try:
-            await self._after_batch(count)
+            await self._after_batch(count, started)
         except Exception as exc:
             log.warning("could not update the idle announcement: %s", exc)
         return count
 
-    async def _after_batch(self, count: int) -> None:
-        """Decide whether to go again at once, and whether inserts should NOTIFY us."""
-        full = count >= self.config.batch_size
-        self._empty_claims = self._empty_claims + 1 if count == 0 else 0
-        async with self._idle_lock:
-            if self._idle_announced and count >= self.config.busy_at_rows:
-                await self._repo.withdraw_idle(self.name)
-                self._idle_announced = False
-            elif count == 0 and not self._idle_announced and self._can_listen():
-                await self._confirm_idle()
-        # Rows found while nobody announced idle: no NOTIFY will come for the next ones,
-        # so claim again at once (and likewise after a full batch).
-        self._backlog = full or (count > 0 and not self._idle_announced)
-        if self._backlog:
-            self._kick.set()
+    @property
+    def idle_announced(self) -> bool:
+        """True while this enqueuer holds the idle flag: outbox inserts NOTIFY."""
+        return self._repo.idle_flag_held
 
-    async def _confirm_idle(self) -> None:
+    async def _after_batch(self, count: int, started: float) -> None:
+        """Decide when to claim again, and whether inserts should NOTIFY us."""
         loop = asyncio.get_running_loop()
-        if self._empty_claims < 2:
+        if count:
+            self._quiet_since = None
+            self._flag_retry = self.config.idle_confirm_after
+        async with self._idle_lock:
+            if self.idle_announced and count >= self.config.busy_at_rows:
+                await self._repo.drop_idle_flag()
+            elif count == 0 and not self.idle_announced and self._can_listen():
+                await self._confirm_idle(started, loop.time())
+        self._backlog = count >= self.config.batch_size
+        if self._backlog:
+            self._kick.set()  # a full batch: more are waiting
+        elif count and not self.idle_announced:
+            # No NOTIFY will come for the next rows: claim again shortly, in one batch.
+            loop.call_later(self.config.linger, self.wake)
+
+    async def _confirm_idle(self, started: float, ended: float) -> None:
+        loop = asyncio.get_running_loop()
+        quiet_since = self._quiet_since
+        if quiet_since is None or started < quiet_since + self.config.idle_confirm_after:
+            if quiet_since is None:
+                self._quiet_since = ended
             loop.call_later(self.config.idle_confirm_after, self.wake)
             return
-        assert self.listener is not None
-        await self._repo.announce_idle(self.name, self.listener.backend_pid)
-        self._idle_announced = True
-        for delay in self.config.idle_follow_ups:
-            loop.call_later(delay, self.wake)
+        if await self._repo.take_idle_flag():
+            metrics.IDLE_ANNOUNCED.inc()
+            self._flag_retry = self.config.idle_confirm_after
+            # Rows committed before the flag was taken sent no NOTIFY, but their transactions
+            # have ended (they held the flag's lock shared): one claim now sees them all.
+            self.wake()
+        else:
+            # Another enqueuer holds it (its NOTIFYs wake us too), or an insert is in flight.
+            loop.call_later(self._flag_retry, self.wake)
+            self._flag_retry = min(self._flag_retry * 2, self.config.poll_interval)
 
     def _can_listen(self) -> bool:
         return bool(self.listener and self.listener.connected and not self._stopping)
 
     def _listener_state(self, connected: bool) -> None:
         metrics.LISTENER_CONNECTED.set(1 if connected else 0)
-        if not connected and self._idle_announced:
-            self._idle_announced = False  # nobody hears NOTIFY now; the poll takes over
+        if not connected and self.idle_announced:
+            # Nobody hears NOTIFY now; the poll takes over.
             asyncio.get_running_loop().create_task(self._withdraw_quietly())
 
     async def _withdraw_quietly(self) -> None:
         with contextlib.suppress(Exception):
             async with self._idle_lock:
-                await self._repo.withdraw_idle(self.name)
+                await self._repo.drop_idle_flag()
 
     async def _drain(self, batches: set[asyncio.Task[int]]) -> None:
         """Let running batches finish; past the timeout cancel them (their rows roll back)."""
@@ -353,7 +376,6 @@ class OutboxEnqueuer:
 
     async def maintenance_once(self) -> dict[str, Any]:
         """Count the attempts of batches that never settled; refresh the depth gauges."""
-        await self._repo.forget_dead_listeners()
         retried, dead = await self._repo.recover_batches()
         if retried or dead:
             metrics.RECOVERED.labels("retry").inc(retried)

@@ -13,6 +13,7 @@ __all__ = [
     "COMMIT_TO_PUBLISH",
     "DLQ",
     "FAILED",
+    "IDLE_ANNOUNCED",
     "IN_FLIGHT",
     "LISTENER_CONNECTED",
     "OUTBOX_DEPTH",
@@ -53,6 +54,10 @@ OUTBOX_DEPTH = Gauge(
     "dispatcher_outbox_depth",
     "Outbox rows by status; IN_FLIGHT: rows held by open batches (also PENDING or RETRY)",
     ["status"],
+)
+IDLE_ANNOUNCED = Counter(
+    "dispatcher_outbox_idle_announcements",
+    "Times this enqueuer announced itself idle (outbox inserts NOTIFY until it withdraws)",
 )
 LISTENER_CONNECTED = Gauge(
     "dispatcher_outbox_listener_connected", "1 while the LISTEN connection is up"

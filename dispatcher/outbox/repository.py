@@ -106,31 +106,51 @@ class OutboxRepository:
     def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
         self._pool = pool
         self._holder = f"{socket.gethostname()}-{os.getpid()}"  # journal rows name their process
-        # Journal rows are written while the batch holds its pooled connection. Taking a second
-        # one from the pool could deadlock (every batch holding one, waiting for another), so
-        # they go through one connection of their own, shared by this process's batches.
-        self._journal_conn: AsyncConnection[Any] | None = None
-        self._journal_lock = asyncio.Lock()
+        # The process's own session, outside the pool: it holds the idle flag (session state)
+        # and writes journal rows while a batch holds its pooled connection (taking a second
+        # one from the pool could deadlock: every batch holding one, waiting for another).
+        self._session: AsyncConnection[Any] | None = None
+        self._session_lock = asyncio.Lock()
+        self.idle_flag_held = False  # False again whenever the session is lost
 
     async def aclose(self) -> None:
-        """Close the journal connection (the pool is the caller's)."""
-        async with self._journal_lock:
-            if self._journal_conn is not None:
-                await self._journal_conn.close()
-                self._journal_conn = None
+        """Close the process's own session (the pool is the caller's); drops the idle flag."""
+        async with self._session_lock:
+            if self._session is not None:
+                await self._session.close()
+                self._session = None
+            self.idle_flag_held = False
 
-    async def _open_journal(self, params: dict[str, Any]) -> None:
-        async with self._journal_lock:
-            if self._journal_conn is None or self._journal_conn.closed:
+    async def _on_session(self, name: str, params: dict[str, Any]) -> Any:
+        async with self._session_lock:
+            if self._session is None or self._session.closed:
+                self.idle_flag_held = False  # it died with the old session
                 conninfo, kwargs = self._pool.conninfo, self._pool.kwargs
                 if not isinstance(conninfo, str) or not isinstance(kwargs, dict):
                     raise TypeError("the enqueuer's pool needs a plain conninfo and kwargs")
-                self._journal_conn = await AsyncConnection.connect(conninfo, **kwargs)
+                self._session = await AsyncConnection.connect(conninfo, **kwargs)
             try:
-                await self._journal_conn.execute(QUERIES["open_journal"], params)
+                cur = await self._session.execute(QUERIES[name], params)
+                return await cur.fetchone() if cur.description else None
             except psycopg.OperationalError:
-                await self._journal_conn.close()  # reconnect next time
+                self.idle_flag_held = False
+                await self._session.close()  # reconnect next time
                 raise
+
+    async def _open_journal(self, params: dict[str, Any]) -> None:
+        await self._on_session("open_journal", params)
+
+    async def take_idle_flag(self) -> bool:
+        """Make outbox inserts NOTIFY (migration 0005); False if it cannot be taken now."""
+        if not self.idle_flag_held:
+            row = await self._on_session("take_idle_flag", {"key": IDLE_FLAG_KEY})
+            self.idle_flag_held = bool(row and row[0])
+        return self.idle_flag_held
+
+    async def drop_idle_flag(self) -> None:
+        if self.idle_flag_held:
+            self.idle_flag_held = False
+            await self._on_session("drop_idle_flag", {})
 
     async def _execute(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         async with self._pool.connection() as conn:
@@ -187,8 +207,8 @@ class OutboxRepository:
                 "ids": [r.id for r in rows],
                 "enqueuer": self._holder,
             }
-            connected = self._journal_conn is not None and not self._journal_conn.closed
-            if connected and not self._journal_lock.locked():
+            connected = self._session is not None and not self._session.closed
+            if connected and not self._session_lock.locked():
                 # Written while the batch publishes: one round trip off the dispatch latency.
                 # The yield lets the task (lock free, connection up) put the INSERT on the wire
                 # before the caller touches a row, so even a crash a row causes at once is
@@ -209,16 +229,6 @@ class OutboxRepository:
         assert row is not None
         return int(row["retried"]), int(row["dead"])
 
-    async def announce_idle(self, enqueuer: str, listener_pid: int) -> None:
-        """From now on, outbox inserts NOTIFY: this enqueuer is idle and listening."""
-        await self._rowcount("announce_idle", {"enqueuer": enqueuer, "pid": listener_pid})
-
-    async def withdraw_idle(self, enqueuer: str) -> None:
-        await self._rowcount("withdraw_idle", {"enqueuer": enqueuer})
-
-    async def forget_dead_listeners(self) -> int:
-        return await self._rowcount("forget_dead_listeners", {})
-
     async def status_counts(self) -> StatusCounts:
         rows = await self._execute("status_counts", {})
         (dlq,) = await self._execute("dlq_count", {})
@@ -230,6 +240,9 @@ class OutboxRepository:
             in_flight=int(open_batches["rows"]),
         )
 
+
+# The advisory lock key of the idle flag; migration 0005's trigger tests the same number.
+IDLE_FLAG_KEY = 0x6F626964_6C65  # "obidle"
 
 _BEGIN = "; ".join(
     [

@@ -60,7 +60,7 @@ def test_the_app_role_may_only_insert_into_the_outbox(roles_db: str) -> None:
             "UPDATE outbox SET status = 'SENT'",
             "DELETE FROM outbox",
             "TRUNCATE outbox",
-            "DELETE FROM outbox_idle",
+            "DELETE FROM outbox_batches",
             "CREATE TABLE sneaky (x int)",
         ):
             assert _denied(app, statement), statement

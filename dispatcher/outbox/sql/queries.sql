@@ -144,14 +144,10 @@ RETURNING id;
 -- name: outbox_streams
 SELECT DISTINCT stream FROM outbox;
 
--- name: announce_idle
-INSERT INTO outbox_idle (enqueuer, listener_pid) VALUES (%(enqueuer)s, %(pid)s)
-ON CONFLICT (enqueuer) DO UPDATE SET listener_pid = EXCLUDED.listener_pid, since = now();
+-- name: take_idle_flag
+-- On the enqueuer's own session. Fails while another enqueuer holds the flag, or while a
+-- transaction that inserted outbox rows without a NOTIFY is still open.
+SELECT pg_try_advisory_lock(%(key)s) AS taken;
 
--- name: withdraw_idle
-DELETE FROM outbox_idle WHERE enqueuer = %(enqueuer)s;
-
--- name: forget_dead_listeners
--- Announcements of enqueuers whose listener connection is gone (crashed, killed).
-DELETE FROM outbox_idle
- WHERE listener_pid NOT IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL);
+-- name: drop_idle_flag
+SELECT pg_advisory_unlock_all();

@@ -8,12 +8,12 @@
 --   psql "$ADMIN_DATABASE_URL" -c "ALTER ROLE outbox_enqueuer PASSWORD '...'"   (and outbox_app)
 --
 -- outbox_app       the application's role for dispatching: INSERT into outbox, nothing else.
---                  The outbox_notify trigger still fires: composer_notify_outbox() is
---                  SECURITY DEFINER (migration 0002), so it reads outbox_idle as its owner.
+--                  The outbox_notify trigger needs nothing more: its WHEN clause takes a
+--                  shared advisory lock (migration 0005), which every role may.
 --                  Grant the role's privileges on your business tables yourself, or make your
 --                  application's role a member (GRANT outbox_app TO myapp).
 -- outbox_enqueuer  `dispatcher enqueuer`: claim/update/delete outbox rows, write outbox_dlq,
---                  announce itself in outbox_idle, read the schema version. No INSERT into
+--                  journal its batches in outbox_batches, read the schema version. No INSERT into
 --                  outbox, no DDL, no TRUNCATE.
 --
 -- `dispatcher migrate`, `status` and `dlq replay` run as the owner (an operator's role).
@@ -37,7 +37,7 @@ BEGIN
 END
 $$;
 
-REVOKE ALL ON outbox, outbox_dlq, outbox_idle, outbox_batches, outbox_schema_version
+REVOKE ALL ON outbox, outbox_dlq, outbox_batches, outbox_schema_version
     FROM outbox_app, outbox_enqueuer;
 
 -- The application: enqueue_dispatch is a plain INSERT (no RETURNING, no ON CONFLICT).
@@ -47,12 +47,11 @@ GRANT INSERT ON outbox TO outbox_app;
 GRANT SELECT, UPDATE, DELETE ON outbox TO outbox_enqueuer;           -- lock, settle, recover
 GRANT SELECT, INSERT, DELETE ON outbox_batches TO outbox_enqueuer;   -- the batch journal
 GRANT SELECT, INSERT, UPDATE ON outbox_dlq TO outbox_enqueuer;       -- move_to_dlq (ON CONFLICT)
-GRANT SELECT, INSERT, UPDATE, DELETE ON outbox_idle TO outbox_enqueuer;  -- announce/withdraw
 GRANT SELECT ON outbox_schema_version TO outbox_enqueuer;
 
 -- Timeouts. The enqueuer's statements are short and its claims SKIP LOCKED: anything that
 -- waits on a lock for seconds, runs for half a minute or sits idle inside a transaction is a
--- fault, and ending it lets the claim recovery take over. (Its LISTEN connection is idle
+-- fault, and ending it rolls the batch back: its rows are due again. (Its LISTEN connection is idle
 -- outside any transaction, which these settings leave alone.)
 ALTER ROLE outbox_enqueuer SET statement_timeout = '30s';
 ALTER ROLE outbox_enqueuer SET lock_timeout = '5s';
