@@ -3,7 +3,8 @@
 The application side of the outbox: pgbench clients each commit one outbox
 INSERT per transaction while a real ``dispatcher enqueuer`` process listens
 and drains. The spec page's trigger NOTIFYs on every insert, which takes a
-database-wide lock at commit; ours NOTIFYs only while an enqueuer is idle.
+database-wide lock at commit; ours NOTIFYs only while an enqueuer holds the
+idle flag (migration 0005), and runs no function at all otherwise.
 """
 
 from __future__ import annotations
@@ -37,22 +38,31 @@ END;
 $$;
 """
 
-TRIGGERS = {
-    "no trigger": None,
-    "spec trigger": "bench_spec_notify_outbox",
-    "project trigger": "composer_notify_outbox",
-}
+SPEC_TRIGGER = (
+    "CREATE TRIGGER outbox_notify AFTER INSERT ON outbox "
+    "FOR EACH STATEMENT EXECUTE FUNCTION bench_spec_notify_outbox()"
+)
+PROJECT = "project trigger"
+TRIGGERS = ("no trigger", "spec trigger", PROJECT)
+
+_installed: dict[str, str] = {}  # db_url -> the migrations' CREATE TRIGGER
 
 
-def set_trigger(db_url: str, function: str | None) -> None:
+def set_trigger(db_url: str, variant: str) -> None:
+    """Install ``variant``'s trigger; "project trigger" is exactly what the migrations made."""
     with psycopg.connect(db_url, autocommit=True) as conn:
+        if db_url not in _installed:
+            row = conn.execute(
+                "SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgname = 'outbox_notify'"
+            ).fetchone()
+            assert row, "run the migrations first"
+            _installed[db_url] = row[0]
         conn.execute(SPEC_FUNCTION)
         conn.execute("DROP TRIGGER IF EXISTS outbox_notify ON outbox")
-        if function:
-            conn.execute(
-                "CREATE TRIGGER outbox_notify AFTER INSERT ON outbox "
-                f"FOR EACH STATEMENT EXECUTE FUNCTION {function}()"
-            )
+        if variant == "spec trigger":
+            conn.execute(SPEC_TRIGGER)
+        elif variant == PROJECT:
+            conn.execute(_installed[db_url])
 
 
 @contextmanager
@@ -88,11 +98,11 @@ def pgbench_tps(db_url: str, clients: int, seconds: int = 8) -> float:
 
 
 def insert_tps(env: BenchEnv, variant: str, clients: int) -> dict[str, float]:
-    set_trigger(env.db_url, TRIGGERS[variant])
+    set_trigger(env.db_url, variant)
     try:
         with enqueuer_process(env):
             return {"tps": pgbench_tps(env.db_url, clients)}
     finally:
-        set_trigger(env.db_url, "composer_notify_outbox")
+        set_trigger(env.db_url, PROJECT)
         with psycopg.connect(env.db_url, autocommit=True) as conn:
             conn.execute("TRUNCATE outbox")  # what the enqueuer left: not the next figure's
