@@ -92,6 +92,81 @@ async def measure_all(env: BenchEnv, rounds: int, only: set[str]) -> dict[str, d
     return results
 
 
+Results = dict[str, dict[str, Any]]
+SPEC_SQL = "spec SQL-only claim->delete, spec table"
+SPEC_RELAY = "spec relay (spec SQL, per-row XADD)"
+
+# (target of issue 9 or 3, figure it needs, how to compute (measured text, met)).
+TARGETS: list[tuple[str, str, Callable[[Results], tuple[str, bool]]]] = [
+    ("insert tps at 16 clients, project trigger >= 0.9x no trigger", "insert_tps_16",
+     lambda r: _ratio(r["insert_tps_16"], "project trigger", "no trigger", "tps", 0.9,
+                      also=("spec trigger", "no trigger"))),
+    ("insert tps at 4 clients, project trigger >= 0.9x no trigger", "insert_tps_4",
+     lambda r: _ratio(r["insert_tps_4"], "project trigger", "no trigger", "tps", 0.9,
+                      also=("spec trigger", "no trigger"))),
+    ("idle commit -> stream p50 <= 5 ms (issue 3)", "idle_latency",
+     lambda r: _bound(r["idle_latency"]["enqueuer"]["p50_ms"], 5.0, "ms")),
+    ("idle p50 <= 1.3x the bare NOTIFY round trip", "idle_latency",
+     lambda r: _ratio(r["idle_latency"], "enqueuer", "bare NOTIFY round trip", "p50_ms", 1.3,
+                      lower_is_better=True)),
+    ("idle p99 <= 2x the bare NOTIFY round trip", "idle_latency",
+     lambda r: _ratio(r["idle_latency"], "enqueuer", "bare NOTIFY round trip", "p99_ms", 2.0,
+                      lower_is_better=True)),
+    ("p99 at ~1,000 rows/s <= 10 ms", "latency_1k",
+     lambda r: _bound(r["latency_1k"]["enqueuer"]["p99_ms"], 10.0, "ms")),
+    ("drain >= 1.0x the spec SQL-only cycle (spec table)", "drain_50k",
+     lambda r: _ratio(r["drain_50k"], "enqueuer", SPEC_SQL, "rows_per_s", 1.0)),
+    ("drain >= 3x the per-row relay (issues 3 and 9)", "drain_50k",
+     lambda r: _ratio(r["drain_50k"], "enqueuer", SPEC_RELAY, "rows_per_s", 3.0)),
+    ("two enqueuers drain >= 1.5x one", "drain_processes",
+     lambda r: _ratio(r["drain_processes"], "2 enqueuers", "1 enqueuer", "rows_per_s", 1.5)),
+    ("commit -> handled p50 <= 0.6x procrastinate", "handled_latency",
+     lambda r: _ratio(r["handled_latency"], "outbox-dispatcher", "procrastinate", "p50_ms", 0.6,
+                      lower_is_better=True)),
+]  # fmt: skip
+
+
+def _ratio(
+    figure: dict[str, Any],
+    ours: str,
+    base: str,
+    key: str,
+    target: float,
+    *,
+    lower_is_better: bool = False,
+    also: tuple[str, str] | None = None,
+) -> tuple[str, bool]:
+    ratio = figure[ours][key] / figure[base][key]
+    text = f"{ratio:.2f}x ({figure[ours][key]:,.2f} vs {figure[base][key]:,.2f})"
+    if also:
+        text += f"; {also[0]}: {figure[also[0]][key] / figure[also[1]][key]:.2f}x"
+    return text, ratio <= target if lower_is_better else ratio >= target
+
+
+def _bound(value: float, limit: float, unit: str) -> tuple[str, bool]:
+    return f"{value:,.2f} {unit}", value <= limit
+
+
+def render_targets(results: Results) -> list[str]:
+    lines = ["## Against the targets (issue 9; issue 3 where marked)", "",
+             "| target | measured | met |", "|---|---|---|"]  # fmt: skip
+    for text, figure, compute in TARGETS:
+        if figure not in results or not all(
+            isinstance(v, dict) and v for v in results[figure].values()
+        ):
+            lines.append(f"| {text} | not measured in this run | - |")
+            continue
+        try:
+            measured, met = compute(results)
+        except (KeyError, ZeroDivisionError):
+            lines.append(f"| {text} | not measured in this run | - |")
+            continue
+        lines.append(f"| {text} | {measured} | {'yes' if met else '**no**'} |")
+    lines += ["| worker consume >= 0.7x a bare XREADGROUP + XACK/XDEL loop "
+              "| see `results/worker_consume.md` (its own harness) | - |", ""]  # fmt: skip
+    return lines
+
+
 def render(results: dict[str, dict[str, Any]], rounds: int) -> str:
     lines = ["# Benchmark results", ""]
     lines += [f"- {k}: {v}" for k, v in machine_facts().items()]
@@ -108,7 +183,7 @@ def render(results: dict[str, dict[str, Any]], rounds: int) -> str:
             cells = " | ".join(f"{figures[k]:,.2f}" for k in keys)
             lines.append(f"| {variant} | {cells} | first/this: {ratio} |")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + render_targets(results))
 
 
 def main() -> None:
