@@ -42,7 +42,7 @@ make faults                                   # FAULTS_LONG=1 pytest tests/fault
 *lost* = committed - handled - dead-lettered; *unexpected* = handled or dead-lettered but
 never committed; *duplicates* = handler runs beyond the first per task. *committed* counts
 commits whose outcome was unknown to the client (the connection died in COMMIT) when their
-business row exists. Every scenario also asserts no outbox row left PENDING/RETRY/IN_FLIGHT
+business row exists. Every scenario also asserts no outbox row left PENDING/RETRY (nor a batch open)
 and every task stream and PEL empty at the end. Duplicates are asserted zero except where a
 worker or its Redis connection is faulted (marked †): at-least-once delivery.
 
