@@ -79,6 +79,11 @@ class LockedBatch:
     ) -> None:
         if self.journal is not None:
             await self.journal  # its row must exist before the commit that deletes it
+        if not retries and not dead:  # the common case: one statement and COMMIT, one execute
+            cur = AsyncClientCursor(self._conn)
+            await cur.execute(_SETTLE_SENT, {"token": self.token, "ids": list(sent)})
+            self.settled = True
+            return
         async with self._conn.pipeline():
             await self._conn.execute(QUERIES["close_journal"], {"token": self.token})
             if sent:
@@ -190,20 +195,20 @@ class OutboxRepository:
         # One simple-protocol round trip (client-side binding of two numbers). Not a pipeline:
         # the Flush psycopg sends after a pipeline's Sync disarms the server's
         # idle-in-transaction timer, which is the whole point of hold_for.
-        cur = AsyncClientCursor(conn, row_factory=dict_row)
+        cur = AsyncClientCursor(conn)
         await cur.execute(_BEGIN, {"hold_ms": str(max(1, round(hold_for * 1000))), "limit": limit})
         cur.nextset()  # past BEGIN
         cur.nextset()  # past set_config
-        rows = [ClaimedRow(**r) for r in await cur.fetchall()]
+        rows = [ClaimedRow(*r) for r in await cur.fetchall()]
         cur.nextset()
         xact = await cur.fetchone()
         batch = LockedBatch(conn, uuid.uuid4(), rows)
         if rows:
-            if xact is None or xact["xact"] is None:  # locking a row always assigns one
+            if xact is None or xact[0] is None:  # locking a row always assigns one
                 raise RuntimeError("a batch locked rows but has no transaction id")
             params = {
                 "token": batch.token,
-                "xact": xact["xact"],
+                "xact": xact[0],
                 "ids": [r.id for r in rows],
                 "enqueuer": self._holder,
             }
@@ -240,6 +245,14 @@ class OutboxRepository:
             in_flight=int(open_batches["rows"]),
         )
 
+
+_SETTLE_SENT = "; ".join(
+    [
+        QUERIES["close_journal"].rstrip(";"),
+        QUERIES["delete_published"].rstrip(";"),
+        "COMMIT",
+    ]
+)
 
 # The advisory lock key of the idle flag; migration 0005's trigger tests the same number.
 IDLE_FLAG_KEY = 0x6F626964_6C65  # "obidle"

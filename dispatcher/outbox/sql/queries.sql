@@ -9,6 +9,7 @@ VALUES (%(id)s, %(task_id)s, %(stream)s, %(payload)s, %(type)s, 'PENDING', %(not
         %(max_retries)s, %(backoff_seconds)s);
 
 -- name: lock_batch
+-- Columns in the order of ClaimedRow's fields (the repository builds it positionally).
 -- The claim: due rows locked by the enqueuer's open transaction, which publishes them and
 -- deletes them before it commits. LIMIT sits above the row locking, so at most "limit" rows
 -- are locked (the spec page's "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" under an
