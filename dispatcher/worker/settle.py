@@ -119,10 +119,12 @@ class Settler:
                 consumer.add_ack(pipe, ids)
             await pipe.execute()
         else:
-            keys = [*map(done_key, done), *(consumer.stream for consumer, _ in streams)]
-            args: list[str | int] = [self._guard.done_ttl_ms, len(done)]
+            # As bytes: redis-py packs bytes at half the cost of str, on the hot path.
+            keys = [done_key(k).encode() for k in done]
+            keys += [consumer.stream.encode() for consumer, _ in streams]
+            args: list[bytes | str | int] = [self._guard.done_ttl_ms, len(done)]
             for consumer, ids in streams:
-                args += [consumer.group, len(ids), *ids]
+                args += [consumer.group, len(ids), *(i.encode() for i in ids)]
             await self._settle(keys=keys, args=args)
         return [None] * len(group)
 
