@@ -77,6 +77,9 @@ class SlotPool:
         """Wait (up to ``within`` seconds) until a slot is free; return the free count (maybe 0)."""
         if self.free <= 0:
             self._freed.clear()
+            # asyncio.timeout, not wait_for: no extra task, so a release wakes the caller
+            # one loop turn sooner (this is on every read of a busy worker).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._freed.wait(), within)
+                async with asyncio.timeout(within):
+                    await self._freed.wait()
         return max(self.free, 0)
