@@ -1,4 +1,4 @@
-"""Worker consume rate: ``python -m benchmarks.worker_consume [--messages N] [--rounds 3]``.
+"""Worker consume rate: ``python -m benchmarks.worker_consume [--messages N] [--rounds 5]``.
 
 What it measures: how many messages per second ``dispatcher worker`` settles
 with a no-op handler (``tests.handlers:noop``), at 1 and 2 processes, against
@@ -12,7 +12,11 @@ queue of 4 shards is filled with the whole backlog first (fields exactly as
 the enqueuer writes them), then the consumers start. The rate is taken while
 the backlog drains, from 5 % consumed to empty, so process start-up does not
 count. Variants run interleaved per round; each figure is the median of the
-rounds. Prints a markdown table and writes ``benchmarks/results/worker_consume.md``.
+rounds. The default backlog (200k) keeps the bare loop draining for about a
+second: at 20k it drained in 0.2 s and its figure swung by a factor of 2.5.
+The load average before and after is recorded, since another process on the
+machine skews every variant. Prints a markdown table and writes
+``benchmarks/results/worker_consume.md``.
 """
 
 from __future__ import annotations
@@ -144,7 +148,9 @@ async def measure(url: str, *, messages: int, rounds: int) -> dict[str, list[flo
     return rates
 
 
-def render(rates: dict[str, list[float]], *, messages: int, rounds: int) -> str:
+def render(
+    rates: dict[str, list[float]], *, messages: int, rounds: int, load: tuple[str, str]
+) -> str:
     floor = statistics.median(next(iter(rates.values())))
     redis_version = subprocess.run(
         ["redis-server", "--version"], capture_output=True, text=True, check=False
@@ -158,6 +164,7 @@ def render(rates: dict[str, list[float]], *, messages: int, rounds: int) -> str:
         f"- backlog: {messages} messages over {SHARDS} shards, no-op async handler, "
         f"worker --concurrency {CONCURRENCY}; rate from 5 % consumed to empty",
         f"- {rounds} rounds, variants interleaved; median (min-max) msgs/s",
+        f"- load average (1/5/15 min) before: {load[0]}; after: {load[1]}",
         "- reproduce: `.venv/bin/python -m benchmarks.worker_consume`",
         "",
         "| variant | msgs/s (median) | min-max | vs bare |",
@@ -172,19 +179,25 @@ def render(rates: dict[str, list[float]], *, messages: int, rounds: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def load_average() -> str:
+    return " / ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--messages", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="od-bench-worker-"))
     server = RedisProcess(workdir / "redis").start()
+    before = load_average()
     try:
         rates = asyncio.run(measure(server.url, messages=args.messages, rounds=args.rounds))
     finally:
         server.kill()
         shutil.rmtree(workdir, ignore_errors=True)
-    table = render(rates, messages=args.messages, rounds=args.rounds)
+    load = (before, load_average())
+    table = render(rates, messages=args.messages, rounds=args.rounds, load=load)
     print(table)
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     RESULT.write_text(table)

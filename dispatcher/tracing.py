@@ -19,7 +19,7 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     propagate = None
     trace = None
 
-__all__ = ["TRACE_FIELDS", "child_span", "current_trace_fields"]
+__all__ = ["TRACE_FIELDS", "carries_trace", "child_span", "current_trace_fields"]
 
 TRACE_FIELDS = ("traceparent", "tracestate")
 
@@ -33,6 +33,11 @@ def current_trace_fields() -> dict[str, str]:
     return {k: v for k, v in carrier.items() if k in TRACE_FIELDS}
 
 
+def carries_trace(fields: Mapping[str, str]) -> bool:
+    """Whether ``child_span`` would open a span for ``fields`` (a hot-path check)."""
+    return trace is not None and propagate is not None and "traceparent" in fields
+
+
 @contextlib.contextmanager
 def child_span(
     fields: Mapping[str, str], name: str, *, kind: str = "INTERNAL", **attributes: Any
@@ -41,7 +46,7 @@ def child_span(
 
     No trace in ``fields`` (or no OpenTelemetry): no span, and ``{}`` is yielded.
     """
-    if trace is None or propagate is None or "traceparent" not in fields:
+    if trace is None or propagate is None or not carries_trace(fields):
         yield {}
         return
     parent = propagate.extract({k: fields[k] for k in TRACE_FIELDS if k in fields})

@@ -48,13 +48,14 @@ class RedisStreamConsumer:
     async def setup(self) -> None:
         await ensure_group(self.client, self.stream, self.group)
 
-    async def read_new(self, max_count: int) -> list[Message]:
+    async def read_new(self, max_count: int, *, block: bool = True) -> list[Message]:
+        """Never-delivered entries; ``block=False`` answers at once, maybe with none."""
         reply = await self.client.xreadgroup(
             self.group,
             self.consumer,
             {self.stream: ">"},
             count=max(max_count, 1),
-            block=self.block_ms,
+            block=self.block_ms if block else None,
         )
         return [
             Message(stream=self.stream, id=entry_id, fields=fields or {})

@@ -84,7 +84,8 @@ class ErrorMemory:
         return self._errors.get((message.stream, message.id))
 
     def forget(self, message: Message) -> None:
-        self._errors.pop((message.stream, message.id), None)
+        if self._errors:  # nearly always empty: every entry settled forgets
+            self._errors.pop((message.stream, message.id), None)
 
     def __len__(self) -> int:
         return len(self._errors)

@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
@@ -38,11 +38,11 @@ from dispatcher.models import MalformedMessage, TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.consumer import RedisStreamConsumer
 from dispatcher.stream.protocol import Message
-from dispatcher.tracing import child_span
+from dispatcher.tracing import carries_trace, child_span
 from dispatcher.worker.coalesce import Coalescer
 from dispatcher.worker.dead_letter import ErrorMemory, describe_error, write_dead_letter
 from dispatcher.worker.dedup import AttemptGuard, Claim
-from dispatcher.worker.handler import Handler, invoke
+from dispatcher.worker.handler import Handler, Invoke, invoker
 from dispatcher.worker.leases import LeaseKeeper
 from dispatcher.worker.metrics import QueueMetrics, WorkerMetrics
 from dispatcher.worker.settle import Settler
@@ -87,6 +87,10 @@ class Deliveries:
     errors: ErrorMemory
     max_deliveries: int
     executor: Executor | None = None
+    _invoke: Invoke = field(init=False)  # the handler, async or sync, resolved once
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_invoke", invoker(self.handler, executor=self.executor))
 
     async def process(
         self,
@@ -162,17 +166,20 @@ class Deliveries:
     async def _run(self, source: _Source, message: Message, task: TaskMessage) -> Outcome:
         started = time.perf_counter()
         lease = self.leases.hold(task.dedup_key)
-        self.metrics.in_flight.inc()
+        self.metrics.running += 1
         failure: Exception | None = None
         try:
-            source_attr = {"messaging.source.name": message.stream}
-            with child_span(message.fields, "handle task", kind="CONSUMER", **source_attr):
-                await invoke(self.handler, task, executor=self.executor)
+            if carries_trace(message.fields):
+                source_attr = {"messaging.source.name": message.stream}
+                with child_span(message.fields, "handle task", kind="CONSUMER", **source_attr):
+                    await self._invoke(task)
+            else:  # no span to open: skip the context manager on the hot path
+                await self._invoke(task)
         except Exception as exc:
             failure = exc
         finally:
             self.leases.drop(lease)
-            self.metrics.in_flight.dec()
+            self.metrics.running -= 1
             source.metrics.latency.observe(time.perf_counter() - started)
             source.freed(message)
         if failure is not None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from dispatcher.models import TaskMessage
 
-__all__ = ["Handler", "HandlerImportError", "invoke", "load_handler"]
+__all__ = ["Handler", "HandlerImportError", "Invoke", "invoke", "invoker", "load_handler"]
 
 Handler = Callable[[TaskMessage], Any] | Callable[[TaskMessage], Awaitable[Any]]
 
@@ -56,13 +56,24 @@ def is_async(handler: Handler) -> bool:
     return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
 
 
+Invoke = Callable[[TaskMessage], Awaitable[None]]
+
+
+def invoker(handler: Handler, *, executor: Executor | None) -> Invoke:
+    """``invoke`` bound to ``handler``, with the async-or-sync question answered once."""
+    if is_async(handler):
+        return handler  # an async handler is its own invoker
+
+    async def run_in_thread(message: TaskMessage) -> None:
+        # Run in a copy of this context, so the handler's thread sees the current span.
+        call = functools.partial(contextvars.copy_context().run, handler, message)
+        result = await asyncio.get_running_loop().run_in_executor(executor, call)
+        if inspect.isawaitable(result):  # a sync factory that returned a coroutine
+            await result
+
+    return run_in_thread
+
+
 async def invoke(handler: Handler, message: TaskMessage, *, executor: Executor | None) -> None:
     """Run ``handler(message)``: awaited if async, in ``executor`` if sync."""
-    if is_async(handler):
-        await handler(message)
-        return
-    # Run in a copy of this context, so the handler's thread sees the current span.
-    call = functools.partial(contextvars.copy_context().run, handler, message)
-    result = await asyncio.get_running_loop().run_in_executor(executor, call)
-    if inspect.isawaitable(result):  # a sync factory that returned a coroutine
-        await result
+    await invoker(handler, executor=executor)(message)

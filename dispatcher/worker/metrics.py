@@ -75,6 +75,9 @@ class WorkerMetrics:
     def _add_gauges(self, registry: CollectorRegistry) -> None:
         s = ["queue", "stream"]
         self.in_flight = Gauge(_PREFIX + "in_flight", "Handlers running now.", registry=registry)
+        # Counted as a plain int on the hot path; the gauge reads it when scraped.
+        self.running = 0
+        self.in_flight.set_function(lambda: self.running)
         self.streams = Gauge(_PREFIX + "streams", "Shard streams being read.", registry=registry)
         self.stream_length = Gauge(
             _PREFIX + "stream_length",

@@ -1,10 +1,16 @@
 """The two loops of one shard stream: read new entries, reclaim orphaned ones.
 
-Each stream has its own blocking XREADGROUP loop (one single-key command at a
-time: Cluster-safe, and a quiet shard never delays a busy one) and its own
+Each stream has its own XREADGROUP loop (one single-key command at a time:
+Cluster-safe, and a quiet shard never delays a busy one) and its own
 XAUTOCLAIM loop. Both hand each batch they read to the worker's ``submit``,
-which waits for handler slots. Redis errors are logged and retried with a capped
-backoff; a loop never dies of a transient failure.
+which waits for handler slots. The read loop first takes the free slots and
+reads what is there without blocking, into those slots: under load a batch is
+as large as the free slots and starts as one piece, instead of every loop
+reading the same free count and then splitting its batch while waiting for
+slots. When that read finds nothing, it gives the slots back and blocks for
+new entries holding none (a slot held through a blocking read on a quiet
+shard would starve the busy ones). Redis errors are logged and retried with
+a capped backoff; a loop never dies of a transient failure.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ __all__ = ["StreamReader", "Submit"]
 
 log = logging.getLogger(__name__)
 
-Submit = Callable[["StreamReader", Sequence[Message]], Awaitable[None]]
+# submit(reader, batch, held): ``held`` slots are already taken for the batch's first entries.
+Submit = Callable[["StreamReader", Sequence[Message], int], Awaitable[None]]
 
 _BACKOFF_FIRST = 0.1
 _BACKOFF_MAX = 5.0
@@ -56,14 +63,27 @@ class StreamReader:
             if free == 0:
                 continue
             try:
-                batch = await self.consumer.read_new(free)
+                batch, held = await self._read(free)
             except (RedisError, OSError) as exc:
                 backoff = await self._recover(exc, backoff, "read")
                 continue
             backoff = _BACKOFF_FIRST
             self.on_redis_ok()
             if batch:
-                await self.submit(self, batch)
+                await self.submit(self, batch, held)
+
+    async def _read(self, free: int) -> tuple[list[Message], int]:
+        """New entries and how many slots are held for them (the first ``held``)."""
+        held = self.slots.take(free)
+        if held:
+            batch: list[Message] = []
+            try:
+                batch = await self.consumer.read_new(held, block=False)
+            finally:
+                self.slots.release(held - len(batch))  # all of them if the read failed
+            if batch:
+                return batch, len(batch)
+        return await self.consumer.read_new(free), 0
 
     async def reclaim_loop(self) -> None:
         backoff = _BACKOFF_FIRST
@@ -78,7 +98,7 @@ class StreamReader:
             self.on_redis_ok()
             if batch:
                 log.info("reclaimed %d idle entries", len(batch), extra={"stream": self.stream})
-                await self.submit(self, batch)
+                await self.submit(self, batch, 0)
 
     async def _recover(self, exc: BaseException, backoff: float, what: str) -> float:
         """Log, wait ``backoff`` (or until stopping), re-create a lost group; next backoff."""

@@ -217,19 +217,27 @@ class Worker:
 
     # -- handling ---------------------------------------------------------------
 
-    async def _submit(self, reader: StreamReader, batch: Sequence[Message]) -> None:
-        """Start the batch in as few pieces as free slots allow; wait holding none."""
+    async def _submit(self, reader: StreamReader, batch: Sequence[Message], held: int) -> None:
+        """Start the batch in as few pieces as free slots allow; wait holding none.
+
+        ``held`` slots were taken for the batch's first entries by the caller.
+        """
         todo = [m for m in batch if (m.stream, m.id) not in self._in_flight]
+        if held:
+            part, todo = todo[:held], todo[held:]
+            self._slots.release(held - len(part))  # taken for entries already in hand
+            if part:
+                self._start_batch(reader, part)
         while todo:
             taken = self._slots.take(len(todo))
             if not taken:
                 await self._slots.acquire()
                 taken = 1 + self._slots.take(len(todo) - 1)
             part, todo = todo[:taken], todo[taken:]
-            self._in_flight.update((m.stream, m.id) for m in part)
             self._start_batch(reader, part)
 
     def _start_batch(self, reader: StreamReader, messages: list[Message]) -> None:
+        self._in_flight.update((m.stream, m.id) for m in messages)
         task = asyncio.create_task(self._process(reader, messages), name=f"batch {messages[0].id}")
         self._handlers.add(task)
         task.add_done_callback(self._handlers.discard)

@@ -6,8 +6,10 @@ one XACK and one XDEL per stream for all of them. Nothing waits on a timer:
 an ack is delayed by at most one loop turn plus the round trip in flight.
 
 The order is the guarantee: an entry is never acked before its attempt's
-done mark is written. On standalone Redis a group is one MULTI/EXEC (done
-marks, then acks; a command refused while queueing aborts all of it). On
+done mark is written. On standalone Redis a group is one script call
+(``_SETTLE``: done marks, then acks; a done mark that fails, say on OOM,
+ends the script before any ack, and an ack that fails does not stop the
+others, as in MULTI/EXEC: the first error is raised once all ran). On
 Redis Cluster the done keys and the streams live in different slots, so the
 done marks go first as one pipeline and the acks follow only once it
 succeeded. Every command here may be repeated safely (SET of the done mark,
@@ -30,11 +32,43 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.consumer import RedisStreamConsumer
 from dispatcher.worker.coalesce import Coalescer
-from dispatcher.worker.dedup import AttemptGuard
+from dispatcher.worker.dedup import AttemptGuard, done_key
 
 __all__ = ["Settler"]
 
 log = logging.getLogger(__name__)
+
+# KEYS: the done keys, then the streams; ARGV: done TTL ms, number of done
+# keys, then per stream its group, its id count and the ids.
+_SETTLE = """
+local done = tonumber(ARGV[2])
+for i = 1, done do
+  redis.call('set', KEYS[i], '1', 'PX', ARGV[1])
+end
+local first_error = nil
+local function run(...)
+  local reply = redis.pcall(...)
+  if type(reply) == 'table' and reply.err and not first_error then
+    first_error = reply.err
+  end
+end
+local at = 3
+for s = done + 1, #KEYS do
+  local group, count = ARGV[at], tonumber(ARGV[at + 1])
+  at = at + 2
+  local last = at + count - 1
+  while at <= last do
+    local upto = math.min(at + 999, last)  -- unpack() has a stack limit
+    run('xack', KEYS[s], group, unpack(ARGV, at, upto))
+    run('xdel', KEYS[s], unpack(ARGV, at, upto))
+    at = upto + 1
+  end
+end
+if first_error then
+  return redis.error_reply(first_error)
+end
+return 0
+"""
 
 # Seconds to wait before each retry of a group whose connection failed (~3 s in all).
 RETRY_DELAYS = (0.1, 0.2, 0.4, 0.8, 1.6)
@@ -55,6 +89,7 @@ class Settler:
         self._guard = guard
         self._cluster = isinstance(client, RedisCluster)
         self._groups = Coalescer(self._write, name="settle")
+        self._settle = client.register_script(_SETTLE)
 
     async def settle(
         self, consumer: RedisStreamConsumer, entry_id: str, *, done: str | None = None
@@ -76,14 +111,21 @@ class Settler:
 
     async def _write_once(self, group: list[_Ack]) -> list[None]:
         done = [ack.done for ack in group if ack.done is not None]
-        if self._cluster and done:
+        streams = _by_stream(group)
+        if self._cluster:
             await self._guard.mark_done_many(done)
-            done = []
-        pipe = self._client.pipeline(transaction=not self._cluster)
-        self._guard.add_done_marks(pipe, done)
-        for consumer, ids in _by_stream(group):
-            consumer.add_ack(pipe, ids)
-        await pipe.execute()
+            pipe = self._client.pipeline(transaction=False)
+            for consumer, ids in streams:
+                consumer.add_ack(pipe, ids)
+            await pipe.execute()
+        else:
+            # As bytes: redis-py packs bytes at half the cost of str, on the hot path.
+            keys = [done_key(k).encode() for k in done]
+            keys += [consumer.stream.encode() for consumer, _ in streams]
+            args: list[bytes | str | int] = [self._guard.done_ttl_ms, len(done)]
+            for consumer, ids in streams:
+                args += [consumer.group, len(ids), *(i.encode() for i in ids)]
+            await self._settle(keys=keys, args=args)
         return [None] * len(group)
 
 

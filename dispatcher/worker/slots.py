@@ -2,7 +2,9 @@
 
 A stream loop asks how many slots are free and reads at most that many
 entries, so a busy shard cannot hoard the pool and starve the others; each
-entry then takes one slot until its handler is done. ``take`` grabs what is
+entry then takes one slot until its handler is done. (A loop that reads
+without blocking takes the slots first and gives back what it did not fill,
+so its whole batch starts as one piece.) ``take`` grabs what is
 free now without waiting, so a read batch starts as one piece when it can;
 ``acquire`` waits for one slot (first come, first served). A caller never
 waits while holding slots it has not put to work: that could deadlock.
@@ -57,8 +59,12 @@ class SlotPool:
                 self._waiters.remove(waiter)
             raise
 
-    def release(self) -> None:
-        """Hand the slot to the first waiter, or free it."""
+    def release(self, count: int = 1) -> None:
+        """Hand each of ``count`` slots to the first waiter, or free it."""
+        for _ in range(count):
+            self._release_one()
+
+    def _release_one(self) -> None:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
@@ -71,6 +77,9 @@ class SlotPool:
         """Wait (up to ``within`` seconds) until a slot is free; return the free count (maybe 0)."""
         if self.free <= 0:
             self._freed.clear()
+            # asyncio.timeout, not wait_for: no extra task, so a release wakes the caller
+            # one loop turn sooner (this is on every read of a busy worker).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._freed.wait(), within)
+                async with asyncio.timeout(within):
+                    await self._freed.wait()
         return max(self.free, 0)

@@ -1,18 +1,23 @@
 """Batched Redis operations of the worker on real Redis, standalone and the suite's Cluster.
 
-One pipeline claims a whole read batch, one group settles many entries, and
-``ack_many`` acks many ids of a stream in one round trip.
+One call claims a whole read batch, one group settles many entries,
+``ack_many`` acks many ids of a stream in one round trip, and a read batch
+comes with its slots already taken.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import RedisStreamConsumer, RedisStreamPublisher, task_stream
+from dispatcher.stream.protocol import Message
 from dispatcher.worker import AttemptGuard, Claim, done_key, lease_key
 from dispatcher.worker.leases import LeaseKeeper
+from dispatcher.worker.reader import StreamReader
 from dispatcher.worker.settle import Settler
+from dispatcher.worker.slots import SlotPool
 
 GROUP = "workers"
 
@@ -129,3 +134,29 @@ async def test_the_keeper_renews_only_leases_held_a_third_of_the_ttl(
     keeper.drop(handles[0])
     assert len(keeper) == 1
     await any_redis.delete(*(lease_key(k) for k in (old, new, lost)))
+
+
+async def test_a_read_takes_the_free_slots_and_gives_back_what_it_did_not_fill(
+    any_redis: RedisClient, queue: str
+) -> None:
+    consumer = await filled(any_redis, task_stream(queue, 0), 3)
+    slots = SlotPool(8)
+    reader = StreamReader(
+        consumer=consumer,
+        queue=queue,
+        slots=slots,
+        submit=_never,
+        stopping=asyncio.Event(),
+        reclaim_idle_ms=1000,
+        on_redis_ok=lambda: None,
+    )
+
+    batch, held = await reader._read(slots.free)
+    assert (len(batch), held, slots.held) == (3, 3, 3)  # one piece, slots already taken
+
+    empty, held = await reader._read(slots.free)  # nothing left: blocks holding none
+    assert (empty, held, slots.held) == ([], 0, 3)
+
+
+async def _never(reader: StreamReader, batch: Sequence[Message], held: int) -> None:
+    raise AssertionError("not submitted in this test")
