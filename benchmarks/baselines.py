@@ -20,6 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from redis.exceptions import RedisError
 
 from dispatcher.models import payload_fields
+from dispatcher.outbox import EnqueuerConfig
 from dispatcher.redis_client import connect_redis
 from dispatcher.stream import Fields, PublishResult, RedisStreamPublisher
 
@@ -94,10 +95,14 @@ class PerRowPublisher(RedisStreamPublisher):
 Publish = Callable[[list[tuple[Any, ...]]], Awaitable[None]]
 
 
-async def spec_cycle(
-    db_url: str, rows: int, publish: Publish | None, batch: int = 50, connections: int = 4
-) -> float:
-    """Rows/s of ``connections`` loops of: spec claim, ``publish`` (if any), DELETE."""
+async def spec_cycle(db_url: str, rows: int, publish: Publish | None) -> float:
+    """Rows/s of loops of: spec claim, ``publish`` (if any), DELETE.
+
+    Batch size and loop count are the enqueuer's defaults, so the comparison is always at
+    the same batch size and connection count.
+    """
+    defaults = EnqueuerConfig()
+    batch, connections = defaults.batch_size, defaults.concurrency
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
         db_url,
         min_size=connections,

@@ -23,8 +23,10 @@ from benchmarks import enqueuer_bench as eb
 from benchmarks import handled_latency as hl
 from benchmarks import insert_bench as ib
 from benchmarks.env import BenchEnv, bench_env, machine_facts
+from dispatcher.outbox import EnqueuerConfig
 
 Variant = Callable[[BenchEnv], Any]
+_DEFAULTS = EnqueuerConfig()
 
 # figure -> (what it shows, {variant: measure}); the first variant is the product.
 FIGURES: dict[str, tuple[str, dict[str, Variant]]] = {
@@ -49,7 +51,8 @@ FIGURES: dict[str, tuple[str, dict[str, Variant]]] = {
         {"enqueuer": partial(eb.latency_under_load, variant="pipelined")},
     ),
     "drain_50k": (
-        "drain of 50,000 pre-filled rows, default settings (batch 50, concurrency 4)",
+        f"drain of 50,000 pre-filled rows, default settings (batch {_DEFAULTS.batch_size}, "
+        f"concurrency {_DEFAULTS.concurrency}; the spec baselines use the same)",
         {
             "enqueuer": partial(eb.drain, variant="pipelined"),
             "spec relay (spec SQL, per-row XADD)": eb.spec_relay,

@@ -121,7 +121,7 @@ class EnqueuerSpec(_Model):
         default=f"outbox-dispatcher-enqueuer:{DEFAULT_VERSION_TAG}", min_length=1, max_length=512
     )
     replicas: int = Field(default=1, ge=0, le=32)
-    batch_size: int = Field(default=50, ge=1, le=10000, description="rows per claim")
+    batch_size: int = Field(default=100, ge=1, le=10000, description="rows per claim")
     concurrency: int = Field(default=4, ge=1, le=256, description="batches in flight")
     poll_interval: float = Field(default=1.0, ge=0.01, le=3600, description="seconds")
     wait_replicas: int = Field(default=0, ge=0, le=16, description="Redis WAIT replicas")

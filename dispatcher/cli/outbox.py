@@ -57,7 +57,12 @@ def register_enqueuer(sub: Any, common: Common) -> None:
         "pipelined round trip, deletes what was published and retries the rest with backoff.",
     )
     g = p.add_argument_group("enqueuer")
-    g.add_argument("--batch-size", type=number(int, 1), default=50, help="rows per claim")
+    g.add_argument(
+        "--batch-size",
+        type=number(int, 1),
+        default=EnqueuerConfig().batch_size,
+        help="rows per claim (one transaction)",
+    )
     g.add_argument("--concurrency", type=number(int, 1), default=4, help="batches at once")
     g.add_argument(
         "--poll-interval", type=number(float, 0.01), default=1.0, help="seconds between polls"

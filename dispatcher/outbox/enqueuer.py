@@ -62,7 +62,7 @@ FALLBACK_STREAM = "workflow.tasks"
 
 @dataclass(frozen=True, slots=True)
 class EnqueuerConfig:
-    batch_size: int = 50
+    batch_size: int = 100
     concurrency: int = 4
     poll_interval: float = 1.0
     # A batch's transaction idle longer than this (a paused or hung enqueuer) is ended by

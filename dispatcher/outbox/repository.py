@@ -39,7 +39,7 @@ def enqueuer_pool(
     """A closed pool of autocommit sessions set up for the enqueuer; ``await pool.open()``."""
     return AsyncConnectionPool(
         conninfo,
-        min_size=1,
+        min_size=max_size,  # every batch slot's session open before the first burst
         max_size=max_size,
         kwargs={
             "autocommit": True,

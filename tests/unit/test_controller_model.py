@@ -22,7 +22,7 @@ def test_defaults_and_camel_case_aliases() -> None:
         {**SECRETS, "queues": [{"name": "q", "handler": "m:f", "maxReplicas": 3}]}
     )
     assert spec.shards == 4
-    assert spec.enqueuer.batch_size == 50
+    assert spec.enqueuer.batch_size == 100
     assert spec.queues[0].max_replicas == 3
     assert spec.queues[0].target_backlog_per_replica == 100
     assert spec.redis.cluster is False
