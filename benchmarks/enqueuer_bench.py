@@ -7,12 +7,14 @@ relay baseline in the same process, against the same servers.
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -214,24 +216,63 @@ def _spawn_enqueuers(env: BenchEnv, processes: int) -> list[subprocess.Popen[byt
     ]
 
 
+def _cpu_seconds(names: set[str]) -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) so far of every process whose command is in ``names``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found: dict[int, tuple[str, float]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        if name in names:
+            fields = text[text.rindex(")") + 2 :].split()
+            found[int(stat.parent.name)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return found
+
+
+def _cores_used(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], wall: float
+) -> dict[str, float]:
+    used: dict[str, float] = {}
+    for pid, (name, cpu) in after.items():
+        used[name] = used.get(name, 0.0) + (cpu - before.get(pid, (name, 0.0))[1]) / wall
+    return used
+
+
 async def drain_processes(env: BenchEnv, processes: int, rows: int = 50_000) -> dict[str, float]:
-    """``processes`` real ``dispatcher enqueuer`` processes drain ``rows`` pre-filled rows."""
+    """``processes`` real ``dispatcher enqueuer`` processes drain ``rows`` pre-filled rows.
+
+    Also reports the cores each side kept busy during the drain (from /proc: the enqueuer
+    processes, every postgres process, every redis-server), to show where the limit is.
+    """
     queue = f"mp{uuid.uuid4().hex[:6]}"
     prefill(env.db_url, rows, queue=queue, prefix=f"{queue}-")
     procs = _spawn_enqueuers(env, processes)
+    watched = {"postgres", "redis-server", "python", "python3", "dispatcher"}
     try:
         # The clock starts at the first published batch, so process start-up does not count.
-        started, base = 0.0, rows
+        started, base, cpu_before = 0.0, rows, {}
         async with await psycopg.AsyncConnection.connect(env.db_url, autocommit=True) as conn:
             while True:
                 row = await (await conn.execute("SELECT count(*) FROM outbox")).fetchone()
                 left = int(row[0]) if row else 0
                 if not started and left < rows:
-                    started, base = time.perf_counter(), left
+                    started, base, cpu_before = time.perf_counter(), left, _cpu_seconds(watched)
                 if left == 0:
                     break
                 await asyncio.sleep(0.02)
-        return {"rows_per_s": base / (time.perf_counter() - started)}
+        wall = time.perf_counter() - started
+        after = _cpu_seconds(watched)
+        cores = _cores_used(cpu_before, after, wall)
+        mine = {p.pid: after[p.pid] for p in procs if p.pid in after}
+        return {
+            "cores_enqueuers": sum(_cores_used(cpu_before, mine, wall).values()),
+            "cores_postgres": cores.get("postgres", 0.0),
+            "cores_redis": cores.get("redis-server", 0.0),
+            "rows_per_s": base / wall,
+        }
     finally:
         for p in procs:
             p.terminate()

@@ -62,7 +62,7 @@ FIGURES: dict[str, tuple[str, dict[str, Variant]]] = {
         },
     ),
     "drain_processes": (
-        "drain of 50,000 rows by enqueuer processes",
+        "drain of 50,000 rows by enqueuer processes (cores: CPU each side kept busy, of 2)",
         {
             "2 enqueuers": partial(eb.drain_processes, processes=2),
             "1 enqueuer": partial(eb.drain_processes, processes=1),
