@@ -11,6 +11,7 @@ published only once enough replicas have it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -93,7 +94,11 @@ class RedisStreamPublisher:
             return []
         pipe = self._client.pipeline(transaction=False)
         for stream, fields in entries:
-            pipe.xadd(stream, dict[Any, Any](fields))
+            # XADD stream * field value ...: the command itself, without redis-py's xadd()
+            # option handling (a measurable share of the enqueuer's CPU per row).
+            pipe.execute_command(
+                "XADD", stream, "*", *itertools.chain.from_iterable(fields.items())
+            )
         try:
             if wait_replicas > 0 and isinstance(self._client, RedisCluster):
                 await self._client.initialize()  # the slot map names WAIT's nodes
