@@ -376,6 +376,8 @@ class OutboxEnqueuer:
 
     async def maintenance_once(self) -> dict[str, Any]:
         """Count the attempts of batches that never settled; refresh the depth gauges."""
+        if not await self._repo.check_idle_flag() and self._can_listen():
+            self.wake()  # the flag died with its session: an empty claim takes it again
         retried, dead = await self._repo.recover_batches()
         if retried or dead:
             metrics.RECOVERED.labels("retry").inc(retried)

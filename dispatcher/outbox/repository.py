@@ -152,6 +152,13 @@ class OutboxRepository:
             self.idle_flag_held = bool(row and row[0])
         return self.idle_flag_held
 
+    async def check_idle_flag(self) -> bool:
+        """Whether the flag is still held: a session that died took it along."""
+        if self.idle_flag_held:
+            with contextlib.suppress(psycopg.OperationalError):  # the flag is then gone
+                await self._on_session("ping", {})
+        return self.idle_flag_held
+
     async def drop_idle_flag(self) -> None:
         if self.idle_flag_held:
             self.idle_flag_held = False

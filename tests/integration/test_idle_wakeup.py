@@ -84,6 +84,25 @@ async def test_enqueuer_announces_when_idle_and_withdraws_when_busy(
     assert announced(db_url) == [], "a stopped enqueuer is not idle"
 
 
+async def test_a_flag_lost_with_its_session_is_taken_again(
+    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+) -> None:
+    enqueuer = make_enqueuer(pool, redis_standalone, listen=db_url, poll_interval=30)
+    async with running(enqueuer):
+        await eventually(lambda: _is(len(announced(db_url)) == 1))
+        (holder,) = announced(db_url)
+        with psycopg.connect(db_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (holder,))
+        await eventually(lambda: _is(announced(db_url) == []))
+        assert enqueuer.idle_announced, "nothing has told it yet"
+
+        await enqueuer.maintenance_once()  # notices the dead session, claims, retakes the flag
+        await eventually(lambda: _is(len(announced(db_url)) == 1))
+        assert announced(db_url) != [holder]
+        insert_rows(db_url, 1, queue=queue, prefix="again-")  # NOTIFY wakes it again
+        await eventually(lambda: _count(redis_standalone, queue, 1), within=10)
+
+
 async def test_busy_enqueuer_drains_without_notifications(
     db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:

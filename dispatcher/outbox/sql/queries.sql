@@ -150,5 +150,8 @@ SELECT DISTINCT stream FROM outbox;
 -- transaction that inserted outbox rows without a NOTIFY is still open.
 SELECT pg_try_advisory_lock(%(key)s) AS taken;
 
+-- name: ping
+SELECT 1;
+
 -- name: drop_idle_flag
 SELECT pg_advisory_unlock_all();
