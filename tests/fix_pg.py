@@ -23,6 +23,7 @@ import psycopg
 import pytest
 
 from dispatcher.outbox.schema import migrate
+from tests.faults.load import BUSINESS_TABLE
 from tests.fix_servers import free_port, wait_until
 
 __all__ = ["PostgresProcess", "pg_db", "pg_process"]
@@ -132,3 +133,11 @@ def pg_db(pg_process: PostgresProcess) -> str:
 
     asyncio.run(run())
     return url
+
+
+@pytest.fixture
+def business_db(pg_db: str) -> str:
+    """``pg_db`` with the load generator's business table (the application's own writes)."""
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        conn.execute(BUSINESS_TABLE)
+    return pg_db

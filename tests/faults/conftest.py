@@ -11,11 +11,9 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from tests.faults.harness import Pipeline
-from tests.faults.load import BUSINESS_TABLE
 from tests.fix_servers import RedisClusterProcess, RedisProcess, wait_until
 
 
@@ -29,14 +27,6 @@ def recorder() -> Iterator[RedisProcess]:
     finally:
         server.kill()
         shutil.rmtree(workdir, ignore_errors=True)
-
-
-@pytest.fixture
-def fault_db(pg_db: str) -> str:
-    """A fresh database on the suite's own PostgreSQL: migrated, with the business table."""
-    with psycopg.connect(pg_db, autocommit=True) as conn:
-        conn.execute(BUSINESS_TABLE)
-    return pg_db
 
 
 @pytest.fixture
@@ -74,7 +64,7 @@ def own_cluster(tmp_path: Path) -> Iterator[Callable[..., RedisClusterProcess]]:
 
 @pytest.fixture
 def pipeline(
-    request: pytest.FixtureRequest, fault_db: str, recorder: RedisProcess, tmp_path: Path
+    request: pytest.FixtureRequest, business_db: str, recorder: RedisProcess, tmp_path: Path
 ) -> Iterator[Callable[..., Pipeline]]:
     """``pipeline(redis_url, cluster=False)``: the scenario's pipeline, stopped at teardown."""
     made: list[Pipeline] = []
@@ -82,7 +72,7 @@ def pipeline(
     def make(redis_url: str, *, cluster: bool = False) -> Pipeline:
         p = Pipeline(
             scenario=request.node.name.removeprefix("test_"),
-            db_url=fault_db,
+            db_url=business_db,
             redis_url=redis_url,
             recorder_url=recorder.url,
             workdir=tmp_path,

@@ -24,7 +24,7 @@ import redis as sync_redis
 from redis.exceptions import NoPermissionError, ResponseError
 
 from tests.faults.harness import ROOT, Pipeline
-from tests.faults.load import BUSINESS_TABLE, LoadSpec
+from tests.faults.load import LoadSpec
 from tests.fix_pg import PostgresProcess
 from tests.fix_servers import RedisProcess
 
@@ -56,13 +56,6 @@ def acl_redis(tmp_path: Path) -> Iterator[tuple[RedisProcess, dict[str, str]]]:
         yield server, passwords
     finally:
         server.kill()
-
-
-@pytest.fixture
-def business_db(pg_db: str) -> str:
-    with psycopg.connect(pg_db, autocommit=True) as conn:
-        conn.execute(BUSINESS_TABLE)
-    return pg_db
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 
 from dispatcher import TaskDispatch, enqueue_dispatch
 from tests.faults.harness import Pipeline
-from tests.faults.load import BUSINESS_TABLE, LoadSpec
+from tests.faults.load import LoadSpec
 
 ROLES_SQL = resources.files("dispatcher.outbox").joinpath("sql/roles.sql").read_text()
 DENIED = psycopg.errors.InsufficientPrivilege
@@ -27,13 +27,12 @@ def as_role(url: str, role: str) -> str:
 
 
 @pytest.fixture
-def roles_db(pg_db: str) -> str:
-    with psycopg.connect(pg_db, autocommit=True) as conn:
+def roles_db(business_db: str) -> str:
+    with psycopg.connect(business_db, autocommit=True) as conn:
         conn.execute(ROLES_SQL)
         conn.execute(ROLES_SQL)  # idempotent
-        conn.execute(BUSINESS_TABLE)
         conn.execute("GRANT INSERT ON fault_business TO outbox_app")  # the app's own table
-    return pg_db
+    return business_db
 
 
 def _denied(conn: psycopg.Connection[object], statement: str) -> bool:
