@@ -11,16 +11,12 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher.outbox.repository import OutboxRepository
+from dispatcher.outbox.repository import STATUSES, OutboxRepository
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.naming import DEAD_STREAM_PREFIX, SHARDS_KEY, TASK_STREAM_PREFIX
 from dispatcher.stream.stats import StreamStats, streams_stats
 
 __all__ = ["StatusReport", "gather_status", "render_text"]
-
-# IN_FLIGHT is not a stored status: it counts rows held by batches in progress (they are
-# PENDING or RETRY too, and are committed as deleted or rescheduled).
-STATUSES = ("PENDING", "RETRY", "DLQ")
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,10 +35,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-import os
-import socket
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,7 +45,7 @@ from dispatcher.models import payload_fields
 from dispatcher.outbox import metrics
 from dispatcher.outbox.backoff import ClaimedRow, Outcomes, plan_outcomes
 from dispatcher.outbox.listener import OutboxListener
-from dispatcher.outbox.repository import OutboxRepository
+from dispatcher.outbox.repository import STATUSES, OutboxRepository
 from dispatcher.stream.protocol import PublishResult
 from dispatcher.stream.publisher import RedisStreamPublisher
 from dispatcher.tracing import child_span
@@ -118,7 +115,6 @@ class OutboxEnqueuer:
         self._kick = asyncio.Event()
         self._stopping = False
         self._backlog = False
-        self.name = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._quiet_since: float | None = None  # end of the first empty claim in a row
         self._flag_retry = config.idle_confirm_after  # backoff while the flag cannot be taken
         self._idle_lock = asyncio.Lock()
@@ -388,7 +384,7 @@ class OutboxEnqueuer:
             )
             self.wake()
         counts = await self._repo.status_counts()
-        for status in ("PENDING", "RETRY", "DLQ"):
+        for status in STATUSES:
             metrics.OUTBOX_DEPTH.labels(status).set(counts.by_status.get(status, 0))
         metrics.OUTBOX_DEPTH.labels("IN_FLIGHT").set(counts.in_flight)
         return {"retried": retried, "dead": dead}

@@ -42,7 +42,6 @@ class OutboxListener:
         self._on_state = on_state
         self.connected = False
         self.connects = 0
-        self.backend_pid = 0
 
     async def run(self) -> None:
         """Listen until cancelled; never raises on connection trouble."""
@@ -76,7 +75,6 @@ class OutboxListener:
         )
         try:
             await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-            self.backend_pid = conn.info.backend_pid
             self.connects += 1
             self._set_connected(True)
             self._wake()

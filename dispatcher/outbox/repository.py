@@ -24,7 +24,7 @@ from psycopg_pool import AsyncConnectionPool
 from dispatcher.outbox.backoff import ClaimedRow, Retry
 from dispatcher.outbox.queries import QUERIES
 
-__all__ = ["LockedBatch", "OutboxRepository", "StatusCounts", "enqueuer_pool"]
+__all__ = ["STATUSES", "LockedBatch", "OutboxRepository", "StatusCounts", "enqueuer_pool"]
 
 # The enqueuer's own commits need no synchronous WAL flush: losing the last few in a
 # PostgreSQL crash only republishes rows (at-least-once). The application's dispatch
@@ -48,6 +48,11 @@ def enqueuer_pool(
         },
         open=False,
     )
+
+
+# The statuses the enqueuer stores. IN_FLIGHT is not one: rows held by a batch in progress
+# stay PENDING or RETRY until it commits (StatusCounts.in_flight counts them).
+STATUSES = ("PENDING", "RETRY", "DLQ")
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,11 +174,6 @@ class OutboxRepository:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(QUERIES[name], params)
             return await cur.fetchall() if cur.description else []
-
-    async def _rowcount(self, name: str, params: dict[str, Any]) -> int:
-        async with self._pool.connection() as conn:
-            cur = await conn.execute(QUERIES[name], params)
-            return int(cur.rowcount)
 
     @contextlib.asynccontextmanager
     async def lock_batch(self, limit: int, *, hold_for: float) -> AsyncIterator[LockedBatch]:

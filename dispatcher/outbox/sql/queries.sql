@@ -142,9 +142,6 @@ ON CONFLICT (id) DO UPDATE
        claim_token = NULL, claimed_at = NULL, created_at = now(), updated_at = now()
 RETURNING id;
 
--- name: outbox_streams
-SELECT DISTINCT stream FROM outbox;
-
 -- name: take_idle_flag
 -- On the enqueuer's own session. Fails while another enqueuer holds the flag, or while a
 -- transaction that inserted outbox rows without a NOTIFY is still open.
