@@ -16,7 +16,8 @@ from dispatcher.config import Settings
 from dispatcher.lifecycle import run_until_signalled
 from dispatcher.observability import ObservabilityServer
 from dispatcher.outbox.enqueuer import EnqueuerConfig, OutboxEnqueuer
-from dispatcher.outbox.repository import OutboxRepository, enqueuer_pool
+from dispatcher.outbox.pooler import require_session_pooling
+from dispatcher.outbox.repository import ENQUEUER_SESSION, OutboxRepository, enqueuer_pool
 from dispatcher.outbox.schema import migrate
 from dispatcher.redis_client import connect_redis
 from dispatcher.stream.publisher import RedisStreamPublisher
@@ -121,6 +122,7 @@ def _config(args: argparse.Namespace) -> EnqueuerConfig:
 async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
     config = _config(args)
     dsn = settings.require_database_url()
+    await require_session_pooling(dsn, options=ENQUEUER_SESSION)
     redis = connect_redis(settings.redis_url.get_secret_value(), cluster=settings.redis_cluster)
     pool = enqueuer_pool(dsn, max_size=config.concurrency + 2)
     try:
