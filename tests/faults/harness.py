@@ -244,6 +244,7 @@ class Pipeline:
             ),
             within=within,
             started=self.started,
+            loss_expected=loss_allowed,
         )
         report.faults = dict(self.faults)
         print(report.summary())  # shown with -s, and on failure
