@@ -44,6 +44,7 @@ from redis.exceptions import RedisError
 from dispatcher.models import payload_fields
 from dispatcher.outbox import metrics
 from dispatcher.outbox.backoff import ClaimedRow, Outcomes, plan_outcomes
+from dispatcher.outbox.backpressure import MemoryMarks, RedisMemoryGate
 from dispatcher.outbox.listener import OutboxListener
 from dispatcher.outbox.repository import STATUSES, OutboxRepository
 from dispatcher.stream.protocol import PublishResult
@@ -81,8 +82,12 @@ class EnqueuerConfig:
     # per transaction would spend the database's CPU on the enqueuer instead of the
     # application). Full batches (a backlog) go again at once.
     linger: float = 0.002
+    # Stop claiming at this share of Redis maxmemory, resume below the low one (0 = never).
+    redis_memory_high: float = 0.85
+    redis_memory_low: float = 0.75
 
     def __post_init__(self) -> None:
+        MemoryMarks(self.redis_memory_high, self.redis_memory_low)  # validates them
         if self.batch_size < 1 or self.concurrency < 1:
             raise ValueError("batch size and concurrency must be >= 1")
         if self.poll_interval <= 0 or self.maintenance_interval <= 0:
@@ -118,6 +123,9 @@ class OutboxEnqueuer:
         self._quiet_since: float | None = None  # end of the first empty claim in a row
         self._flag_retry = config.idle_confirm_after  # backoff while the flag cannot be taken
         self._idle_lock = asyncio.Lock()
+        self.memory = RedisMemoryGate(
+            publisher.client, marks=MemoryMarks(config.redis_memory_high, config.redis_memory_low)
+        )
         self.last_loop = time.monotonic()
         self.listener = (
             OutboxListener(
@@ -165,6 +173,10 @@ class OutboxEnqueuer:
     async def _main_loop(self, batches: set[asyncio.Task[int]]) -> None:
         slots = asyncio.Semaphore(self.config.concurrency)
         while not self._stopping:
+            self.last_loop = time.monotonic()
+            if not await self.memory.allows():
+                await self._hold_off()
+                continue
             await slots.acquire()
             if self._stopping:
                 slots.release()
@@ -172,12 +184,19 @@ class OutboxEnqueuer:
             task = asyncio.create_task(self._batch_in_slot(slots))
             batches.add(task)
             task.add_done_callback(batches.discard)
-            self.last_loop = time.monotonic()
             if self._backlog:
                 continue  # the last batch was full: fill every free slot at once
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), self.config.poll_interval)
             self._kick.clear()
+
+    async def _hold_off(self) -> None:
+        """Redis is nearly full: claim nothing (rows stay PENDING) until it has room again."""
+        if self.idle_announced:
+            await self._withdraw_quietly()  # no NOTIFY cost on the application's commits
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._kick.wait(), min(self.config.poll_interval, 1.0))
+        self._kick.clear()
 
     async def _batch_in_slot(self, slots: asyncio.Semaphore) -> int:
         started = asyncio.get_running_loop().time()
@@ -277,6 +296,9 @@ class OutboxEnqueuer:
             try:
                 results = await self._publish(rows)
                 outcomes = plan_outcomes(rows, results)
+                self.memory.published(sum(len(r.payload or "") for r in rows), len(rows))
+                if outcomes.held:
+                    self.memory.refused()
                 try:
                     await batch.settle(outcomes.sent, outcomes.retry, outcomes.dead)
                 except BaseException:
@@ -348,6 +370,11 @@ class OutboxEnqueuer:
                 metrics.queue_label(streams[i]) for i in ids
             ).items():
                 counter.labels(queue).inc(n)
+        if outcomes.held:
+            log.warning(
+                "Redis is full (OOM): %d rows stay PENDING, no attempt counted",
+                len(outcomes.held),
+            )
         if outcomes.retry:
             log.warning(
                 "publish failed for %d rows; retrying with backoff: %s",
