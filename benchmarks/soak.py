@@ -9,10 +9,11 @@ indexes grow, the claim reads more dead entries and latency creeps up. This
 runs two variants side by side, each with its own database, Redis and
 ``dispatcher enqueuer`` process, under the same load:
 
-- ``migrations``: the schema as ``dispatcher migrate`` leaves it (autovacuum
-  after a fixed number of dead tuples, no cost delay, on the outbox alone);
-- ``default autovacuum``: the same schema with those storage parameters reset
-  to PostgreSQL's defaults (vacuum at 20 % of the table, throttled).
+- ``enqueuer``: as shipped: autovacuum as the migrations tune it (after a fixed
+  number of dead tuples, unthrottled), and the enqueuer's own maintenance
+  vacuum when nothing else has vacuumed the outbox for a minute;
+- ``autovacuum only``: ``--vacuum-threshold 0``, the outbox left to the
+  server's autovacuum alone (the header says whether it is on).
 
 Each sample records the table and index sizes, dead tuples, autovacuum runs,
 the claim query's execution time (EXPLAIN ANALYZE in a rolled-back
@@ -41,20 +42,16 @@ from typing import Any
 import psycopg
 import redis as sync_redis
 
-from benchmarks.env import BenchEnv, bench_env, machine_facts
+from benchmarks.env import ADMIN_URL, BenchEnv, bench_env, machine_facts
 from dispatcher.outbox.queries import QUERIES
 from dispatcher.stream.naming import queue_streams
 
 HERE = Path(__file__).parent
 SHARDS = 4
-RESET_AUTOVACUUM = """
-ALTER TABLE outbox RESET (
-    autovacuum_vacuum_scale_factor, autovacuum_vacuum_threshold,
-    autovacuum_vacuum_insert_scale_factor, autovacuum_vacuum_insert_threshold,
-    autovacuum_analyze_scale_factor, autovacuum_analyze_threshold,
-    autovacuum_vacuum_cost_delay
-)"""
-VARIANTS = ("migrations", "default autovacuum")
+VARIANTS: dict[str, tuple[str, ...]] = {
+    "enqueuer": (),
+    "autovacuum only": ("--vacuum-threshold", "0"),
+}
 PAYLOAD = json.dumps({"input": "x" * 400})  # ~0.5 KB rows
 
 
@@ -186,7 +183,7 @@ def _enqueuer(v: Variant, log_dir: Path) -> Iterator[subprocess.Popen[bytes]]:
     log = (log_dir / f"enqueuer-{v.queue}.log").open("ab")
     proc = subprocess.Popen(
         [sys.executable, "-m", "dispatcher.cli", "enqueuer",
-         "--database-url", v.env.db_url, "--redis-url", v.env.redis_url],
+         "--database-url", v.env.db_url, "--redis-url", v.env.redis_url, *VARIANTS[v.name]],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
@@ -201,7 +198,7 @@ def _enqueuer(v: Variant, log_dir: Path) -> Iterator[subprocess.Popen[bytes]]:
 
 
 def run(
-    *, minutes: float, load: Load, sample_every: float, variants: tuple[str, ...] = VARIANTS
+    *, minutes: float, load: Load, sample_every: float, variants: tuple[str, ...] = tuple(VARIANTS)
 ) -> dict[str, list[Sample]]:
     """Soak every variant at once for ``minutes``; return their samples."""
     with contextlib.ExitStack() as stack:
@@ -209,9 +206,6 @@ def run(
         runs = []
         for name in variants:
             v = Variant(name=name, env=stack.enter_context(bench_env()))
-            if name == "default autovacuum":
-                with psycopg.connect(v.env.db_url, autocommit=True) as conn:
-                    conn.execute(RESET_AUTOVACUUM)
             stack.enter_context(_enqueuer(v, log_dir))
             runs.append(v)
         stop = threading.Event()
@@ -285,6 +279,9 @@ def flatness(samples: list[Sample]) -> dict[str, float]:
 
 def render(results: dict[str, list[Sample]], *, command: str, load: Load) -> str:
     facts = machine_facts()
+    with psycopg.connect(ADMIN_URL) as conn:
+        row = conn.execute("SHOW autovacuum").fetchone()
+    autovacuum = row[0] if row else "?"
     loadavg = " ".join(f"{x:.2f}" for x in os.getloadavg())
     out = [
         "# Soak: the outbox over time",
@@ -294,7 +291,8 @@ def render(results: dict[str, list[Sample]], *, command: str, load: Load) -> str
         "its own database, Redis and enqueuer.",
         "",
         f"Machine: {facts['machine']}; PostgreSQL {facts['postgresql']}; Redis {facts['redis']};"
-        f" {facts['date']}; load average at the end {loadavg}.",
+        f" {facts['date']}; server autovacuum = {autovacuum}; load average at the end"
+        f" {loadavg}.",
         "",
     ]
     for name, samples in results.items():

@@ -110,6 +110,14 @@ def register_enqueuer(sub: Any, common: Common) -> None:
         default=EnqueuerConfig().redis_memory_low,
         help="share of Redis maxmemory below which paused claims resume (default %(default)s)",
     )
+    g.add_argument(
+        "--vacuum-threshold",
+        type=number(int, 0),
+        default=EnqueuerConfig().vacuum_threshold,
+        help="dead tuples in the outbox past which maintenance vacuums it when nothing else "
+        "has for a minute (autovacuum off or starved); 0 = leave it to autovacuum "
+        "(default %(default)s)",
+    )
     g.add_argument("--metrics-port", type=number(int, 0), help="env METRICS_PORT; 0 = off")
     g.add_argument("--no-listen", action="store_true", help="poll only, no LISTEN connection")
     common(p)
@@ -129,6 +137,7 @@ def _config(args: argparse.Namespace) -> EnqueuerConfig:
             shutdown_timeout=args.shutdown_timeout,
             redis_memory_high=args.redis_memory_high,
             redis_memory_low=args.redis_memory_low,
+            vacuum_threshold=args.vacuum_threshold,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

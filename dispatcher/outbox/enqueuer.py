@@ -47,6 +47,7 @@ from dispatcher.outbox.backoff import ClaimedRow, Outcomes, plan_outcomes
 from dispatcher.outbox.backpressure import MemoryMarks, RedisMemoryGate
 from dispatcher.outbox.listener import OutboxListener
 from dispatcher.outbox.repository import STATUSES, OutboxRepository
+from dispatcher.outbox.vacuum import OutboxVacuum
 from dispatcher.stream.protocol import PublishResult
 from dispatcher.stream.publisher import RedisStreamPublisher
 from dispatcher.tracing import child_span
@@ -85,6 +86,9 @@ class EnqueuerConfig:
     # Stop claiming at this share of Redis maxmemory, resume below the low one (0 = never).
     redis_memory_high: float = 0.85
     redis_memory_low: float = 0.75
+    # Maintenance vacuums the outbox past this many dead tuples when nothing else has for a
+    # minute (autovacuum off or starved); 0 = leave it to autovacuum.
+    vacuum_threshold: int = 10_000
 
     def __post_init__(self) -> None:
         MemoryMarks(self.redis_memory_high, self.redis_memory_low)  # validates them
@@ -123,6 +127,7 @@ class OutboxEnqueuer:
         self._quiet_since: float | None = None  # end of the first empty claim in a row
         self._flag_retry = config.idle_confirm_after  # backoff while the flag cannot be taken
         self._idle_lock = asyncio.Lock()
+        self._vacuum = OutboxVacuum(repository.pool, threshold=config.vacuum_threshold)
         self.memory = RedisMemoryGate(
             publisher.client, marks=MemoryMarks(config.redis_memory_high, config.redis_memory_low)
         )
@@ -410,8 +415,9 @@ class OutboxEnqueuer:
                 extra={"retried": retried, "dead_lettered": dead},
             )
             self.wake()
+        vacuumed = await self._vacuum.run_once()
         counts = await self._repo.status_counts()
         for status in STATUSES:
             metrics.OUTBOX_DEPTH.labels(status).set(counts.by_status.get(status, 0))
         metrics.OUTBOX_DEPTH.labels("IN_FLIGHT").set(counts.in_flight)
-        return {"retried": retried, "dead": dead}
+        return {"retried": retried, "dead": dead, "vacuumed": vacuumed}

@@ -123,6 +123,10 @@ class OutboxRepository:
         self._session_lock = asyncio.Lock()
         self.idle_flag_held = False  # False again whenever the session is lost
 
+    @property
+    def pool(self) -> AsyncConnectionPool[Any]:
+        return self._pool
+
     async def aclose(self) -> None:
         """Close the process's own session (the pool is the caller's); drops the idle flag."""
         async with self._session_lock:

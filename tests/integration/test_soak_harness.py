@@ -12,7 +12,7 @@ from benchmarks.soak import Load, flatness, render, run
 def test_the_soak_harness_samples_both_variants_and_delivers_what_it_commits() -> None:
     load = Load(rate=50, burst_rows=500, burst_every=4)
     results = run(minutes=0.15, load=load, sample_every=3)
-    assert set(results) == {"migrations", "default autovacuum"}
+    assert set(results) == {"enqueuer", "autovacuum only"}
     for samples in results.values():
         assert len(samples) >= 2
         last = samples[-1]
@@ -21,6 +21,6 @@ def test_the_soak_harness_samples_both_variants_and_delivers_what_it_commits() -
         assert last.table_kb > 0
         assert last.claim_ms >= 0
     text = render(results, command="test", load=load)
-    assert "## migrations" in text
-    assert "## default autovacuum" in text
-    assert set(flatness(results["migrations"])) == {"table_kb", "index_kb", "claim_ms", "p99_ms"}
+    assert "## enqueuer" in text
+    assert "## autovacuum only" in text
+    assert set(flatness(results["enqueuer"])) == {"table_kb", "index_kb", "claim_ms", "p99_ms"}
