@@ -28,6 +28,7 @@ ORDER = [
     "business_transactions_rolled_back_at_random",
     "long_idle_transaction_holds_a_snapshot_while_the_enqueuer_drains",
     "cluster_master_killed_without_wait_replicas_reports_what_was_lost",
+    "redis_full_pauses_the_enqueuer_and_workers_drain_it_later",
 ]
 
 HEADER = """# Fault suite: last long run
