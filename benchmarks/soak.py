@@ -303,12 +303,31 @@ def render(results: dict[str, list[Sample]], *, command: str, load: Load) -> str
             "Last third over first third (medians; 1.0 = flat): "
             + ", ".join(f"{k} {v}" for k, v in flat.items()),
             "",
+            f"At the end: table {samples[-1].table_kb:,} KB, indexes {samples[-1].index_kb:,} KB,"
+            f" {samples[-1].dead_tuples:,} dead tuples, claim {samples[-1].claim_ms:.3f} ms;"
+            f" largest table {max(x.table_kb for x in samples):,} KB.",
+            "",
             _COLUMNS,
             "|---|---|---|---|---|---|---|---|---|---|---|",
             *(_row(s) for s in samples),
             "",
         ]
     return "\n".join(out)
+
+
+def summary(path: Path = HERE / "results" / "soak.md") -> list[str]:
+    """The soak's section of ``RESULTS.md``: its command, machine and flatness per variant."""
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    keep = [line for line in lines if line.startswith(("`python -m", "Machine:", "## "))]
+    flat = [line for line in lines if line.startswith(("Last third", "At the end"))]
+    out = ["## Soak (`make soak`; every sample in `results/soak.md`)", ""]
+    out += [keep[0], "", keep[1], ""] if len(keep) > 1 else []
+    variants = [line.removeprefix("## ") for line in keep if line.startswith("## ")]
+    pairs = [" ".join(flat[i : i + 2]) for i in range(0, len(flat), 2)]
+    out += [f"- **{name}**: {text}" for name, text in zip(variants, pairs, strict=False)]
+    return [*out, ""]
 
 
 def main(argv: list[str] | None = None) -> int:
