@@ -45,7 +45,9 @@ def ids_on_shards(prefix: str, *, shards: int, among: set[int], n: int) -> list[
     return [t for t in found if shard_for(t, shards) in among][:n]
 
 
-def cli(*args: str, db_url: str, redis_url: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str, db_url: str, redis_url: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "STREAM_SHARDS"}
     return subprocess.run(
         [sys.executable, "-m", "dispatcher.cli", *args,
