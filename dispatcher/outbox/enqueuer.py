@@ -301,8 +301,8 @@ class OutboxEnqueuer:
 
     async def _publish(self, rows: list[ClaimedRow]) -> list[PublishResult]:
         try:
-            shards = await self._shards.current()
-        except (RedisError, OSError, InvalidShardCount) as exc:
+            shards = await asyncio.wait_for(self._shards.current(), self.config.publish_timeout)
+        except (TimeoutError, RedisError, OSError, InvalidShardCount) as exc:
             return [PublishResult(stream=r.stream, error=exc) for r in rows]  # retried
         entries = [
             (
