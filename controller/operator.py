@@ -45,12 +45,14 @@ from controller.shards import ShardDecision, read_published, reconcile_shards
 from controller.status import (
     DEGRADED,
     READY,
+    SHARDS_DRAINING,
     Reason,
     condition_dicts,
     iso,
     set_condition,
 )
 from dispatcher.redis_client import RedisClient, connect_redis
+from dispatcher.stream.discovery import queue_shards
 from dispatcher.stream.naming import queue_streams
 from dispatcher.stream.shards import InvalidShardCount
 from dispatcher.stream.stats import streams_stats
@@ -59,6 +61,8 @@ __all__ = ["Failure", "Operator", "OperatorConfig", "RedisPool", "utcnow"]
 
 log = logging.getLogger("controller")
 WORKER_GROUP = "workers"  # the consumer group the enqueuer creates and workers read
+# While removed shards drain, look again at least this often (seconds).
+DRAIN_RECHECK_CAP = 30.0
 
 
 def utcnow() -> datetime.datetime:
@@ -186,25 +190,30 @@ class Operator:
             patch.status["conditions"] = condition_dicts(conditions)
             kopf.warn(body, reason=failure.reason, message=failure.message)
             raise kopf.TemporaryError(failure.message, delay=self.config.backoff(retry)) from None
-        blocked = decision.action == "block"
+        draining = bool(decision.draining)
         conditions = set_condition(
             conditions, type_=READY, status="True", reason=Reason.RECONCILED,
             message=f"enqueuer and workers applied; {decision.message}", now=now,
             generation=generation,
         )  # fmt: skip
         conditions = set_condition(
-            conditions, type_=DEGRADED, status="True" if blocked else "False",
-            reason=Reason.SHARD_DECREASE_BLOCKED if blocked else Reason.AS_EXPECTED,
-            message=decision.message if blocked else "", now=now, generation=generation,
+            conditions, type_=DEGRADED, status="False", reason=Reason.AS_EXPECTED, message="",
+            now=now, generation=generation,
+        )  # fmt: skip
+        conditions = set_condition(
+            conditions, type_=SHARDS_DRAINING, status="True" if draining else "False",
+            reason=Reason.REMOVED_SHARDS_NOT_EMPTY if draining else Reason.AS_EXPECTED,
+            message=decision.draining_message, now=now, generation=generation,
         )  # fmt: skip
         patch.status["conditions"] = condition_dicts(conditions)
         patch.status["observedGeneration"] = generation
         patch.status["shards"] = decision.shards
-        if blocked:
-            kopf.warn(body, reason=Reason.SHARD_DECREASE_BLOCKED, message=decision.message)
-            raise kopf.TemporaryError(decision.message, delay=self.config.backoff(retry))
         if decision.action == "set":
             kopf.info(body, reason="ShardsPublished", message=decision.message)
+        if draining:
+            # Not a failure: look again until the removed shards are empty.
+            delay = min(self.config.backoff(retry), DRAIN_RECHECK_CAP)
+            raise kopf.TemporaryError(decision.draining_message, delay=delay)
 
     async def _reconcile(
         self, raw_spec: Mapping[str, Any], *, owner: Owner, logger: Logger
@@ -215,7 +224,7 @@ class Operator:
             await api.secret_value(namespace=owner.namespace, ref=spec.postgres.secret_ref)
             client = await self._redis(api, spec, namespace=owner.namespace, name=owner.name)
             decision = await self._shards(client, spec)
-            await self._apply(api, spec, owner=owner, shards=decision.shards)
+            await self._apply(api, spec, owner=owner)
             await self._prune(api, spec, owner=owner)
         except SecretMissing as exc:
             raise Failure(Reason.SECRET_MISSING, str(exc)) from None
@@ -226,24 +235,21 @@ class Operator:
     async def _shards(self, client: RedisClient, spec: OutboxDispatcherSpec) -> ShardDecision:
         try:
             return await reconcile_shards(
-                client, desired=spec.shards, queues=[q.name for q in spec.queues]
-            )
+                client, desired=spec.shards, queues=[q.name for q in spec.queues],
+                group=WORKER_GROUP,
+            )  # fmt: skip
         except (RedisError, OSError, InvalidShardCount) as exc:
             raise Failure(Reason.REDIS_UNAVAILABLE, _redis_message(client, exc)) from None
 
-    async def _apply(
-        self, api: KubeApi, spec: OutboxDispatcherSpec, *, owner: Owner, shards: int
-    ) -> None:
-        manifests = [build_enqueuer_deployment(spec, owner=owner, shards=shards)]
+    async def _apply(self, api: KubeApi, spec: OutboxDispatcherSpec, *, owner: Owner) -> None:
+        manifests = [build_enqueuer_deployment(spec, owner=owner)]
         for queue in spec.queues:
             name = worker_name(owner, queue.name)
             live = await api.get_deployment(namespace=owner.namespace, name=name)
             current = (live or {}).get("spec", {}).get("replicas")
             policy = _policy(queue_spec=queue)
             replicas = policy.min_replicas if current is None else clamp(int(current), policy)
-            manifests.append(
-                build_worker_deployment(spec, queue, owner=owner, shards=shards, replicas=replicas)
-            )
+            manifests.append(build_worker_deployment(spec, queue, owner=owner, replicas=replicas))
         for manifest in manifests:
             outcome = await api.apply_deployment(manifest)
             if outcome != "unchanged":
@@ -290,7 +296,9 @@ class Operator:
         for queue in parsed.queues:
             backlog, pending = (None, None)
             if client is not None and problem is None:
-                backlog, pending = await _backlog(client, queue.name, shards)
+                backlog, pending = await _backlog(
+                    client, queue.name, shards, discover=_draining(current)
+                )
                 if backlog is None:
                     problem = "cannot read the queue streams from Redis"
             row = await self._scale(api, body, owner, queue.name, parsed, current, backlog, now)
@@ -311,7 +319,7 @@ class Operator:
             published = await read_published(client)
         except (RedisError, OSError, InvalidShardCount) as exc:
             return client, spec.shards, _redis_message(client, exc)
-        # While a decrease is blocked the old shards still count.
+        # Until the key follows the spec, the larger count's shards still count.
         return client, max(published or spec.shards, spec.shards), None
 
     async def _scale(
@@ -418,10 +426,25 @@ def _queue_row(queue: QueueStatus) -> dict[str, Any]:
     return row
 
 
-async def _backlog(client: RedisClient, queue: str, shards: int) -> tuple[int | None, int | None]:
-    """Entries not yet completed (stream lengths) and delivered-unacked ones, or unknown."""
+def _draining(status: OutboxDispatcherStatus) -> bool:
+    found = status.condition(SHARDS_DRAINING)
+    return found is not None and found.status == "True"
+
+
+async def _backlog(
+    client: RedisClient, queue: str, shards: int, *, discover: bool
+) -> tuple[int | None, int | None]:
+    """Entries not yet completed (stream lengths) and delivered-unacked ones, or unknown.
+
+    While removed shards drain (``discover``) their work counts too; finding
+    them walks the keyspace, so only then.
+    """
     try:
-        stats = await streams_stats(client, queue_streams([queue], shards), WORKER_GROUP)
+        if discover:
+            states = await queue_shards(client, queue, shards=shards, group=WORKER_GROUP)
+            stats = [state.stats for state in states]
+        else:
+            stats = await streams_stats(client, queue_streams([queue], shards), WORKER_GROUP)
     except (RedisError, OSError):
         return None, None
     return sum(s.length for s in stats), sum(s.pending for s in stats)

@@ -1,9 +1,11 @@
 """Pure builders of the Deployments an ``OutboxDispatcher`` owns.
 
-No I/O: each builder takes the parsed spec, the owner's identity and the
-shard count actually published to Redis, and returns a manifest ``dict``.
-``controller.k8s`` is the one place that sends them. The pod template carries
-a hash of the effective configuration, so any change of it rolls the pods.
+No I/O: each builder takes the parsed spec and the owner's identity, and
+returns a manifest ``dict``. ``controller.k8s`` is the one place that sends
+them. The pod template carries a hash of the effective configuration, so any
+change of it rolls the pods. The shard count is not part of it: processes
+read it live from Redis, so changing it restarts nothing (a restart in the
+middle of a decrease is exactly when readers of the old shards are needed).
 
 Pods follow Pod Security "restricted": non-root numeric user, no privilege
 escalation, every capability dropped, RuntimeDefault seccomp, a read-only root
@@ -120,11 +122,10 @@ def _secret_env(name: str, ref: SecretRef) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
 
 
-def _common_env(spec: OutboxDispatcherSpec, *, shards: int) -> list[dict[str, Any]]:
+def _common_env(spec: OutboxDispatcherSpec) -> list[dict[str, Any]]:
     return [
         _secret_env("REDIS_URL", spec.redis.secret_ref),
         {"name": "REDIS_CLUSTER", "value": "1" if spec.redis.cluster else "0"},
-        {"name": "STREAM_SHARDS", "value": str(shards)},
         {"name": "LOG_LEVEL", "value": spec.log_level},
         {"name": "LOG_FORMAT", "value": spec.log_format},
         {"name": "METRICS_PORT", "value": str(METRICS_PORT)},
@@ -232,11 +233,9 @@ def _enqueuer_args(enqueuer: EnqueuerSpec) -> list[str]:
     ]
 
 
-def build_enqueuer_deployment(
-    spec: OutboxDispatcherSpec, *, owner: Owner, shards: int
-) -> dict[str, Any]:
-    """The enqueuer Deployment; ``shards`` is the count published to Redis."""
-    env = [_secret_env("DATABASE_URL", spec.postgres.secret_ref), *_common_env(spec, shards=shards)]
+def build_enqueuer_deployment(spec: OutboxDispatcherSpec, *, owner: Owner) -> dict[str, Any]:
+    """The enqueuer Deployment."""
+    env = [_secret_env("DATABASE_URL", spec.postgres.secret_ref), *_common_env(spec)]
     container = _container(
         name="enqueuer",
         image=spec.enqueuer.image,
@@ -265,14 +264,14 @@ def _worker_args(queue: QueueSpec) -> list[str]:
 
 
 def build_worker_deployment(
-    spec: OutboxDispatcherSpec, queue: QueueSpec, *, owner: Owner, shards: int, replicas: int
+    spec: OutboxDispatcherSpec, queue: QueueSpec, *, owner: Owner, replicas: int
 ) -> dict[str, Any]:
     """The worker Deployment of one queue; ``replicas`` is the autoscaler's current choice."""
     container = _container(
         name="worker",
         image=queue.image,
         args=_worker_args(queue),
-        env=_common_env(spec, shards=shards),
+        env=_common_env(spec),
         resources=queue.resources,
     )
     return _deployment(

@@ -1,12 +1,12 @@
 """The shard count in Redis (``composer:stream_shards``): a pure decision and its effect.
 
-Raising the count is safe at once: workers start reading new shards as soon
-as they see the key. Lowering it is refused while any shard being removed
-still holds entries, since nobody would read them again. ``decide_shards``
-is the rule; ``reconcile_shards`` reads the key and the stream lengths,
-decides, and writes the key. Writers that cached the old count can still
-add to a removed shard right after the switch; workers keep reading every
-shard they started on until they restart, which covers that window.
+The key follows ``spec.shards`` at once, up or down. Enqueuers route each row
+when they publish it, by the count they read live, so after a decrease nothing
+new goes to the removed shards (rows waiting for a retry or ``not_before``
+included); workers keep reading every shard stream that still holds entries
+or pending entries until it is empty. ``decide_shards`` is the rule;
+``reconcile_shards`` reads the key, writes it if needed and lists the removed
+shards that are still draining (for the ``ShardsDraining`` condition).
 """
 
 from __future__ import annotations
@@ -16,46 +16,36 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from dispatcher.redis_client import RedisClient
-from dispatcher.stream.naming import SHARDS_KEY, task_stream
+from dispatcher.stream.discovery import queue_shards
+from dispatcher.stream.naming import SHARDS_KEY
 from dispatcher.stream.shards import parse_shard_count, publish_shard_count
 
-__all__ = ["ShardDecision", "decide_shards", "reconcile_shards", "streams_to_drain"]
+__all__ = ["ShardDecision", "decide_shards", "read_published", "reconcile_shards"]
 
 
 @dataclass(frozen=True, slots=True)
 class ShardDecision:
-    action: Literal["set", "keep", "block"]
+    action: Literal["set", "keep"]
     shards: int  # the count in effect after the decision
-    blocking: Mapping[str, int] = field(default_factory=dict)  # stream -> entries left
+    draining: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # (length, pending)
 
     @property
     def message(self) -> str:
-        if self.action != "block":
-            return f"{SHARDS_KEY} = {self.shards}"
-        held = ", ".join(f"{s} ({n})" for s, n in sorted(self.blocking.items()))
-        return (
-            f"cannot lower the shard count below {self.shards} yet: "
-            f"the removed shards still hold entries: {held}"
+        return f"{SHARDS_KEY} = {self.shards}"
+
+    @property
+    def draining_message(self) -> str:
+        if not self.draining:
+            return ""
+        held = ", ".join(
+            f"{s} (length {n}, pending {p})" for s, (n, p) in sorted(self.draining.items())
         )
+        return f"removed shards still hold work, workers read them until empty: {held}"
 
 
-def streams_to_drain(queues: Sequence[str], *, published: int, desired: int) -> list[str]:
-    """The streams a decrease from ``published`` to ``desired`` would abandon."""
-    return [task_stream(q, s) for q in queues for s in range(desired, published)]
-
-
-def decide_shards(
-    *, desired: int, published: int | None, lengths: Mapping[str, int]
-) -> ShardDecision:
-    """What to do with the key, given the lengths of ``streams_to_drain``."""
-    if published == desired:
-        return ShardDecision(action="keep", shards=desired)
-    if published is None or desired > published:
-        return ShardDecision(action="set", shards=desired)
-    blocking = {stream: n for stream, n in lengths.items() if n > 0}
-    if blocking:
-        return ShardDecision(action="block", shards=published, blocking=blocking)
-    return ShardDecision(action="set", shards=desired)
+def decide_shards(*, desired: int, published: int | None) -> Literal["set", "keep"]:
+    """Write the key unless it already says ``desired``."""
+    return "keep" if published == desired else "set"
 
 
 async def read_published(client: RedisClient) -> int | None:
@@ -64,15 +54,16 @@ async def read_published(client: RedisClient) -> int | None:
 
 
 async def reconcile_shards(
-    client: RedisClient, *, desired: int, queues: Sequence[str]
+    client: RedisClient, *, desired: int, queues: Sequence[str], group: str
 ) -> ShardDecision:
-    """Bring the key to ``desired`` if that strands nothing; report what happened."""
-    published = await read_published(client)
-    lengths: dict[str, int] = {}
-    if published is not None and desired < published:
-        for stream in streams_to_drain(queues, published=published, desired=desired):
-            lengths[stream] = int(await client.xlen(stream))
-    decision = decide_shards(desired=desired, published=published, lengths=lengths)
-    if decision.action == "set":
-        await publish_shard_count(client, decision.shards)
-    return decision
+    """Bring the key to ``desired``; report the shards beyond it that are not empty yet."""
+    action = decide_shards(desired=desired, published=await read_published(client))
+    if action == "set":
+        await publish_shard_count(client, desired)
+    draining = {
+        state.stats.stream: (state.stats.length, state.stats.pending)
+        for queue in queues
+        for state in await queue_shards(client, queue, shards=desired, group=group)
+        if state.draining
+    }
+    return ShardDecision(action=action, shards=desired, draining=draining)

@@ -1,9 +1,10 @@
 """Status conditions of an ``OutboxDispatcher``: pure updates of the condition list.
 
-Two condition types: ``Ready`` (the workloads are applied and Redis answers)
-and ``Degraded`` (something needs a human: an invalid spec, a missing Secret,
-an unreachable Redis, a blocked shard decrease). A blocked decrease leaves
-``Ready`` true (everything runs, on the old shard count) with ``Degraded`` true.
+Three condition types: ``Ready`` (the workloads are applied and Redis
+answers), ``Degraded`` (something needs a human: an invalid spec, a missing
+Secret, an unreachable Redis) and ``ShardsDraining`` (after the shard count
+was lowered, the removed shards that still hold entries or pending entries;
+false once they are all empty).
 ``lastTransitionTime`` moves only when a condition's status flips, as
 Kubernetes conventions ask.
 """
@@ -19,6 +20,7 @@ from controller.model import Condition
 __all__ = [
     "DEGRADED",
     "READY",
+    "SHARDS_DRAINING",
     "Reason",
     "condition_dicts",
     "iso",
@@ -27,6 +29,7 @@ __all__ = [
 
 READY = "Ready"
 DEGRADED = "Degraded"
+SHARDS_DRAINING = "ShardsDraining"
 
 
 class Reason:
@@ -36,7 +39,7 @@ class Reason:
     INVALID_SPEC = "InvalidSpec"
     SECRET_MISSING = "SecretMissing"
     REDIS_UNAVAILABLE = "RedisUnavailable"
-    SHARD_DECREASE_BLOCKED = "ShardDecreaseBlocked"
+    REMOVED_SHARDS_NOT_EMPTY = "RemovedShardsNotEmpty"
     API_ERROR = "ApiError"
     AS_EXPECTED = "AsExpected"
 
