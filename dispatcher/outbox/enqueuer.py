@@ -306,7 +306,8 @@ class OutboxEnqueuer:
             return [PublishResult(stream=r.stream, error=exc) for r in rows]  # retried
         entries = [
             (
-                route_stream(r.stream or FALLBACK_STREAM, r.task_id, shards),
+                # A row without a task id (written by hand) still spreads, by its own id.
+                route_stream(r.stream or FALLBACK_STREAM, r.task_id or r.id, shards),
                 payload_fields(r.payload, r.id),
             )
             for r in rows

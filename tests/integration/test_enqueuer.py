@@ -158,6 +158,7 @@ async def test_a_row_that_always_fails_lands_in_the_dlq(
 async def test_non_object_payloads_are_published_per_contract(
     db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
+    await publish_shard_count(redis_standalone, 1)
     stream = task_stream(queue, 0)
     with psycopg.connect(db_url) as conn:
         for row_id, payload in [("arr", "[1, 2]"), ("str", '"hello"'), ("nul", None)]:
