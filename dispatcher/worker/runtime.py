@@ -180,6 +180,12 @@ class Worker:
 
     async def _discover(self) -> None:
         """Start reading other shard streams of our queues that still hold work."""
+        try:
+            await self._discover_each()
+        except (RedisError, OSError) as exc:  # e.g. an ACL without SCAN: the count still works
+            log.warning("cannot look for left-over shard streams: %s", exc)
+
+    async def _discover_each(self) -> None:
         for queue in self.config.queues:
             for shard in sorted(await existing_shards(self.client, queue)):
                 stream = task_stream(queue, shard)
