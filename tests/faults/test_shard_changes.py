@@ -84,6 +84,7 @@ def test_shard_count_changed_up_and_down_under_load(
         wait_until(lambda: p.handled() > 0, timeout=60)
         _fail_some_publishes(p, proxy)
         done = _shards_set(p, count)
+        print(done.stdout)  # shown with -s: the progress of each change
         assert done.returncode == 0, done.stdout + done.stderr
         assert "applied" in done.stdout, done.stdout
         p.fault(f"dispatcher shards set {count}")

@@ -324,3 +324,22 @@ async def test_shards_set_rejects_a_bad_count(
     assert out.returncode == 2
     assert "must be >= 1" in out.stderr
     assert await redis_standalone.get(SHARDS_KEY) == "4"
+
+
+async def test_shards_set_reports_progress_and_gives_up_at_its_timeout(
+    db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
+) -> None:
+    await publish_shard_count(redis_standalone, 4)
+    left = [t for t in tasks(queue, 100) if shard_for(t.task_id, 4) == 3][:3]
+    await publish(redis_standalone, left, shards=4)  # no worker: shard 3 cannot drain
+    out = cli(
+        "shards", "set", "2", "--refresh-wait", "0", "--timeout", "1", "--progress-every", "0.2",
+        db_url=db_url, redis_url=redis_url,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    stream = task_stream(queue, 3)
+    assert (
+        f"draining 1 removed shards, 3 entries left: {stream} (length 3, pending 0)" in out.stdout
+    )
+    assert "still draining after" in out.stdout
+    assert await redis_standalone.get(SHARDS_KEY) == "2"  # the change stays; draining goes on
