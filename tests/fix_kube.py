@@ -2,10 +2,11 @@
 
 ``KubeEmulator`` is kmock's ``KubernetesEmulator`` plus what a real API server
 adds and kopf relies on: ``uid``, ``resourceVersion``, ``generation`` (bumped
-when the spec changes), ``creationTimestamp`` and names from ``generateName``; and, for Deployments, what
-the API server and the Deployment controller do: quantities written in canonical
-form (``1024Mi`` is stored as ``1Gi``) and, unless a test stalls it, a rollout that
-completes at once (``status`` at the new generation, every replica available).
+when the spec changes), ``creationTimestamp`` and names from ``generateName``; and,
+for Deployments, what the API server and the Deployment controller do: quantities
+written in canonical form (``1024Mi`` is stored as ``1Gi``) and, unless a test
+stalls it, a rollout that completes at once (``status`` at the new generation,
+every replica available).
 ``operator`` runs the real kopf operator (``controller.handlers.register``) in
 the test's event loop against it, with an injected clock for the autoscaler.
 """

@@ -26,6 +26,7 @@ import pytest
 import yaml
 from kmock._internal import rendering
 
+from tests.fix_db import ADMIN_URL
 from tests.fix_kube import (
     DEPLOYMENTS,
     NAMESPACE,
@@ -160,7 +161,7 @@ async def test_role_grants_exactly_what_the_operator_uses(
     emails = {"name": "emails", "handler": "app.tasks:send", "maxReplicas": 5}
     invoices = {"name": "invoices", "handler": "billing:render", "minReplicas": 0}
     async with running_operator(gate, clock):
-        await gate.send("post", SECRETS_URL, secret("pg", url="postgresql://app:pw@db/app"))
+        await gate.send("post", SECRETS_URL, secret("pg", url=ADMIN_URL))
         await gate.send("post", SECRETS_URL, secret("rd", url=redis_url))
         await gate.send("post", CR_URL, _dispatcher([emails, invoices]))
 

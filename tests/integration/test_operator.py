@@ -19,6 +19,7 @@ from controller.model import OutboxDispatcherStatus
 from controller.operator import Operator
 from controller.render import CONFIG_HASH_ANNOTATION
 from dispatcher.stream.naming import SHARDS_KEY
+from tests.fix_db import ADMIN_URL
 from tests.fix_kube import (
     CR_RESOURCE,
     DEPLOYMENTS,
@@ -55,7 +56,7 @@ def dispatcher(**spec: Any) -> dict[str, Any]:
 
 
 async def _secrets(kube: KubeEmulator, redis_url: str) -> None:
-    await kube.send("post", SECRETS_URL, secret("pg", url="postgresql://app:pw@db/app"))
+    await kube.send("post", SECRETS_URL, secret("pg", url=ADMIN_URL))
     await kube.send("post", SECRETS_URL, secret("rd", url=redis_url))
 
 

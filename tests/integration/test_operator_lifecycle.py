@@ -14,7 +14,6 @@ import pytest
 import redis.asyncio
 
 from controller.operator import Operator
-from controller.render import CONFIG_HASH_ANNOTATION
 from tests.fix_db import ADMIN_URL
 from tests.fix_kube import (
     CR_RESOURCE,
