@@ -34,7 +34,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from controller.k8s import KubeApi
-from controller.model import DEFAULT_VERSION_TAG, KIND, OutboxDispatcherStatus
+from controller.model import KIND, OutboxDispatcherStatus
 from controller.reconcile import (
     Cache,
     Context,
@@ -46,7 +46,7 @@ from controller.reconcile import (
     reconcile_once,
 )
 from controller.redis_access import RedisPool
-from controller.render import Owner, WorkloadDefaults
+from controller.render import DEFAULT_WORKLOADS, Owner, WorkloadDefaults
 from controller.status import (
     DEGRADED,
     PROGRESSING,
@@ -76,9 +76,8 @@ def default_workloads() -> WorkloadDefaults:
     """The images of this operator's own version, unless its environment names others."""
     return WorkloadDefaults(
         enqueuer_image=os.environ.get("DISPATCHER_ENQUEUER_IMAGE")
-        or f"outbox-dispatcher-enqueuer:{DEFAULT_VERSION_TAG}",
-        worker_image=os.environ.get("DISPATCHER_WORKER_IMAGE")
-        or f"outbox-dispatcher-worker:{DEFAULT_VERSION_TAG}",
+        or DEFAULT_WORKLOADS.enqueuer_image,
+        worker_image=os.environ.get("DISPATCHER_WORKER_IMAGE") or DEFAULT_WORKLOADS.worker_image,
         run_as_user=_env_int("DISPATCHER_RUN_AS_USER"),
         run_as_group=_env_int("DISPATCHER_RUN_AS_GROUP"),
         fs_group=_env_int("DISPATCHER_FS_GROUP"),

@@ -27,6 +27,7 @@ from typing import Any
 from controller.model import (
     API_GROUP,
     API_VERSION,
+    DEFAULT_VERSION_TAG,
     KIND,
     EnqueuerSpec,
     OutboxDispatcherSpec,
@@ -38,6 +39,7 @@ from dispatcher.stream.naming import fnv1a_32
 
 __all__ = [
     "CONFIG_HASH_ANNOTATION",
+    "DEFAULT_WORKLOADS",
     "METRICS_PORT",
     "QUEUE_LABEL",
     "SECRETS_HASH_ANNOTATION",
@@ -97,6 +99,12 @@ class Owner:
             "controller": True,
             "blockOwnerDeletion": True,
         }
+
+
+DEFAULT_WORKLOADS = WorkloadDefaults(
+    enqueuer_image=f"outbox-dispatcher-enqueuer:{DEFAULT_VERSION_TAG}",
+    worker_image=f"outbox-dispatcher-worker:{DEFAULT_VERSION_TAG}",
+)
 
 
 def controller_uid(manifest: Mapping[str, Any]) -> str | None:
@@ -239,7 +247,9 @@ def _deployment(
     secrets_hash: str,
 ) -> dict[str, Any]:
     labels = _labels(selector)
-    annotations = {CONFIG_HASH_ANNOTATION: config_hash(pod), SECRETS_HASH_ANNOTATION: secrets_hash}
+    annotations = {CONFIG_HASH_ANNOTATION: config_hash(pod)}
+    if secrets_hash:
+        annotations[SECRETS_HASH_ANNOTATION] = secrets_hash
     manifest: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -279,8 +289,8 @@ def build_enqueuer_deployment(
     *,
     owner: Owner,
     shards: int,
-    defaults: WorkloadDefaults,
-    secrets_hash: str,
+    defaults: WorkloadDefaults = DEFAULT_WORKLOADS,
+    secrets_hash: str = "",
 ) -> dict[str, Any]:
     """The enqueuer Deployment; ``shards`` is the count published to Redis, ``secrets_hash``
     a digest of the values of the Secrets it reads (``DATABASE_URL``, ``REDIS_URL``)."""
@@ -321,8 +331,8 @@ def build_worker_deployment(
     owner: Owner,
     shards: int,
     replicas: int | None,
-    defaults: WorkloadDefaults,
-    secrets_hash: str,
+    defaults: WorkloadDefaults = DEFAULT_WORKLOADS,
+    secrets_hash: str = "",
 ) -> dict[str, Any]:
     """The worker Deployment of one queue; ``replicas`` is the autoscaler's current choice
     (None: not ours to set), ``secrets_hash`` a digest of the ``REDIS_URL`` Secret value."""
