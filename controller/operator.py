@@ -132,6 +132,7 @@ class Operator:
     _wakes: dict[Key, asyncio.Event] = field(default_factory=dict)
     _tasks: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
     _probes: dict[Key, _Probe] = field(default_factory=dict)
+    _locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.redis = RedisPool(timeout=self.config.redis_timeout)
@@ -149,6 +150,7 @@ class Operator:
             self.dispatchers.pop(key, None)
             self._written.pop(key, None)
             self._probes.pop(key, None)
+            self._locks.pop(key, None)
             task = self._tasks.pop(key, None)
             if task is not None:
                 task.cancel()
@@ -209,7 +211,15 @@ class Operator:
                 await asyncio.wait_for(wake.wait(), delay)
 
     async def sync(self, key: Key) -> bool:
-        """One pass for one dispatcher; whether it found nothing to retry."""
+        """One pass for one dispatcher; whether it found nothing to retry.
+
+        Passes of one dispatcher never overlap, so a caller (a test stepping an injected
+        clock) may run one at any time besides the loop.
+        """
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            return await self._sync(key)
+
+    async def _sync(self, key: Key) -> bool:
         body = self.dispatchers.get(key)
         if body is None:
             return True
