@@ -139,7 +139,7 @@ class KubeApi:
     ) -> None:
         """An Event on an ``OutboxDispatcher`` (``involved``: its name, namespace, uid); an
         Event that cannot be posted is logged and dropped, never a reason to fail."""
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = datetime.datetime.now(datetime.UTC).isoformat()
         namespace = involved["namespace"]
         event = {
             "apiVersion": "v1",
@@ -152,14 +152,16 @@ class KubeApi:
                 "namespace": namespace,
                 "uid": involved["uid"],
             },
+            "action": "Reconcile",
             "reason": reason,
             "message": message[:1024],
             "type": "Warning" if warning else "Normal",
             "source": {"component": COMPONENT},
             "reportingComponent": COMPONENT,
+            "reportingInstance": self._settings.posting.reporting_instance,
             "firstTimestamp": now,
             "lastTimestamp": now,
-            "count": 1,
+            "eventTime": now,
         }
         try:
             await self._call("post", f"/api/v1/namespaces/{quote(namespace)}/events", event)
