@@ -57,7 +57,7 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> Operator:
 
     @kopf.on.event(*RESOURCE, registry=registry, id="dispatchers")
     async def dispatchers(*, body: kopf.Body, type: str | None, **_: Any) -> None:
-        operator.dispatcher_seen(body, deleted=type == "DELETED")
+        await operator.dispatcher_seen(body, deleted=type == "DELETED")
 
     @kopf.on.event("apps", "v1", "deployments", labels=OWNED, registry=registry, id="owned")
     async def deployments(*, body: kopf.Body, type: str | None, **_: Any) -> None:

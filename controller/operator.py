@@ -93,6 +93,7 @@ class OperatorConfig:
     retry_cap: float = 300.0
     redis_timeout: float = 5.0
     postgres_timeout: float = 5.0
+    postgres_interval: float = 30.0  # between two connection checks of one unchanged URL
     clock: Callable[[], datetime.datetime] = utcnow
     enqueuer_image: str | None = None  # None: default_workloads()
     worker_image: str | None = None
@@ -133,6 +134,7 @@ class Operator:
     _tasks: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
     _probes: dict[Key, _Probe] = field(default_factory=dict)
     _locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
+    _closing: bool = False
 
     def __post_init__(self) -> None:
         self.redis = RedisPool(timeout=self.config.redis_timeout)
@@ -143,7 +145,7 @@ class Operator:
 
     # -- what the watches report ------------------------------------------------------------
 
-    def dispatcher_seen(self, body: Mapping[str, Any], *, deleted: bool) -> None:
+    async def dispatcher_seen(self, body: Mapping[str, Any], *, deleted: bool) -> None:
         meta = body.get("metadata", {})
         key = (str(meta.get("namespace") or "default"), str(meta.get("name")))
         if deleted or meta.get("deletionTimestamp"):
@@ -155,6 +157,7 @@ class Operator:
             if task is not None:
                 task.cancel()
             self._wakes.pop(key, None)
+            await self.redis.drop(key)
             return
         old = self.dispatchers.get(key)
         self.dispatchers[key] = dict(body)
@@ -175,7 +178,7 @@ class Operator:
 
     def wake(self, key: Key, *, quiet: bool = False) -> None:
         """Run a pass for ``key`` soon; start its loop if it has none (unless ``quiet``)."""
-        if key not in self.dispatchers:
+        if key not in self.dispatchers or self._closing:
             return
         event = self._wakes.setdefault(key, asyncio.Event())
         event.set()
@@ -183,6 +186,7 @@ class Operator:
             self._tasks[key] = asyncio.create_task(self._loop(key), name=f"dispatcher {key}")
 
     async def close(self) -> None:
+        self._closing = True
         tasks = list(self._tasks.values())
         self._tasks.clear()
         for task in tasks:
@@ -194,7 +198,7 @@ class Operator:
 
     async def _loop(self, key: Key) -> None:
         retry = 0
-        while key in self.dispatchers:
+        while key in self.dispatchers and not self._closing:
             wake = self._wakes.setdefault(key, asyncio.Event())
             wake.clear()
             try:
@@ -207,8 +211,11 @@ class Operator:
                 healthy = False
             delay = self.config.autoscale_interval if healthy else self.config.backoff(retry)
             retry = 0 if healthy else retry + 1
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+            # arrives as the event is set, and the loop would outlive the operator.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await wake.wait()
 
     async def sync(self, key: Key) -> bool:
         """One pass for one dispatcher; whether it found nothing to retry.
@@ -260,11 +267,12 @@ class Operator:
         return result.problem is None and not blocked
 
     async def _postgres_problem(self, key: Key, url: str) -> str | None:
-        """Why PostgreSQL does not answer at ``url``, or None; asked at most once an interval
-        (and at once when the URL changes), since every pass would otherwise connect."""
+        """Why PostgreSQL does not answer at ``url``, or None; asked at most once every
+        ``postgres_interval`` (and at once when the URL changes): a connection per pass
+        would load the database for nothing."""
         probe = self._probes.get(key)
         fingerprint = hash(url)
-        fresh = time.monotonic() - self.config.autoscale_interval
+        fresh = time.monotonic() - self.config.postgres_interval
         if probe is not None and probe.fingerprint == fingerprint and probe.at > fresh:
             return probe.problem
         problem = await _ask_postgres(url, seconds=self.config.postgres_timeout)
@@ -279,10 +287,8 @@ async def _ask_postgres(url: str, *, seconds: float) -> str | None:
         return "the PostgreSQL URL in the Secret is not a valid connection string"
     where = f"{params.get('host') or 'localhost'}:{params.get('port') or 5432}"
     try:
-        conn = await asyncio.wait_for(
-            psycopg.AsyncConnection.connect(url, connect_timeout=max(1, int(seconds))),
-            seconds + 1,
-        )
+        async with asyncio.timeout(seconds + 1):
+            conn = await psycopg.AsyncConnection.connect(url, connect_timeout=max(1, int(seconds)))
     except (psycopg.Error, OSError, TimeoutError) as exc:
         detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return f"cannot reach PostgreSQL at {where}: {detail}".replace(url, "<url>")
