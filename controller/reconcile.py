@@ -22,14 +22,12 @@ from typing import Any
 
 import pydantic
 
+from controller.autoscale import autoscale_queue
 from controller.k8s import APIConflictError, APIError, KubeApi, SecretMissing, contains
 from controller.model import (
-    AUTOSCALING_EXTERNAL,
     MAX_NAME,
     OutboxDispatcherSpec,
     OutboxDispatcherStatus,
-    QueueSpec,
-    QueueStatus,
     SecretRef,
 )
 from controller.redis_access import Measurement, RedisProblem, measure, redis_message
@@ -43,9 +41,8 @@ from controller.render import (
     instance_labels,
     worker_name,
 )
-from controller.scaling import ScalePolicy, ScaleState, clamp, decide
 from controller.shards import ShardDecision, decide_shards, streams_to_drain
-from controller.status import Reason, Rollout, iso, rollout
+from controller.status import Reason, Rollout, rollout
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.shards import publish_shard_count
 
@@ -202,8 +199,19 @@ async def reconcile_once(ctx: Context) -> Pass:
     rows = []
     for queue in spec.queues:
         backlog = measured.queue(queue.name) if measured is not None else None
-        replicas, row = _autoscale(ctx, queue, backlog)
-        rows.append(row)
+        live = ctx.cache.deployments.get((owner.namespace, worker_name(owner, queue.name)))
+        step = autoscale_queue(
+            queue,
+            live_replicas=None if live is None else live.get("spec", {}).get("replicas"),
+            measured=backlog,
+            before=ctx.status.queue(queue.name),
+            now=ctx.now,
+        )
+        if step.event is not None:
+            name = worker_name(owner, queue.name)
+            ctx.events.append(("Scaled", f"{name} (queue {queue.name}) {step.event}", False))
+        replicas = step.replicas
+        rows.append(step.row)
         manifests.append(
             build_worker_deployment(
                 spec,
@@ -278,75 +286,6 @@ async def _shards(ctx: Context, url: str, measured: Measurement) -> ShardDecisio
             return None  # the next pass tries again; measuring worked, so it is transient
         ctx.events.append(("ShardsPublished", decision.message, False))
     return decision
-
-
-def _policy(queue: QueueSpec) -> ScalePolicy:
-    return ScalePolicy(
-        min_replicas=queue.min_replicas,
-        max_replicas=queue.max_replicas,
-        target_backlog_per_replica=queue.target_backlog_per_replica,
-        stabilization_seconds=queue.scale_down_stabilization_seconds,
-    )
-
-
-def _autoscale(
-    ctx: Context, queue: QueueSpec, measured: tuple[int, int] | None
-) -> tuple[int | None, dict[str, Any]]:
-    """The replicas to render for ``queue`` (None: an external scaler owns them) and its row."""
-    name = worker_name(ctx.owner, queue.name)
-    live = ctx.cache.deployments.get((ctx.owner.namespace, name))
-    live_replicas = None if live is None else live.get("spec", {}).get("replicas")
-    backlog, pending = measured if measured is not None else (None, None)
-    before = ctx.status.queue(queue.name) or QueueStatus(name=queue.name)
-    if queue.autoscaling == AUTOSCALING_EXTERNAL:
-        row = QueueStatus(name=queue.name, backlog=backlog, pending=pending, replicas=live_replicas)
-        return None, _queue_row(row)
-    policy = _policy(queue)
-    # A new Deployment starts at the bottom of its range.
-    current = policy.min_replicas if live_replicas is None else int(live_replicas)
-    since = before.scale_down_since
-    decision = decide(
-        current=current,
-        backlog=backlog,
-        policy=policy,
-        state=ScaleState(
-            down_since=None if since is None else since.timestamp(), down_to=before.scale_down_to
-        ),
-        now=ctx.now.timestamp(),
-    )
-    replicas = decision.replicas if live is not None else clamp(decision.replicas, policy)
-    last_scale = before.last_scale_time
-    if live is not None and replicas != current:
-        last_scale = ctx.now
-        message = (
-            f"scaled {name} from {current} to {replicas} replicas "
-            f"(queue {queue.name}: backlog {backlog})"
-        )
-        ctx.events.append(("Scaled", message, False))
-    down_since = decision.state.down_since
-    row = QueueStatus(
-        name=queue.name,
-        backlog=backlog,
-        pending=pending,
-        replicas=replicas,
-        desired_replicas=decision.recommended,
-        last_scale_time=last_scale,
-        scale_down_since=(
-            None
-            if down_since is None
-            else datetime.datetime.fromtimestamp(down_since, datetime.UTC)
-        ),
-        scale_down_to=decision.state.down_to,
-    )
-    return replicas, _queue_row(row)
-
-
-def _queue_row(queue: QueueStatus) -> dict[str, Any]:
-    row = queue.model_dump(by_alias=True, exclude_none=True)
-    for key in ("lastScaleTime", "scaleDownSince"):
-        if isinstance(row.get(key), datetime.datetime):
-            row[key] = iso(row[key])
-    return row
 
 
 async def _apply(ctx: Context, manifest: dict[str, Any]) -> None:

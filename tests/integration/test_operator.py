@@ -271,8 +271,10 @@ async def test_backlog_scales_up_at_once_and_down_after_stabilization(
     # From here on, each step runs one pass itself (besides the operator's own loop): what a
     # pass decides depends on the injected clock and Redis only, never on how long it took.
     key = (NAMESPACE, NAME)
-    for i in range(250):  # 250 entries over both shards -> ceil(250/100) = 3 replicas
-        await client.xadd(f"workflow.tasks.emails.{i % 2}", {"task_id": f"t{i}"})
+    async with client.pipeline(transaction=True) as burst:  # all at once, as a pass sees it
+        for i in range(250):  # 250 entries over both shards -> ceil(250/100) = 3 replicas
+            burst.xadd(f"workflow.tasks.emails.{i % 2}", {"task_id": f"t{i}"})
+        await burst.execute()
     await operator.sync(key)
     assert _replicas(kube, "orders-worker-emails") == 3
     row = _status(kube).queue("emails")
