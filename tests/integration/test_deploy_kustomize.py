@@ -122,6 +122,9 @@ def test_operator_names_the_workload_images_of_its_own_version() -> None:
     }
     assert env["DISPATCHER_ENQUEUER_IMAGE"] == "outbox-dispatcher-enqueuer:0.1.0"
     assert env["DISPATCHER_WORKER_IMAGE"] == "outbox-dispatcher-worker:0.1.0"
+    (cr,) = kustomize("deploy/example")
+    assert "image" not in cr["spec"]["enqueuer"]  # pinned images would not follow upgrades
+    assert not [q for q in cr["spec"]["queues"] if "image" in q]
 
 
 def test_example_references_secrets_and_inlines_no_url() -> None:
