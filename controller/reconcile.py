@@ -187,6 +187,40 @@ async def reconcile_once(ctx: Context) -> Pass:
     problem = redis_problem or problem
     decision = await _shards(ctx, redis_url, measured) if measured is not None else None
     shards = decision.shards if decision is not None else (ctx.status.shards or spec.shards)
+    manifests, rows = _desired(
+        ctx, measured, shards=shards, postgres_url=postgres_url, redis_url=redis_url
+    )
+    try:
+        for manifest in manifests:
+            await _apply(ctx, manifest)
+        draining = await _drain(ctx, draining_queues, measured)
+    except Failure as failure:
+        return Pass(problem=failure, decision=decision, shards=shards, queues=rows)
+    except APIError as exc:
+        api_failure = Failure(Reason.API_ERROR, f"Kubernetes API: {exc}")
+        return Pass(problem=api_failure, decision=decision, shards=shards, queues=rows)
+    owned = ctx.cache.owned(owner, "enqueuer") + ctx.cache.owned(owner, "worker")
+    return Pass(
+        problem=problem,
+        decision=decision,
+        shards=shards,
+        queues=rows,
+        rollout=rollout(owned),
+        draining=draining,
+        events=ctx.events,
+    )
+
+
+def _desired(
+    ctx: Context,
+    measured: Measurement | None,
+    *,
+    shards: int,
+    postgres_url: str,
+    redis_url: str,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The Deployments to apply (with the autoscaler's replicas) and the queues' status rows."""
+    spec, owner = ctx.spec, ctx.owner
     redis_digest = secrets_digest((spec.redis.secret_ref, redis_url))
     both_digest = secrets_digest(
         (spec.postgres.secret_ref, postgres_url), (spec.redis.secret_ref, redis_url)
@@ -210,7 +244,6 @@ async def reconcile_once(ctx: Context) -> Pass:
         if step.event is not None:
             name = worker_name(owner, queue.name)
             ctx.events.append(("Scaled", f"{name} (queue {queue.name}) {step.event}", False))
-        replicas = step.replicas
         rows.append(step.row)
         manifests.append(
             build_worker_deployment(
@@ -218,30 +251,12 @@ async def reconcile_once(ctx: Context) -> Pass:
                 queue,
                 owner=owner,
                 shards=shards,
-                replicas=replicas,
+                replicas=step.replicas,
                 defaults=ctx.defaults,
                 secrets_hash=redis_digest,
             )
         )
-    try:
-        for manifest in manifests:
-            await _apply(ctx, manifest)
-        draining = await _drain(ctx, draining_queues, measured)
-    except Failure as failure:
-        return Pass(problem=failure, decision=decision, shards=shards, queues=rows)
-    except APIError as exc:
-        api_failure = Failure(Reason.API_ERROR, f"Kubernetes API: {exc}")
-        return Pass(problem=api_failure, decision=decision, shards=shards, queues=rows)
-    owned = ctx.cache.owned(owner, "enqueuer") + ctx.cache.owned(owner, "worker")
-    return Pass(
-        problem=problem,
-        decision=decision,
-        shards=shards,
-        queues=rows,
-        rollout=rollout(owned),
-        draining=draining,
-        events=ctx.events,
-    )
+    return manifests, rows
 
 
 def _draining_queues(ctx: Context) -> dict[str, dict[str, Any]]:
