@@ -1,12 +1,13 @@
-"""The shard count in Redis (``composer:stream_shards``): a pure decision and its effect.
+"""The shard count in Redis (``composer:stream_shards``): the pure decision of what to do with it.
 
 The key follows ``spec.shards`` at once, up or down. Enqueuers route each row
 when they publish it, by the count they read live, so after a decrease nothing
 new goes to the removed shards (rows waiting for a retry or ``not_before``
-included); workers keep reading every shard stream that still holds entries
-or pending entries until it is empty. ``decide_shards`` is the rule;
-``reconcile_shards`` reads the key, writes it if needed and lists the removed
-shards that are still draining (for the ``ShardsDraining`` condition).
+included); workers keep reading every shard stream that still holds entries or
+pending entries until it is empty. ``decide_shards`` is the rule; the operator
+measures the key and the streams in its Redis round trip
+(``controller.redis_access``), writes the key when told, and reports the
+removed shards that still hold work (``draining_shards``) as ``ShardsDraining``.
 """
 
 from __future__ import annotations
@@ -15,12 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from dispatcher.redis_client import RedisClient
-from dispatcher.stream.discovery import queue_shards
-from dispatcher.stream.naming import SHARDS_KEY
-from dispatcher.stream.shards import parse_shard_count, publish_shard_count
+from dispatcher.stream.naming import SHARDS_KEY, parse_task_stream
 
-__all__ = ["ShardDecision", "decide_shards", "read_published", "reconcile_shards"]
+__all__ = ["ShardDecision", "decide_shards", "draining_shards"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,27 +41,21 @@ class ShardDecision:
         return f"removed shards still hold work, workers read them until empty: {held}"
 
 
-def decide_shards(*, desired: int, published: int | None) -> Literal["set", "keep"]:
-    """Write the key unless it already says ``desired``."""
-    return "keep" if published == desired else "set"
-
-
-async def read_published(client: RedisClient) -> int | None:
-    raw = await client.get(SHARDS_KEY)
-    return None if raw is None else parse_shard_count(raw)
-
-
-async def reconcile_shards(
-    client: RedisClient, *, desired: int, queues: Sequence[str], group: str
+def decide_shards(
+    *, desired: int, published: int | None, draining: Mapping[str, tuple[int, int]] = {}
 ) -> ShardDecision:
-    """Bring the key to ``desired``; report the shards beyond it that are not empty yet."""
-    action = decide_shards(desired=desired, published=await read_published(client))
-    if action == "set":
-        await publish_shard_count(client, desired)
-    draining = {
-        state.stats.stream: (state.stats.length, state.stats.pending)
-        for queue in queues
-        for state in await queue_shards(client, queue, shards=desired, group=group)
-        if state.draining
-    }
-    return ShardDecision(action=action, shards=desired, draining=draining)
+    """Write the key unless it already says ``desired``; never wait for a drain."""
+    action: Literal["set", "keep"] = "keep" if published == desired else "set"
+    return ShardDecision(action=action, shards=desired, draining=dict(draining))
+
+
+def draining_shards(
+    streams: Mapping[str, tuple[int, int]], *, queues: Sequence[str], shards: int
+) -> dict[str, tuple[int, int]]:
+    """The measured streams of ``queues`` at shard >= ``shards`` with entries or pending."""
+    found = {}
+    for stream, (length, pending) in streams.items():
+        queue, shard = parse_task_stream(stream)
+        if queue in queues and shard >= shards and (length or pending):
+            found[stream] = (length, pending)
+    return found

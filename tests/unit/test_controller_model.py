@@ -8,7 +8,7 @@ import pydantic
 import pytest
 
 from controller.model import OutboxDispatcherSpec
-from controller.shards import ShardDecision, decide_shards
+from controller.shards import ShardDecision, decide_shards, draining_shards
 from controller.status import DEGRADED, READY, set_condition
 
 SECRETS = {
@@ -43,10 +43,21 @@ def test_model_mirrors_the_cel_rules(queues: list[dict[str, object]], message: s
 
 
 def test_shard_decisions_follow_the_spec_both_ways() -> None:
-    assert decide_shards(desired=4, published=None) == "set"
-    assert decide_shards(desired=4, published=4) == "keep"
-    assert decide_shards(desired=8, published=4) == "set"
-    assert decide_shards(desired=2, published=4) == "set"  # removed shards drain, never block
+    assert decide_shards(desired=4, published=None).action == "set"
+    assert decide_shards(desired=4, published=4).action == "keep"
+    assert decide_shards(desired=8, published=4).action == "set"
+    lowered = decide_shards(desired=2, published=4, draining={"workflow.tasks.a.3": (7, 0)})
+    assert (lowered.action, lowered.shards) == ("set", 2)  # removed shards drain, never block
+
+
+def test_draining_shards_are_removed_shards_of_spec_queues_with_work() -> None:
+    streams = {
+        "workflow.tasks.a.1": (5, 0),  # in the count
+        "workflow.tasks.a.2": (0, 0),  # removed, empty
+        "workflow.tasks.a.3": (0, 1),  # removed, one pending
+        "workflow.tasks.gone.3": (9, 0),  # a queue no longer in the spec: QueuesDraining's
+    }
+    assert draining_shards(streams, queues=["a"], shards=2) == {"workflow.tasks.a.3": (0, 1)}
 
 
 def test_draining_message_lists_each_removed_shard_with_its_work() -> None:
