@@ -176,3 +176,26 @@ async def test_slot_pool_bounds_and_reports_free_slots() -> None:
     pool.release()
     await third
     assert pool.held == 2
+
+
+@pytest.mark.parametrize(
+    ("flags", "max_runs"),
+    [([], 5), (["--max-runs", "4"], 4), (["--max-deliveries", "3"], 3)],
+)
+def test_max_deliveries_is_the_old_name_of_max_runs(flags: list[str], max_runs: int) -> None:
+    from dispatcher.cli.main import build_parser
+
+    argv = ["worker", "--queue", "q", "--handler", "m:f", *flags, "--handler-timeout", "2.5"]
+    args = build_parser().parse_args(argv)
+    assert (args.max_runs, args.handler_timeout) == (max_runs, 2.5)
+
+
+def test_worker_help_names_the_alias_and_the_timeout(capsys: pytest.CaptureFixture[str]) -> None:
+    from dispatcher.cli.main import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["worker", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--max-runs MAX_RUNS, --max-deliveries MAX_RUNS" in text
+    assert "--max-deliveries is its old name, same meaning" in text
+    assert "--handler-timeout HANDLER_TIMEOUT" in text
