@@ -17,6 +17,10 @@ second: at 20k it drained in 0.2 s and its figure swung by a factor of 2.5.
 The load average before and after is recorded, since another process on the
 machine skews every variant. Prints a markdown table and writes
 ``benchmarks/results/worker_consume.md``.
+
+``--baseline DIR`` adds the same worker variants run from another checkout
+(say ``git worktree add /tmp/before <commit>``), interleaved with the others
+in every round: a before/after comparison under the same load.
 """
 
 from __future__ import annotations
@@ -95,14 +99,16 @@ async def bare(client: RedisClient, url: str, queue: str, total: int) -> float:
         await asyncio.gather(*loops, return_exceptions=True)
 
 
-def workers(processes: int) -> Variant:
+def workers(processes: int, *, root: Path = ROOT) -> Variant:
+    """``processes`` worker processes of the checkout at ``root`` (``-m`` imports from there)."""
+
     async def run(client: RedisClient, url: str, queue: str, total: int) -> float:
         procs = [
             await asyncio.create_subprocess_exec(
                 *(sys.executable, "-m", "dispatcher.cli", "worker", "--queue", queue),
                 *("--handler", "tests.handlers:noop", "--concurrency", str(CONCURRENCY)),
                 *("--consumer", f"bench-{i}", "--redis-url", url, "--log-level", "WARNING"),
-                cwd=ROOT,
+                cwd=root,
                 stdout=subprocess.DEVNULL,
             )
             for i in range(processes)
@@ -132,13 +138,25 @@ async def one_round(client: RedisClient, url: str, variant: Variant, messages: i
     return rate
 
 
-async def measure(url: str, *, messages: int, rounds: int) -> dict[str, list[float]]:
+def with_baseline(baseline: Path | None) -> dict[str, Variant]:
+    if baseline is None:
+        return VARIANTS
+    return {
+        **VARIANTS,
+        "baseline worker, 1 process": workers(1, root=baseline),
+        "baseline worker, 2 processes": workers(2, root=baseline),
+    }
+
+
+async def measure(
+    url: str, *, messages: int, rounds: int, variants: dict[str, Variant]
+) -> dict[str, list[float]]:
     client = connect_redis(url)
     await publish_shard_count(client, SHARDS)
-    rates: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    rates: dict[str, list[float]] = {name: [] for name in variants}
     try:
         for r in range(rounds):
-            for name, variant in VARIANTS.items():
+            for name, variant in variants.items():
                 print(f"round {r + 1}/{rounds}: {name} ...", file=sys.stderr, flush=True)
                 rates[name].append(await one_round(client, url, variant, messages))
                 await client.flushdb()  # dedup keys of the round
@@ -165,7 +183,7 @@ def render(
         f"worker --concurrency {CONCURRENCY}; rate from 5 % consumed to empty",
         f"- {rounds} rounds, variants interleaved; median (min-max) msgs/s",
         f"- load average (1/5/15 min) before: {load[0]}; after: {load[1]}",
-        "- reproduce: `.venv/bin/python -m benchmarks.worker_consume`",
+        f"- reproduce: `.venv/bin/python -m benchmarks.worker_consume {' '.join(sys.argv[1:])}`",
         "",
         "| variant | msgs/s (median) | min-max | vs bare |",
         "|---|---:|---:|---:|",
@@ -187,12 +205,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--baseline", type=Path, help="another checkout to run as well")
     args = parser.parse_args()
+    variants = with_baseline(args.baseline)
     workdir = Path(tempfile.mkdtemp(prefix="od-bench-worker-"))
     server = RedisProcess(workdir / "redis").start()
     before = load_average()
     try:
-        rates = asyncio.run(measure(server.url, messages=args.messages, rounds=args.rounds))
+        rates = asyncio.run(
+            measure(server.url, messages=args.messages, rounds=args.rounds, variants=variants)
+        )
     finally:
         server.kill()
         shutil.rmtree(workdir, ignore_errors=True)
