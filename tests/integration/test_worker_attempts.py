@@ -15,7 +15,7 @@ import time
 from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import dead_letter_stream, publish_shard_count, task_stream
-from dispatcher.worker import Worker, lease_key
+from dispatcher.worker import Worker, attempt_key, lease_key
 from tests.handlers import publish, tasks
 from tests.helpers import eventually
 from tests.integration.test_worker_runtime import config, metric, running
@@ -213,3 +213,27 @@ async def test_a_sync_handler_past_the_timeout_keeps_its_lease_until_its_thread_
 
 async def _handled_by_any(workers: list[Worker], queue: str) -> bool:
     return any([await _handled(w, queue, 1) for w in workers])
+
+
+async def test_runs_whose_workers_died_count_and_use_up_the_budget(
+    redis_standalone: RedisClient, queue: str
+) -> None:
+    """Three runs started and never finished (their workers died): the entry is not run again."""
+    await publish_shard_count(redis_standalone, 1)
+    runs: list[str] = []
+
+    async def handle(message: TaskMessage) -> None:
+        runs.append(message.task_id)
+
+    (task,) = tasks(queue, 1)
+    await redis_standalone.set(attempt_key(f"{task.run_id}:{task.task_id}:1"), "3")
+    worker = Worker(redis_standalone, handle, config(queue, shards=1, max_runs=3))
+    async with running(worker):
+        await publish(redis_standalone, [task], shards=1)
+        await eventually(lambda: _dead(redis_standalone, queue), within=30)
+
+    ((_, fields),) = await _dead(redis_standalone, queue)
+    assert runs == []
+    assert fields["runs"] == "3"
+    assert fields["error"].startswith("exceeded max runs (3): the last run ended without a result")
+    assert not await redis_standalone.exists(attempt_key(f"{task.run_id}:{task.task_id}:1"))
