@@ -91,6 +91,14 @@ class _Source:
     freed: Freed
 
 
+@dataclass(frozen=True, slots=True)
+class _Task:
+    """A parsed entry and its dedup key, computed once (it is on the hot path)."""
+
+    message: TaskMessage
+    key: str
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Deliveries:
     """Settles deliveries for one worker; shared by all its stream loops.
@@ -132,7 +140,7 @@ class Deliveries:
         """
         source = _Source(consumer, queue, self.metrics.for_queue(queue), freed)
         parsed = [_parse(message) for message in messages]
-        keys = [task.dedup_key for task in parsed if isinstance(task, TaskMessage)]
+        keys = [task.key for task in parsed if isinstance(task, _Task)]
         try:
             claims = await self.claims.submit(keys)
         except Exception as exc:  # the batch's claim, not one entry's fault: retried later
@@ -152,7 +160,7 @@ class Deliveries:
         self,
         source: _Source,
         message: Message,
-        task: TaskMessage | MalformedMessage,
+        task: _Task | MalformedMessage,
         claim: int | None,
     ) -> Outcome:
         if isinstance(task, MalformedMessage) or claim is None:
@@ -171,7 +179,7 @@ class Deliveries:
                 "(its worker stopped or died)"
             )
             await self._dead_letter(source, message, error=error, reason="max_runs", runs=claim - 1)
-            await self.guard.forget(task.dedup_key)
+            await self.guard.forget(task.key)
             return Outcome.DEAD_LETTERED
         return await self._run(source, message, task, run=claim)
 
@@ -193,22 +201,22 @@ class Deliveries:
             source.freed(message)
         return Outcome.UNSETTLED
 
-    async def _run(self, source: _Source, message: Message, task: TaskMessage, run: int) -> Outcome:
+    async def _run(self, source: _Source, message: Message, task: _Task, run: int) -> Outcome:
         started = time.perf_counter()
-        lease = self.leases.hold(task.dedup_key, source.consumer, message.id)
+        lease = self.leases.hold(task.key, source.consumer, message.id)
         self.metrics.running += 1
         try:
             if self._async:
-                failure = await self._call_async(message, task, lease)
+                failure = await self._call_async(message, task.message, lease)
             else:
-                failure = await self._call_in_thread(message, task, lease)
+                failure = await self._call_in_thread(message, task.message, lease)
         finally:
             self.metrics.running -= 1
             source.metrics.latency.observe(time.perf_counter() - started)
             source.freed(message)
         if failure is not None:
             return await self._failed(source, message, task, failure, run=run)
-        await self.settler.settle(source.consumer, message.id, done=task.dedup_key)
+        await self.settler.settle(source.consumer, message.id, done=task.key)
         source.metrics.handled.inc()
         return Outcome.HANDLED
 
@@ -217,21 +225,25 @@ class Deliveries:
     ) -> Exception | None:
         """Run an async handler; its error (or ``HandlerTimeout``), None on success."""
         try:
-            if carries_trace(message.fields):
-                with _span(message):
-                    return await self._await_handler(task)
-            return await self._await_handler(task)  # no span to open: the hot path
+            if self.handler_timeout or carries_trace(message.fields):
+                return await self._await_handler(message, task)
+            await self.handler(task)  # no span, no deadline: the hot path
+        except Exception as exc:
+            return exc
         finally:
             self.leases.drop(lease)
+        return None
 
-    async def _await_handler(self, task: TaskMessage) -> Exception | None:
+    async def _await_handler(self, message: Message, task: TaskMessage) -> Exception | None:
+        """``handler(task)`` in its span, within the handler timeout (if any)."""
         deadline = None
         try:
-            if not self.handler_timeout:
-                await self.handler(task)
-                return None
-            async with asyncio.timeout(self.handler_timeout) as deadline:
-                await self.handler(task)
+            with _span(message):
+                if not self.handler_timeout:
+                    await self.handler(task)
+                    return None
+                async with asyncio.timeout(self.handler_timeout) as deadline:
+                    await self.handler(task)
         except TimeoutError as exc:
             expired = deadline is not None and deadline.expired()
             return _timed_out(self.handler_timeout) if expired else exc
@@ -283,25 +295,25 @@ class Deliveries:
         self.leases.drop(lease)
 
     async def _failed(
-        self, source: _Source, message: Message, task: TaskMessage, exc: Exception, *, run: int
+        self, source: _Source, message: Message, task: _Task, exc: Exception, *, run: int
     ) -> Outcome:
         error = describe_error(exc)
         source.metrics.failed.inc()
         if run >= self.max_runs:
             reason = f"failed {run} runs (max runs {self.max_runs}); last error: {error}"
-            log.warning("handler failed", extra=_log_fields(message, task), exc_info=exc)
+            log.warning("handler failed", extra=_log_fields(message, task.message), exc_info=exc)
             await self._dead_letter(source, message, error=reason, reason="max_runs", runs=run)
-            await self.guard.forget(task.dedup_key)
+            await self.guard.forget(task.key)
             return Outcome.DEAD_LETTERED
         log.warning(
             "handler failed (run %d of at most %d); the entry stays pending and is retried "
             "after reclaim-idle",
             run,
             self.max_runs,
-            extra=_log_fields(message, task) | {"error": error},
+            extra=_log_fields(message, task.message) | {"error": error},
             exc_info=exc,
         )
-        await self.guard.release(task.dedup_key)
+        await self.guard.release(task.key)
         return Outcome.FAILED
 
     async def _dead_letter(
@@ -327,16 +339,15 @@ class Deliveries:
         return Outcome.DEAD_LETTERED
 
 
-def _parse(message: Message) -> TaskMessage | MalformedMessage:
+def _parse(message: Message) -> _Task | MalformedMessage:
     """The entry as a task, or why it cannot be one (whatever parsing raised)."""
     try:
         task = TaskMessage.from_fields(message.fields)
-        task.dedup_key  # noqa: B018 - computed here, inside the guard
+        return _Task(task, task.dedup_key)
     except MalformedMessage as exc:
         return exc
     except Exception as exc:
         return MalformedMessage(f"cannot parse it: {describe_error(exc)}")
-    return task
 
 
 @contextlib.contextmanager
@@ -371,10 +382,10 @@ def _timed_out(seconds: float) -> HandlerTimeout:
     return HandlerTimeout(f"handler still running after the handler timeout ({seconds:g}s)")
 
 
-def _aligned(parsed: list[TaskMessage | MalformedMessage], claims: list[int]) -> list[int | None]:
+def _aligned(parsed: list[_Task | MalformedMessage], claims: list[int]) -> list[int | None]:
     """The claim of each parsed entry (None for a malformed one, which was not claimed)."""
     found = iter(claims)
-    return [next(found) if isinstance(task, TaskMessage) else None for task in parsed]
+    return [next(found) if isinstance(task, _Task) else None for task in parsed]
 
 
 def _left_pending(message: Message, exc: BaseException) -> None:

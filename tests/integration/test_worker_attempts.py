@@ -173,34 +173,39 @@ async def test_a_sync_handler_past_the_timeout_keeps_its_lease_until_its_thread_
 ) -> None:
     await publish_shard_count(redis_standalone, 1)
     events: list[str] = []
+    started: list[float] = []
     unblock = threading.Event()
 
     def handle(message: TaskMessage) -> None:
         n = sum(e.startswith("start") for e in events) + 1
         events.append(f"start{n}")
+        started.append(time.monotonic())
         if n == 1:
             unblock.wait(60)
         events.append(f"end{n}")
 
     (task,) = tasks(queue, 1)
+    ttl = 2.0
     workers = [
         Worker(
             redis_standalone,
             handle,
-            config(queue, shards=1, handler_timeout=0.3, lease_ttl=1.0, consumer=name),
+            config(queue, shards=1, handler_timeout=0.3, lease_ttl=ttl, consumer=name),
         )
         for name in ("w1", "w2")
     ]
 
-    async def busy(count: int) -> bool:
+    async def refused_long_after_the_ttl() -> bool:
         name = "dispatcher_worker_lease_busy_total"
-        return sum([await metric(w, name, queue=queue) for w in workers]) >= count
+        busy = sum([await metric(w, name, queue=queue) for w in workers])
+        return busy >= 1 and time.monotonic() - started[0] > 3 * ttl
 
     async with running(*workers):
         await publish(redis_standalone, [task], shards=1)
         # Retries after reclaim-idle find the lease of the live thread, renewed
-        # well past its 1 s TTL.
-        await eventually(lambda: busy(3), within=30)
+        # well past its TTL.
+        await eventually(lambda: _true(bool(started)), within=30)
+        await eventually(refused_long_after_the_ttl, within=60)
         assert events == ["start1"]
         assert await redis_standalone.exists(lease_key(f"{task.run_id}:{task.task_id}:1"))
         unblock.set()
@@ -209,6 +214,10 @@ async def test_a_sync_handler_past_the_timeout_keeps_its_lease_until_its_thread_
     assert events == ["start1", "end1", "start2", "end2"]
     failed = [await metric(w, "dispatcher_worker_failed_total", queue=queue) for w in workers]
     assert sum(failed) == 1
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def _handled_by_any(workers: list[Worker], queue: str) -> bool:
