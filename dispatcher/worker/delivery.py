@@ -71,6 +71,9 @@ log = logging.getLogger(__name__)
 
 Freed = Callable[[Message], None]
 
+# Claim.DONE and Claim.BUSY as plain ints: compared for every entry.
+_DONE, _BUSY = int(Claim.DONE), int(Claim.BUSY)
+
 
 class Outcome(enum.Enum):
     HANDLED = "handled"
@@ -119,9 +122,11 @@ class Deliveries:
     # Sync handler threads that have not returned yet.
     threads: set[concurrent.futures.Future[Any]] = field(default_factory=set)
     _async: bool = field(init=False)  # the async-or-sync question, answered once
+    _plain: bool = field(init=False)  # async and no timeout: awaited as is
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_async", is_async(self.handler))
+        object.__setattr__(self, "_plain", self._async and not self.handler_timeout)
 
     async def process(
         self,
@@ -166,11 +171,11 @@ class Deliveries:
         if isinstance(task, MalformedMessage) or claim is None:
             error = f"malformed message: {task}"
             return await self._dead_letter(source, message, error=error, reason="malformed")
-        if claim == Claim.DONE:
+        if claim == _DONE:
             await self.settler.settle(source.consumer, message.id)
             source.metrics.duplicates.inc()
             return Outcome.DUPLICATE
-        if claim == Claim.BUSY:
+        if claim == _BUSY:
             source.metrics.lease_busy.inc()
             return Outcome.BUSY
         if claim > self.max_runs:
@@ -205,8 +210,16 @@ class Deliveries:
         started = time.perf_counter()
         lease = self.leases.hold(task.key, source.consumer, message.id)
         self.metrics.running += 1
+        failure: Exception | None = None
         try:
-            if self._async:
+            if self._plain and not carries_trace(message.fields):
+                try:
+                    await self.handler(task.message)  # no span, deadline or thread: the hot path
+                except Exception as exc:
+                    failure = exc
+                finally:
+                    self.leases.drop(lease)
+            elif self._async:
                 failure = await self._call_async(message, task.message, lease)
             else:
                 failure = await self._call_in_thread(message, task.message, lease)
@@ -223,19 +236,10 @@ class Deliveries:
     async def _call_async(
         self, message: Message, task: TaskMessage, lease: int
     ) -> Exception | None:
-        """Run an async handler; its error (or ``HandlerTimeout``), None on success."""
-        try:
-            if self.handler_timeout or carries_trace(message.fields):
-                return await self._await_handler(message, task)
-            await self.handler(task)  # no span, no deadline: the hot path
-        except Exception as exc:
-            return exc
-        finally:
-            self.leases.drop(lease)
-        return None
+        """Run an async handler in its span and within the handler timeout (if any).
 
-    async def _await_handler(self, message: Message, task: TaskMessage) -> Exception | None:
-        """``handler(task)`` in its span, within the handler timeout (if any)."""
+        Its error (or ``HandlerTimeout``); None on success.
+        """
         deadline = None
         try:
             with _span(message):
@@ -249,6 +253,8 @@ class Deliveries:
             return _timed_out(self.handler_timeout) if expired else exc
         except Exception as exc:
             return exc
+        finally:
+            self.leases.drop(lease)
         return None
 
     async def _call_in_thread(
