@@ -46,8 +46,10 @@ from dispatcher.outbox import metrics
 from dispatcher.outbox.backoff import ClaimedRow, Outcomes, plan_outcomes
 from dispatcher.outbox.listener import OutboxListener
 from dispatcher.outbox.repository import STATUSES, OutboxRepository
+from dispatcher.stream.naming import route_stream
 from dispatcher.stream.protocol import PublishResult
 from dispatcher.stream.publisher import RedisStreamPublisher
+from dispatcher.stream.shards import InvalidShardCount, LiveShardCount
 from dispatcher.tracing import child_span
 
 __all__ = ["EnqueuerConfig", "OutboxEnqueuer"]
@@ -98,7 +100,8 @@ class OutboxEnqueuer:
     """Drains the outbox into Redis Streams until ``request_stop()``.
 
     ``listen_conninfo`` enables the LISTEN wake-up; without it the enqueuer
-    only polls.
+    only polls. ``shard_count`` is the count rows are routed by when published
+    (by default read live from the publisher's Redis).
     """
 
     def __init__(
@@ -108,10 +111,12 @@ class OutboxEnqueuer:
         publisher: RedisStreamPublisher,
         config: EnqueuerConfig = EnqueuerConfig(),
         listen_conninfo: str | None = None,
+        shard_count: LiveShardCount | None = None,
     ) -> None:
         self.config = config
         self._repo = repository
         self._publisher = publisher
+        self._shards = shard_count or LiveShardCount(publisher.client)
         self._kick = asyncio.Event()
         self._stopping = False
         self._backlog = False
@@ -295,7 +300,18 @@ class OutboxEnqueuer:
         return len(rows)
 
     async def _publish(self, rows: list[ClaimedRow]) -> list[PublishResult]:
-        entries = [(r.stream or FALLBACK_STREAM, payload_fields(r.payload, r.id)) for r in rows]
+        try:
+            shards = await asyncio.wait_for(self._shards.current(), self.config.publish_timeout)
+        except (TimeoutError, RedisError, OSError, InvalidShardCount) as exc:
+            return [PublishResult(stream=r.stream, error=exc) for r in rows]  # retried
+        entries = [
+            (
+                # A row without a task id (written by hand) still spreads, by its own id.
+                route_stream(r.stream or FALLBACK_STREAM, r.task_id or r.id, shards),
+                payload_fields(r.payload, r.id),
+            )
+            for r in rows
+        ]
         with contextlib.ExitStack() as spans:
             return await self._publish_entries(rows, self._traced(entries, spans))
 

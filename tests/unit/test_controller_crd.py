@@ -210,3 +210,16 @@ def test_max_deliveries_is_still_accepted_as_the_old_name_of_max_runs(
     assert validate_cr(cr) == []
     spec = OutboxDispatcherSpec.model_validate(cr["spec"])
     assert spec.queues[0].runs_limit == runs
+
+
+def test_images_have_no_default_so_they_follow_the_operator() -> None:
+    """A default would be written into every stored resource and pin the first version."""
+    spec = _schema()["properties"]["spec"]["properties"]
+    assert "default" not in spec["enqueuer"]["properties"]["image"]
+    assert "default" not in spec["queues"]["items"]["properties"]["image"]
+    stored = apply_defaults(
+        {"postgres": {}, "redis": {}, "enqueuer": {}, "queues": [{"name": "q"}]},
+        _schema()["properties"]["spec"],
+    )
+    assert "image" not in stored["enqueuer"]
+    assert "image" not in stored["queues"][0]

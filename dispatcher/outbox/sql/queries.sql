@@ -15,7 +15,7 @@ VALUES (%(id)s, %(task_id)s, %(stream)s, %(payload)s, %(type)s, 'PENDING', %(not
 -- are locked (the spec page's "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" under an
 -- UPDATE may be re-run by the planner and claim more than n).
 SELECT id, stream, payload::text AS payload, attempt_count, max_retries, backoff_seconds,
-       extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds
+       extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds, task_id
   FROM outbox
  WHERE status IN ('PENDING', 'RETRY')
    AND (next_attempt_at IS NULL OR next_attempt_at <= statement_timestamp())
