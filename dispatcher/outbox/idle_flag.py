@@ -35,7 +35,7 @@ from psycopg import AsyncConnection
 from dispatcher.outbox import metrics
 from dispatcher.outbox.queries import QUERIES
 
-__all__ = ["IDLE_FLAG_KEY", "IdleFlag", "IdlePolicy"]
+__all__ = ["IDLE_FLAG_KEY", "IdleDecider", "IdleFlag", "IdlePolicy", "Step"]
 
 # The advisory lock key of the idle flag; migration 0005's trigger tests the same number.
 IDLE_FLAG_KEY = 0x6F626964_6C65  # "obidle"
@@ -62,6 +62,59 @@ class IdlePolicy:
     max_delay: float = 1.0
 
 
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What to do after a claim: drop the flag, try to take it, then claim in ``delay`` s."""
+
+    drop: bool = False
+    take: bool = False
+    delay: float | None = None  # None: until a wake-up (NOTIFY, the poll)
+
+
+class IdleDecider:
+    """The flag's decisions, pure: claim results in, ``Step`` out (times on one clock)."""
+
+    def __init__(self, policy: IdlePolicy, now: float) -> None:
+        self.policy = policy
+        self._quiet_since: float | None = None  # end of the first empty claim in a row
+        self._last_found = now
+        self._blocked_delay = policy.blocked_claim_every
+
+    def on_claim(
+        self, *, count: int, started: float, ended: float, full: bool, held: bool, listening: bool
+    ) -> Step:
+        policy = self.policy
+        if count:
+            self._quiet_since = None
+            self._last_found = ended
+            self._blocked_delay = policy.blocked_claim_every
+            drop = held and count >= policy.busy_at_rows
+            if full:
+                return Step(drop=drop, delay=0.0)
+            return Step(drop=drop, delay=None if held and not drop else policy.linger)
+        if held or not listening:
+            return Step()  # a NOTIFY (or the poll) wakes the enqueuer
+        quiet_since = self._quiet_since
+        if quiet_since is None or started < quiet_since + policy.idle_confirm_after:
+            if quiet_since is None:
+                self._quiet_since = ended
+            return Step(delay=policy.idle_confirm_after)
+        return Step(take=True)
+
+    def on_take(self, *, taken: bool, ended: float) -> float:
+        """Seconds until the next claim after trying to take the flag."""
+        policy = self.policy
+        if taken:
+            self._blocked_delay = policy.blocked_claim_every
+            # Rows committed before the flag was taken sent no NOTIFY, but their transactions
+            # have ended (they held the flag's lock shared): one claim now sees them all.
+            return 0.0
+        delay = self._blocked_delay
+        if ended - self._last_found > policy.blocked_backoff_after:
+            self._blocked_delay = min(delay * 2, policy.max_delay)
+        return delay
+
+
 class IdleFlag:
     """The flag on its own session, and when to claim next (``after_claim``)."""
 
@@ -76,13 +129,10 @@ class IdleFlag:
         self.policy = policy
         self._conninfo = conninfo
         self._kwargs = connect_kwargs
-        self._clock = clock
         self._session: AsyncConnection[Any] | None = None
         self._lock = asyncio.Lock()
+        self._decider = IdleDecider(policy, clock())
         self.held = False  # False again whenever the session is lost
-        self._quiet_since: float | None = None  # end of the first empty claim in a row
-        self._last_found = clock()
-        self._blocked_delay = policy.blocked_claim_every
 
     async def after_claim(
         self, *, count: int, started: float, ended: float, full: bool, can_listen: bool
@@ -91,38 +141,23 @@ class IdleFlag:
 
         ``started``/``ended`` are the claim's times on the ``clock``.
         """
-        policy = self.policy
         async with self._lock:
-            if count:
-                self._quiet_since = None
-                self._last_found = ended
-                self._blocked_delay = policy.blocked_claim_every
-                if self.held and count >= policy.busy_at_rows:
-                    await self._drop()
-                if full:
-                    return 0.0
-                return None if self.held else policy.linger
-            if self.held or not can_listen:
-                return None  # a NOTIFY (or the poll) wakes the enqueuer
-            return await self._confirm_idle(started, ended)
-
-    async def _confirm_idle(self, started: float, ended: float) -> float:
-        policy = self.policy
-        quiet_since = self._quiet_since
-        if quiet_since is None or started < quiet_since + policy.idle_confirm_after:
-            if quiet_since is None:
-                self._quiet_since = ended
-            return policy.idle_confirm_after
-        if await self._take():
-            metrics.IDLE_ANNOUNCED.inc()
-            self._blocked_delay = policy.blocked_claim_every
-            # Rows committed before the flag was taken sent no NOTIFY, but their transactions
-            # have ended (they held the flag's lock shared): one claim now sees them all.
-            return 0.0
-        delay = self._blocked_delay
-        if ended - self._last_found > policy.blocked_backoff_after:
-            self._blocked_delay = min(delay * 2, policy.max_delay)
-        return delay
+            step = self._decider.on_claim(
+                count=count,
+                started=started,
+                ended=ended,
+                full=full,
+                held=self.held,
+                listening=can_listen,
+            )
+            if step.drop:
+                await self._drop()
+            if not step.take:
+                return step.delay
+            taken = await self._take()
+            if taken:
+                metrics.IDLE_ANNOUNCED.inc()
+            return self._decider.on_take(taken=taken, ended=ended)
 
     async def check(self) -> bool:
         """Whether the flag is still held: a session that died took it along."""

@@ -236,7 +236,9 @@ class OutboxRepository:
                 "probe": probe,
             }
             connected = self._session is not None and not self._session.closed
-            if connected and not self._session_lock.locked():
+            # A probe's journal row is its suspect's only record of the attempt: always
+            # written before the row is handed out (probes are rare; latency does not matter).
+            if connected and not self._session_lock.locked() and not probe:
                 # Written while the batch publishes: one round trip off the dispatch latency.
                 # The yield lets the task (lock free, connection up) put the INSERT on the wire
                 # before the caller touches a row, so even a crash a row causes at once is
