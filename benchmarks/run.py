@@ -75,7 +75,7 @@ FIGURES: dict[str, tuple[str, dict[str, Variant]]] = {
         {
             f"{rate}, {held}": partial(xb.flag_blocked, rate=rate, held=held)
             for rate in xb.RATES
-            for held in ("no open transaction", "opened while draining", "open at start")
+            for held in ("none", "none after draining", "opened while draining", "open at start")
         },
     ),
     "not_yet_due": (
