@@ -1,7 +1,10 @@
-"""The kopf handlers of the operator: thin glue from kopf's causes to ``Operator``.
+"""The kopf handlers of the operator: thin glue from kopf's watches to ``Operator``.
 
-``register`` wires one ``Operator`` into a kopf registry, so tests and the
-``dispatcher operator`` command build their own; importing this module also
+Only watch-event handlers and operator-level activities are used. kopf adds
+a finalizer to a resource for timers, daemons and change handlers; with none
+of those, it adds none, and removes the one an older version of this operator
+added. ``register`` wires one ``Operator`` into a kopf registry, so tests and
+the ``dispatcher operator`` command build their own; importing this module also
 registers a default one, so ``kopf run -m controller.handlers`` works too.
 """
 
@@ -13,10 +16,12 @@ import kopf
 
 from controller.model import API_GROUP, API_VERSION, PLURAL
 from controller.operator import Operator, OperatorConfig
+from controller.render import MANAGED_BY
 
 __all__ = ["OPERATOR", "configure", "login", "register", "register_login"]
 
 RESOURCE = (API_GROUP, API_VERSION, PLURAL)
+OWNED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -48,71 +53,15 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> Operator:
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
-        await operator.redis.close()
+        await operator.close()
 
-    @kopf.on.resume(*RESOURCE, registry=registry, id="reconcile")
-    @kopf.on.create(*RESOURCE, registry=registry, id="reconcile")
-    @kopf.on.update(*RESOURCE, registry=registry, id="reconcile")
-    async def reconcile(
-        *,
-        body: kopf.Body,
-        spec: kopf.Spec,
-        status: kopf.Status,
-        name: str,
-        namespace: str | None,
-        uid: str,
-        meta: kopf.Meta,
-        retry: int,
-        patch: kopf.Patch,
-        logger: Any,
-        **_: Any,
-    ) -> None:
-        await operator.reconcile(
-            body=body,
-            spec=spec,
-            status=status,
-            name=name,
-            namespace=namespace or "default",
-            uid=uid,
-            generation=meta.get("generation"),
-            retry=retry,
-            patch=patch,
-            logger=logger,
-        )
+    @kopf.on.event(*RESOURCE, registry=registry, id="dispatchers")
+    async def dispatchers(*, body: kopf.Body, type: str | None, **_: Any) -> None:
+        await operator.dispatcher_seen(body, deleted=type == "DELETED")
 
-    @kopf.on.delete(*RESOURCE, registry=registry, optional=True)
-    async def forget(*, name: str, namespace: str | None, **_: Any) -> None:
-        await operator.redis.drop((namespace or "default", name))
-
-    @kopf.timer(
-        *RESOURCE,
-        registry=registry,
-        id="autoscale",
-        interval=operator.config.autoscale_interval,
-        initial_delay=min(operator.config.autoscale_interval, 5.0),
-    )
-    async def autoscale(
-        *,
-        body: kopf.Body,
-        spec: kopf.Spec,
-        status: kopf.Status,
-        name: str,
-        namespace: str | None,
-        uid: str,
-        patch: kopf.Patch,
-        logger: Any,
-        **_: Any,
-    ) -> None:
-        await operator.autoscale(
-            body=body,
-            spec=spec,
-            status=status,
-            name=name,
-            namespace=namespace or "default",
-            uid=uid,
-            patch=patch,
-            logger=logger,
-        )
+    @kopf.on.event("apps", "v1", "deployments", labels=OWNED, registry=registry, id="owned")
+    async def deployments(*, body: kopf.Body, type: str | None, **_: Any) -> None:
+        operator.deployment_seen(body, deleted=type == "DELETED")
 
     return operator
 

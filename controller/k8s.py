@@ -7,8 +7,10 @@ private to kopf, which is why kopf is pinned to one minor version; nothing
 else in ``controller/`` imports it.
 
 Writes are JSON merge patches of the rendered manifests, sent only when the
-live object does not already contain what we render. Secret values are
-decoded here and handed back, never logged.
+live object does not already contain what we render, quantities compared as
+numbers (the API server rewrites ``1024Mi`` as ``1Gi``). Secret values are
+decoded here and handed back, never logged. Events are posted here too (the
+operator's own loop runs outside kopf's handlers, where ``kopf.info`` works).
 """
 
 from __future__ import annotations
@@ -16,20 +18,26 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import datetime
 import logging
 from collections.abc import Mapping
-from typing import Any, Literal
-from urllib.parse import quote, urlencode
+from typing import Any
+from urllib.parse import quote
 
 import kopf
 from kopf._cogs.clients import api as kopf_api
 from kopf._cogs.clients import errors as kopf_errors
 
-from controller.model import SecretRef
+from controller.model import API_GROUP, API_VERSION, KIND, PLURAL, SecretRef
+from controller.quantity import same_quantity
 
-__all__ = ["APIError", "KubeApi", "SecretMissing", "contains"]
+__all__ = ["APIConflictError", "APIError", "KubeApi", "SecretMissing", "contains"]
 
 APIError = kopf_errors.APIError
+APIConflictError = kopf_errors.APIConflictError
+# Where the API server stores quantities in canonical form.
+_QUANTITY_KEYS = frozenset({"requests", "limits", "sizeLimit"})
+COMPONENT = "outbox-dispatcher-operator"
 MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
 Logger = logging.Logger | logging.LoggerAdapter[Any]
 
@@ -38,18 +46,23 @@ class SecretMissing(Exception):
     """A referenced Secret or key does not exist (or is not a valid value)."""
 
 
-def contains(live: Any, wanted: Any) -> bool:
+def contains(live: Any, wanted: Any, *, quantities: bool = False) -> bool:
     """Whether ``live`` already holds everything in ``wanted`` (defaults may add more)."""
     if isinstance(wanted, Mapping):
         return isinstance(live, Mapping) and all(
-            k in live and contains(live[k], v) for k, v in wanted.items()
+            k in live and contains(live[k], v, quantities=quantities or k in _QUANTITY_KEYS)
+            for k, v in wanted.items()
         )
     if isinstance(wanted, list):
         return (
             isinstance(live, list)
             and len(live) == len(wanted)
-            and all(contains(a, b) for a, b in zip(live, wanted, strict=True))
+            and all(
+                contains(a, b, quantities=quantities) for a, b in zip(live, wanted, strict=True)
+            )
         )
+    if quantities and same_quantity(live, wanted):
+        return True
     return bool(live == wanted)
 
 
@@ -92,43 +105,65 @@ class KubeApi:
                 f"Secret {namespace}/{ref.name} key {ref.key!r} is not valid UTF-8 text"
             ) from None
 
-    async def get_deployment(self, *, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            found: dict[str, Any] = await self._call("get", _deployments(namespace, name))
-        except kopf_errors.APINotFoundError:
-            return None
-        return found
+    async def create_deployment(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Create it; ``APIConflictError`` if the name is taken."""
+        url = _deployments(manifest["metadata"]["namespace"])
+        created: dict[str, Any] = await self._call("post", url, manifest)
+        return created
 
-    async def apply_deployment(
-        self, manifest: dict[str, Any]
-    ) -> Literal["created", "updated", "unchanged"]:
-        """Create the Deployment, or merge-patch it if it differs from ``manifest``."""
-        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-        live = await self.get_deployment(namespace=namespace, name=name)
-        if live is None:
-            await self._call("post", _deployments(namespace), manifest)
-            return "created"
-        if contains(live, manifest):
-            return "unchanged"
-        await self._call("patch", _deployments(namespace, name), manifest)
-        return "updated"
-
-    async def list_deployments(
-        self, *, namespace: str, selector: Mapping[str, str]
-    ) -> list[dict[str, Any]]:
-        """Deployments carrying every label of ``selector`` (checked here too)."""
-        query = urlencode({"labelSelector": ",".join(f"{k}={v}" for k, v in selector.items())})
-        listing = await self._call("get", f"{_deployments(namespace)}?{query}")
-        items: list[dict[str, Any]] = listing.get("items") or []
-        return [
-            d
-            for d in items
-            if selector.items() <= (d.get("metadata", {}).get("labels") or {}).items()
-        ]
+    async def patch_deployment(
+        self, *, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        patched: dict[str, Any] = await self._call("patch", _deployments(namespace, name), patch)
+        return patched
 
     async def delete_deployment(self, *, namespace: str, name: str) -> None:
         with contextlib.suppress(kopf_errors.APINotFoundError):
             await self._call("delete", _deployments(namespace, name))
 
-    async def scale_deployment(self, *, namespace: str, name: str, replicas: int) -> None:
-        await self._call("patch", _deployments(namespace, name), {"spec": {"replicas": replicas}})
+    async def patch_status(self, *, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """Merge-patch the status subresource of an ``OutboxDispatcher``."""
+        url = (
+            f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{quote(namespace)}/"
+            f"{PLURAL}/{quote(name)}/status"
+        )
+        await self._call("patch", url, {"status": status})
+
+    async def post_event(
+        self,
+        *,
+        involved: Mapping[str, str],
+        reason: str,
+        message: str,
+        warning: bool = False,
+    ) -> None:
+        """An Event on an ``OutboxDispatcher`` (``involved``: its name, namespace, uid); an
+        Event that cannot be posted is logged and dropped, never a reason to fail."""
+        now = datetime.datetime.now(datetime.UTC).isoformat()
+        namespace = involved["namespace"]
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": f"{API_GROUP}/{API_VERSION}",
+                "kind": KIND,
+                "name": involved["name"],
+                "namespace": namespace,
+                "uid": involved["uid"],
+            },
+            "action": "Reconcile",
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self._settings.posting.reporting_instance,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "eventTime": now,
+        }
+        try:
+            await self._call("post", f"/api/v1/namespaces/{quote(namespace)}/events", event)
+        except APIError as exc:
+            self._logger.warning("cannot post Event %s: %s", reason, exc)

@@ -24,6 +24,7 @@ from dispatcher.stream.naming import DEFAULT_SHARDS
 __all__ = [
     "API_GROUP",
     "API_VERSION",
+    "AUTOSCALING_EXTERNAL",
     "DEFAULT_VERSION_TAG",
     "KIND",
     "MAX_NAME",
@@ -51,6 +52,7 @@ PLURAL = "outboxdispatchers"
 SINGULAR = "outboxdispatcher"
 SHORT_NAME = "obd"
 DEFAULT_VERSION_TAG = "0.1.0"
+AUTOSCALING_EXTERNAL = "external"
 
 # Valid as a Redis queue name (dispatcher.stream.naming) and as a label value.
 QUEUE_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?$"
@@ -114,11 +116,17 @@ class Resources(_Model):
     limits: dict[str, Quantity] | None = Field(default=None, max_length=8)
 
 
+IMAGE_DESCRIPTION = (
+    "container image; empty means the operator's own version of it, so upgrading the "
+    "operator upgrades the pods"
+)
+
+
 class EnqueuerSpec(_Model):
     """The enqueuer Deployment: `dispatcher enqueuer`."""
 
-    image: str = Field(
-        default=f"outbox-dispatcher-enqueuer:{DEFAULT_VERSION_TAG}", min_length=1, max_length=512
+    image: str | None = Field(
+        default=None, min_length=1, max_length=512, description=IMAGE_DESCRIPTION
     )
     replicas: int = Field(default=1, ge=0, le=32)
     batch_size: int = Field(default=100, ge=1, le=10000, description="rows per claim")
@@ -140,8 +148,8 @@ class QueueSpec(_Model):
     )
 
     name: str = Field(pattern=QUEUE_NAME_PATTERN, min_length=1, max_length=63)
-    image: str = Field(
-        default=f"outbox-dispatcher-worker:{DEFAULT_VERSION_TAG}", min_length=1, max_length=512
+    image: str | None = Field(
+        default=None, min_length=1, max_length=512, description=IMAGE_DESCRIPTION
     )
     handler: str = Field(pattern=HANDLER_PATTERN, max_length=512, description="module:function")
     concurrency: int = Field(default=8, ge=1, le=1024, description="handlers at once per pod")
@@ -151,6 +159,11 @@ class QueueSpec(_Model):
     max_replicas: int = Field(default=10, ge=1, le=1000)
     target_backlog_per_replica: int = Field(default=100, ge=1, le=1_000_000)
     scale_down_stabilization_seconds: int = Field(default=300, ge=0, le=86400)
+    autoscaling: Literal["builtin", "external"] = Field(
+        default="builtin",
+        description="builtin: the operator sets replicas from the backlog; external: an HPA or "
+        "KEDA ScaledObject you own does, and the operator leaves replicas alone",
+    )
     resources: Resources | None = None
 
     @model_validator(mode="after")

@@ -1,68 +1,87 @@
-"""What the kopf handlers do: reconcile a dispatcher, autoscale its workers.
+"""The operator's own loop: one task per ``OutboxDispatcher``, woken by what it watches.
 
-Each step decides in a pure function (``render``, ``shards``, ``scaling``,
-``status``) and acts through ``KubeApi`` or Redis. Status goes into kopf's
-``patch`` (applied by kopf after the handler, even when it fails). Every
-failure a user can fix ends as a ``Degraded`` condition, an Event and a
-``kopf.TemporaryError`` with exponential backoff: the operator never crashes.
+kopf feeds two watch caches (handlers in ``controller.handlers``): the
+dispatchers and the Deployments they own. Each dispatcher gets one task that
+runs ``reconcile_once`` every ``autoscale_interval`` seconds and whenever its
+resource or one of its Deployments changes (so a deleted or edited Deployment
+is restored within seconds, and ``Ready`` follows rollouts). Reconcile and
+autoscale are one pass, so neither can undo the other.
 
-The operator reads the Redis URL from the Secret the resource references
-(the same one the pods get), so it needs ``get`` on Secrets in the watched
-namespaces. One Redis client is kept per resource, and replaced when the URL
-changes.
+None of this uses kopf's per-object handlers (timers, daemons, change
+handlers): those need a finalizer on the resource, which makes deleting it
+wait for a running operator. Here, nothing is ever left to finalize: the
+Deployments go with their owner by garbage collection, and deleting a
+dispatcher needs no operator at all.
+
+The status is written whole after each pass, only when it changed, always with
+``observedGeneration``. A failing pass is retried with exponential backoff.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime
-import hashlib
 import logging
+import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
-import pydantic
-from redis.exceptions import RedisError
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
-from controller.k8s import APIError, KubeApi, Logger, SecretMissing
-from controller.model import (
-    MAX_NAME,
-    OutboxDispatcherSpec,
-    OutboxDispatcherStatus,
-    QueueSpec,
-    QueueStatus,
+from controller.k8s import KubeApi
+from controller.model import KIND, OutboxDispatcherStatus
+from controller.reconcile import (
+    Cache,
+    Context,
+    Failure,
+    NotYetKnown,
+    Pass,
+    parse_spec,
+    parse_status,
+    reconcile_once,
 )
-from controller.render import (
-    Owner,
-    build_enqueuer_deployment,
-    build_worker_deployment,
-    instance_labels,
-    worker_name,
-)
-from controller.scaling import ScalePolicy, ScaleState, clamp, decide
-from controller.shards import ShardDecision, read_published, reconcile_shards
+from controller.redis_access import RedisPool
+from controller.render import DEFAULT_WORKLOADS, Owner, WorkloadDefaults
 from controller.status import (
     DEGRADED,
+    PROGRESSING,
+    QUEUES_DRAINING,
     READY,
     Reason,
     condition_dicts,
-    iso,
     set_condition,
 )
-from dispatcher.redis_client import RedisClient, connect_redis
-from dispatcher.stream.naming import queue_streams
-from dispatcher.stream.shards import InvalidShardCount
-from dispatcher.stream.stats import streams_stats
 
-__all__ = ["Failure", "Operator", "OperatorConfig", "RedisPool", "utcnow"]
+__all__ = ["Operator", "OperatorConfig", "conditions", "utcnow"]
 
 log = logging.getLogger("controller")
-WORKER_GROUP = "workers"  # the consumer group the enqueuer creates and workers read
+Key = tuple[str, str]
 
 
 def utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name, "").strip()
+    return int(raw) if raw else None
+
+
+def default_workloads() -> WorkloadDefaults:
+    """The images of this operator's own version, unless its environment names others."""
+    return WorkloadDefaults(
+        enqueuer_image=os.environ.get("DISPATCHER_ENQUEUER_IMAGE")
+        or DEFAULT_WORKLOADS.enqueuer_image,
+        worker_image=os.environ.get("DISPATCHER_WORKER_IMAGE") or DEFAULT_WORKLOADS.worker_image,
+        run_as_user=_env_int("DISPATCHER_RUN_AS_USER"),
+        run_as_group=_env_int("DISPATCHER_RUN_AS_GROUP"),
+        fs_group=_env_int("DISPATCHER_FS_GROUP"),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,364 +92,284 @@ class OperatorConfig:
     retry_base: float = 5.0  # first retry after a failure, doubled up to retry_cap
     retry_cap: float = 300.0
     redis_timeout: float = 5.0
+    postgres_timeout: float = 5.0
+    postgres_interval: float = 30.0  # between two connection checks of one unchanged URL
     clock: Callable[[], datetime.datetime] = utcnow
+    enqueuer_image: str | None = None  # None: default_workloads()
+    worker_image: str | None = None
 
     def backoff(self, retry: int) -> float:
         return float(min(self.retry_cap, self.retry_base * 2 ** min(retry, 20)))
 
-
-class Failure(Exception):
-    """A reconcile failure with the condition reason it is reported under."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
+    def workloads(self) -> WorkloadDefaults:
+        found = default_workloads()
+        return WorkloadDefaults(
+            enqueuer_image=self.enqueuer_image or found.enqueuer_image,
+            worker_image=self.worker_image or found.worker_image,
+            run_as_user=found.run_as_user,
+            run_as_group=found.run_as_group,
+            fs_group=found.fs_group,
+        )
 
 
 @dataclass
-class RedisPool:
-    """One Redis client per dispatcher, replaced when its URL changes."""
+class _Probe:
+    """When PostgreSQL was last asked, at which URL, and what it said."""
 
-    timeout: float
-    _clients: dict[tuple[str, str], tuple[str, RedisClient]] = field(default_factory=dict)
-
-    def client(self, key: tuple[str, str], *, url: str, cluster: bool) -> RedisClient:
-        fingerprint = hashlib.sha256(f"{cluster}|{url}".encode()).hexdigest()
-        held = self._clients.get(key)
-        if held is not None and held[0] == fingerprint:
-            return held[1]
-        client = connect_redis(url, cluster=cluster, socket_timeout=self.timeout)
-        self._clients[key] = (fingerprint, client)
-        return client
-
-    async def drop(self, key: tuple[str, str]) -> None:
-        held = self._clients.pop(key, None)
-        if held is not None:
-            await held[1].aclose()
-
-    async def close(self) -> None:
-        for key in list(self._clients):
-            await self.drop(key)
+    fingerprint: int
+    at: float
+    problem: str | None
 
 
-def parse_spec(spec: Mapping[str, Any], *, name: str) -> OutboxDispatcherSpec:
-    """The validated spec, or ``Failure(InvalidSpec)`` with every problem in one line."""
-    if len(name) > MAX_NAME:
-        raise Failure(Reason.INVALID_SPEC, f"metadata.name must be at most {MAX_NAME} characters")
-    try:
-        return OutboxDispatcherSpec.model_validate(dict(spec))
-    except pydantic.ValidationError as exc:
-        problems = "; ".join(
-            f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
-        )
-        raise Failure(Reason.INVALID_SPEC, f"invalid spec: {problems}") from None
-
-
-def parse_status(status: Mapping[str, Any]) -> OutboxDispatcherStatus:
-    try:
-        return OutboxDispatcherStatus.model_validate(dict(status))
-    except pydantic.ValidationError:
-        return OutboxDispatcherStatus()
-
-
+@dataclass
 class Operator:
-    """The reconcile and autoscale steps, with their shared clients."""
+    """The watch caches, one loop per dispatcher, and the clients they share."""
 
-    def __init__(self, config: OperatorConfig | None = None) -> None:
-        self.config = config or OperatorConfig()
-        self.settings = kopf.OperatorSettings()
+    config: OperatorConfig = field(default_factory=OperatorConfig)
+    settings: kopf.OperatorSettings = field(default_factory=kopf.OperatorSettings)
+    cache: Cache = field(default_factory=Cache)
+    dispatchers: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    _written: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    _wakes: dict[Key, asyncio.Event] = field(default_factory=dict)
+    _tasks: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
+    _probes: dict[Key, _Probe] = field(default_factory=dict)
+    _locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
+    _closing: bool = False
+
+    def __post_init__(self) -> None:
         self.redis = RedisPool(timeout=self.config.redis_timeout)
+        self.workloads = self.config.workloads()
 
-    def api(self, logger: Logger) -> KubeApi:
+    def api(self, logger: logging.Logger | logging.LoggerAdapter[Any] = log) -> KubeApi:
         return KubeApi(settings=self.settings, logger=logger)
 
-    async def _redis(
-        self, api: KubeApi, spec: OutboxDispatcherSpec, *, namespace: str, name: str
-    ) -> RedisClient:
-        url = await api.secret_value(namespace=namespace, ref=spec.redis.secret_ref)
-        return self.redis.client((namespace, name), url=url, cluster=spec.redis.cluster)
+    # -- what the watches report ------------------------------------------------------------
 
-    # -- reconcile --------------------------------------------------------------------------
+    async def dispatcher_seen(self, body: Mapping[str, Any], *, deleted: bool) -> None:
+        meta = body.get("metadata", {})
+        key = (str(meta.get("namespace") or "default"), str(meta.get("name")))
+        if deleted or meta.get("deletionTimestamp"):
+            self.dispatchers.pop(key, None)
+            self._written.pop(key, None)
+            self._probes.pop(key, None)
+            self._locks.pop(key, None)
+            task = self._tasks.pop(key, None)
+            if task is not None:
+                task.cancel()
+            self._wakes.pop(key, None)
+            await self.redis.drop(key)
+            return
+        old = self.dispatchers.get(key)
+        self.dispatchers[key] = dict(body)
+        if old is None or old.get("metadata", {}).get("generation") != meta.get("generation"):
+            self.wake(key)
+        if old is not None and old.get("metadata", {}).get("uid") != meta.get("uid"):
+            self._written.pop(key, None)  # deleted and created again: a new resource
 
-    async def reconcile(
-        self,
-        *,
-        body: kopf.Body,
-        spec: Mapping[str, Any],
-        status: Mapping[str, Any],
-        name: str,
-        namespace: str,
-        uid: str,
-        generation: int | None,
-        retry: int,
-        patch: kopf.Patch,
-        logger: Logger,
-    ) -> None:
-        """Create/update/resume: shard key, enqueuer, one worker per queue, stale cleanup."""
+    def deployment_seen(self, body: Mapping[str, Any], *, deleted: bool) -> None:
+        if deleted:
+            self.cache.drop(body)
+        else:
+            self.cache.put(body)
+        meta = body.get("metadata", {})
+        for ref in meta.get("ownerReferences") or []:
+            if ref.get("kind") == KIND and ref.get("controller"):
+                self.wake((str(meta.get("namespace")), str(ref.get("name"))), quiet=True)
+
+    def wake(self, key: Key, *, quiet: bool = False) -> None:
+        """Run a pass for ``key`` soon; start its loop if it has none (unless ``quiet``)."""
+        if key not in self.dispatchers or self._closing:
+            return
+        event = self._wakes.setdefault(key, asyncio.Event())
+        event.set()
+        if key not in self._tasks and not quiet:
+            self._tasks[key] = asyncio.create_task(self._loop(key), name=f"dispatcher {key}")
+
+    async def close(self) -> None:
+        self._closing = True
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.redis.close()
+
+    # -- the loop -------------------------------------------------------------------------
+
+    async def _loop(self, key: Key) -> None:
+        retry = 0
+        while key in self.dispatchers and not self._closing:
+            wake = self._wakes.setdefault(key, asyncio.Event())
+            wake.clear()
+            try:
+                healthy = await self.sync(key)
+            except NotYetKnown as exc:
+                log.debug("%s/%s: %s, not in the watch cache yet", *key, exc)
+                healthy = False
+            except Exception:  # a bug must not stop the loop of this dispatcher
+                log.exception("%s/%s: reconcile failed", *key)
+                healthy = False
+            delay = self.config.autoscale_interval if healthy else self.config.backoff(retry)
+            retry = 0 if healthy else retry + 1
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+            # arrives as the event is set, and the loop would outlive the operator.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(delay):
+                    await wake.wait()
+
+    async def sync(self, key: Key) -> bool:
+        """One pass for one dispatcher; whether it found nothing to retry.
+
+        Passes of one dispatcher never overlap, so a caller (a test stepping an injected
+        clock) may run one at any time besides the loop.
+        """
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            return await self._sync(key)
+
+    async def _sync(self, key: Key) -> bool:
+        body = self.dispatchers.get(key)
+        if body is None:
+            return True
+        meta = body.get("metadata", {})
+        owner = Owner(name=key[1], namespace=key[0], uid=str(meta.get("uid")))
+        generation = meta.get("generation")
+        before = self._written.get(key, body.get("status") or {})
+        status = parse_status(before)
         now = self.config.clock()
-        conditions = parse_status(status).conditions
+        api = self.api()
         try:
-            decision = await self._reconcile(
-                spec, owner=Owner(name=name, namespace=namespace, uid=uid), logger=logger
-            )
+            spec = parse_spec(body.get("spec") or {}, name=owner.name)
         except Failure as failure:
-            conditions = set_condition(
-                conditions, type_=READY, status="False", reason=failure.reason,
-                message=failure.message, now=now, generation=generation,
-            )  # fmt: skip
-            conditions = set_condition(
-                conditions, type_=DEGRADED, status="True", reason=failure.reason,
-                message=failure.message, now=now, generation=generation,
-            )  # fmt: skip
-            patch.status["conditions"] = condition_dicts(conditions)
-            kopf.warn(body, reason=failure.reason, message=failure.message)
-            raise kopf.TemporaryError(failure.message, delay=self.config.backoff(retry)) from None
-        blocked = decision.action == "block"
-        conditions = set_condition(
-            conditions, type_=READY, status="True", reason=Reason.RECONCILED,
-            message=f"enqueuer and workers applied; {decision.message}", now=now,
-            generation=generation,
-        )  # fmt: skip
-        conditions = set_condition(
-            conditions, type_=DEGRADED, status="True" if blocked else "False",
-            reason=Reason.SHARD_DECREASE_BLOCKED if blocked else Reason.AS_EXPECTED,
-            message=decision.message if blocked else "", now=now, generation=generation,
-        )  # fmt: skip
-        patch.status["conditions"] = condition_dicts(conditions)
-        patch.status["observedGeneration"] = generation
-        patch.status["shards"] = decision.shards
-        if blocked:
-            kopf.warn(body, reason=Reason.SHARD_DECREASE_BLOCKED, message=decision.message)
-            raise kopf.TemporaryError(decision.message, delay=self.config.backoff(retry))
-        if decision.action == "set":
-            kopf.info(body, reason="ShardsPublished", message=decision.message)
-
-    async def _reconcile(
-        self, raw_spec: Mapping[str, Any], *, owner: Owner, logger: Logger
-    ) -> ShardDecision:
-        spec = parse_spec(raw_spec, name=owner.name)
-        api = self.api(logger)
-        try:
-            await api.secret_value(namespace=owner.namespace, ref=spec.postgres.secret_ref)
-            client = await self._redis(api, spec, namespace=owner.namespace, name=owner.name)
-            decision = await self._shards(client, spec)
-            await self._apply(api, spec, owner=owner, shards=decision.shards)
-            await self._prune(api, spec, owner=owner)
-        except SecretMissing as exc:
-            raise Failure(Reason.SECRET_MISSING, str(exc)) from None
-        except APIError as exc:
-            raise Failure(Reason.API_ERROR, f"Kubernetes API: {exc}") from None
-        return decision
-
-    async def _shards(self, client: RedisClient, spec: OutboxDispatcherSpec) -> ShardDecision:
-        try:
-            return await reconcile_shards(
-                client, desired=spec.shards, queues=[q.name for q in spec.queues]
+            result = Pass(problem=failure)
+        else:
+            ctx = Context(
+                api=api,
+                cache=self.cache,
+                owner=owner,
+                spec=spec,
+                status=status,
+                defaults=self.workloads,
+                now=now,
+                redis=lambda url: self.redis.client(key, url=url, cluster=spec.redis.cluster),
+                postgres_problem=lambda url: self._postgres_problem(key, url),
             )
-        except (RedisError, OSError, InvalidShardCount) as exc:
-            raise Failure(Reason.REDIS_UNAVAILABLE, _redis_message(client, exc)) from None
+            result = await reconcile_once(ctx)
+        after = _status(status, result, now=now, generation=generation)
+        if "queues" not in after and "queues" in before:  # nothing measured: keep what was
+            after["queues"] = before["queues"]
+        involved = {"name": owner.name, "namespace": owner.namespace, "uid": owner.uid}
+        for reason, message, warning in [*_transitions(status, after), *result.events]:
+            await api.post_event(involved=involved, reason=reason, message=message, warning=warning)
+        if after != before and key in self.dispatchers:
+            await api.patch_status(namespace=owner.namespace, name=owner.name, status=after)
+            self._written[key] = after
+        blocked = result.decision is not None and result.decision.action == "block"
+        return result.problem is None and not blocked
 
-    async def _apply(
-        self, api: KubeApi, spec: OutboxDispatcherSpec, *, owner: Owner, shards: int
-    ) -> None:
-        manifests = [build_enqueuer_deployment(spec, owner=owner, shards=shards)]
-        for queue in spec.queues:
-            name = worker_name(owner, queue.name)
-            live = await api.get_deployment(namespace=owner.namespace, name=name)
-            current = (live or {}).get("spec", {}).get("replicas")
-            policy = _policy(queue_spec=queue)
-            replicas = policy.min_replicas if current is None else clamp(int(current), policy)
-            manifests.append(
-                build_worker_deployment(spec, queue, owner=owner, shards=shards, replicas=replicas)
-            )
-        for manifest in manifests:
-            outcome = await api.apply_deployment(manifest)
-            if outcome != "unchanged":
-                message = f"{outcome} Deployment {manifest['metadata']['name']}"
-                log.info("%s/%s: %s", owner.namespace, owner.name, message)
-
-    async def _prune(self, api: KubeApi, spec: OutboxDispatcherSpec, *, owner: Owner) -> None:
-        """Delete worker Deployments of queues no longer in the spec (ours only)."""
-        wanted = {worker_name(owner, q.name) for q in spec.queues}
-        for deployment in await api.list_deployments(
-            namespace=owner.namespace, selector=instance_labels(owner, "worker")
-        ):
-            meta = deployment.get("metadata", {})
-            ours = any(ref.get("uid") == owner.uid for ref in meta.get("ownerReferences") or [])
-            if ours and meta.get("name") not in wanted:
-                await api.delete_deployment(namespace=owner.namespace, name=meta["name"])
-                log.info("%s/%s: deleted Deployment %s", owner.namespace, owner.name, meta["name"])
-
-    # -- autoscale --------------------------------------------------------------------------
-
-    async def autoscale(
-        self,
-        *,
-        body: kopf.Body,
-        spec: Mapping[str, Any],
-        status: Mapping[str, Any],
-        name: str,
-        namespace: str,
-        uid: str,
-        patch: kopf.Patch,
-        logger: Logger,
-    ) -> None:
-        """One autoscaler tick: measure each queue's backlog, scale its Deployment."""
-        try:
-            parsed = parse_spec(spec, name=name)
-        except Failure:
-            return  # reconcile reports it
-        now = self.config.clock()
-        owner = Owner(name=name, namespace=namespace, uid=uid)
-        current = parse_status(status)
-        api = self.api(logger)
-        client, shards, problem = await self._measure_target(api, parsed, owner=owner)
-        rows = []
-        for queue in parsed.queues:
-            backlog, pending = (None, None)
-            if client is not None and problem is None:
-                backlog, pending = await _backlog(client, queue.name, shards)
-                if backlog is None:
-                    problem = "cannot read the queue streams from Redis"
-            row = await self._scale(api, body, owner, queue.name, parsed, current, backlog, now)
-            if row is not None:
-                rows.append({**row, "pending": pending} if pending is not None else row)
-        patch.status["queues"] = rows
-        self._redis_condition(body, current, patch, problem=problem, now=now)
-
-    async def _measure_target(
-        self, api: KubeApi, spec: OutboxDispatcherSpec, *, owner: Owner
-    ) -> tuple[RedisClient | None, int, str | None]:
-        """The Redis client and the shard count to measure, or why there is none."""
-        try:
-            client = await self._redis(api, spec, namespace=owner.namespace, name=owner.name)
-        except (SecretMissing, APIError) as exc:
-            return None, spec.shards, str(exc)
-        try:
-            published = await read_published(client)
-        except (RedisError, OSError, InvalidShardCount) as exc:
-            return client, spec.shards, _redis_message(client, exc)
-        # While a decrease is blocked the old shards still count.
-        return client, max(published or spec.shards, spec.shards), None
-
-    async def _scale(
-        self,
-        api: KubeApi,
-        body: kopf.Body,
-        owner: Owner,
-        queue: str,
-        spec: OutboxDispatcherSpec,
-        status: OutboxDispatcherStatus,
-        backlog: int | None,
-        now: datetime.datetime,
-    ) -> dict[str, Any] | None:
-        queue_spec = spec.queue(queue)
-        assert queue_spec is not None
-        name = worker_name(owner, queue)
-        live = await api.get_deployment(namespace=owner.namespace, name=name)
-        if live is None:
-            return None  # reconcile creates it
-        replicas = int(live.get("spec", {}).get("replicas") or 0)
-        before = status.queue(queue) or QueueStatus(name=queue)
-        decision = decide(
-            current=replicas,
-            backlog=backlog,
-            policy=_policy(queue_spec=queue_spec),
-            state=_state(before),
-            now=now.timestamp(),
-        )
-        last_scale = before.last_scale_time
-        if decision.changes(replicas):
-            await api.scale_deployment(
-                namespace=owner.namespace, name=name, replicas=decision.replicas
-            )
-            last_scale = now
-            message = (
-                f"scaled {name} from {replicas} to {decision.replicas} replicas "
-                f"(queue {queue}: backlog {backlog})"
-            )
-            kopf.info(body, reason="Scaled", message=message)
-        after = QueueStatus(
-            name=queue,
-            backlog=backlog,
-            replicas=decision.replicas,
-            desired_replicas=decision.recommended,
-            last_scale_time=last_scale,
-            scale_down_since=_moment(decision.state.down_since),
-            scale_down_to=decision.state.down_to,
-        )
-        return _queue_row(after)
-
-    def _redis_condition(
-        self,
-        body: kopf.Body,
-        status: OutboxDispatcherStatus,
-        patch: kopf.Patch,
-        *,
-        problem: str | None,
-        now: datetime.datetime,
-    ) -> None:
-        """Raise or clear ``Degraded/RedisUnavailable``; leave other reasons to reconcile."""
-        degraded = status.condition(DEGRADED)
-        if problem is not None and (degraded is None or degraded.status != "True"):
-            conditions = set_condition(
-                status.conditions, type_=DEGRADED, status="True",
-                reason=Reason.REDIS_UNAVAILABLE, message=problem, now=now,
-            )  # fmt: skip
-            patch.status["conditions"] = condition_dicts(conditions)
-            kopf.warn(body, reason=Reason.REDIS_UNAVAILABLE, message=problem)
-        elif (
-            problem is None and degraded is not None and degraded.reason == Reason.REDIS_UNAVAILABLE
-        ):
-            conditions = set_condition(
-                status.conditions, type_=DEGRADED, status="False",
-                reason=Reason.AS_EXPECTED, message="", now=now,
-            )  # fmt: skip
-            patch.status["conditions"] = condition_dicts(conditions)
+    async def _postgres_problem(self, key: Key, url: str) -> str | None:
+        """Why PostgreSQL does not answer at ``url``, or None; asked at most once every
+        ``postgres_interval`` (and at once when the URL changes): a connection per pass
+        would load the database for nothing."""
+        probe = self._probes.get(key)
+        fingerprint = hash(url)
+        fresh = time.monotonic() - self.config.postgres_interval
+        if probe is not None and probe.fingerprint == fingerprint and probe.at > fresh:
+            return probe.problem
+        problem = await _ask_postgres(url, seconds=self.config.postgres_timeout)
+        self._probes[key] = _Probe(fingerprint=fingerprint, at=time.monotonic(), problem=problem)
+        return problem
 
 
-def _policy(*, queue_spec: QueueSpec) -> ScalePolicy:
-    return ScalePolicy(
-        min_replicas=queue_spec.min_replicas,
-        max_replicas=queue_spec.max_replicas,
-        target_backlog_per_replica=queue_spec.target_backlog_per_replica,
-        stabilization_seconds=queue_spec.scale_down_stabilization_seconds,
-    )
-
-
-def _state(queue: QueueStatus) -> ScaleState:
-    since = queue.scale_down_since
-    return ScaleState(
-        down_since=None if since is None else since.timestamp(), down_to=queue.scale_down_to
-    )
-
-
-def _moment(timestamp: float | None) -> datetime.datetime | None:
-    return None if timestamp is None else datetime.datetime.fromtimestamp(timestamp, datetime.UTC)
-
-
-def _queue_row(queue: QueueStatus) -> dict[str, Any]:
-    row = queue.model_dump(by_alias=True, exclude_none=True)
-    for key in ("lastScaleTime", "scaleDownSince"):
-        if isinstance(row.get(key), datetime.datetime):
-            row[key] = iso(row[key])
-    return row
-
-
-async def _backlog(client: RedisClient, queue: str, shards: int) -> tuple[int | None, int | None]:
-    """Entries not yet completed (stream lengths) and delivered-unacked ones, or unknown."""
+async def _ask_postgres(url: str, *, seconds: float) -> str | None:
     try:
-        stats = await streams_stats(client, queue_streams([queue], shards), WORKER_GROUP)
-    except (RedisError, OSError):
-        return None, None
-    return sum(s.length for s in stats), sum(s.pending for s in stats)
+        params = conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return "the PostgreSQL URL in the Secret is not a valid connection string"
+    where = f"{params.get('host') or 'localhost'}:{params.get('port') or 5432}"
+    try:
+        async with asyncio.timeout(seconds + 1):
+            conn = await psycopg.AsyncConnection.connect(url, connect_timeout=max(1, int(seconds)))
+    except (psycopg.Error, OSError, TimeoutError) as exc:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"cannot reach PostgreSQL at {where}: {detail}".replace(url, "<url>")
+    await conn.close()
+    return None
 
 
-def _redis_message(client: RedisClient, exc: BaseException) -> str:
-    """One line naming the host (never the URL: it may carry a password)."""
-    pool = getattr(client, "connection_pool", None)
-    kwargs: Mapping[str, Any] = getattr(pool, "connection_kwargs", {})
-    where = f" at {kwargs['host']}:{kwargs.get('port', 6379)}" if kwargs.get("host") else ""
-    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"cannot reach Redis{where}: {detail}"
+def _transitions(
+    status: OutboxDispatcherStatus, after: Mapping[str, Any]
+) -> list[tuple[str, str, bool]]:
+    """A Warning Event when ``Degraded`` turns true or changes reason (not on every retry)."""
+    old = status.condition(DEGRADED)
+    new = next((c for c in after["conditions"] if c["type"] == DEGRADED), None)
+    if new is None or new["status"] != "True":
+        return []
+    if old is not None and old.status == "True" and old.reason == new["reason"]:
+        return []
+    return [(new["reason"], new.get("message", ""), True)]
+
+
+def conditions(
+    status: OutboxDispatcherStatus,
+    result: Pass,
+    *,
+    now: datetime.datetime,
+    generation: int | None,
+) -> list[dict[str, Any]]:
+    """The four conditions after a pass (see ``controller.status`` for what each means)."""
+    found = status.conditions
+
+    def put(type_: str, value: bool, reason: str, message: str = "") -> None:
+        nonlocal found
+        found = set_condition(
+            found, type_=type_, status="True" if value else "False", reason=reason,
+            message=message, now=now, generation=generation,
+        )  # fmt: skip
+
+    problem, decision = result.problem, result.decision
+    blocked = decision is not None and decision.action == "block"
+    if problem is not None:
+        put(READY, False, problem.reason, problem.message)
+    elif result.rollout.unavailable:
+        put(READY, False, Reason.DEPLOYMENTS_UNAVAILABLE,
+            "not available yet: " + ", ".join(result.rollout.unavailable))  # fmt: skip
+    else:
+        shards = "" if decision is None else f"; {decision.message}"
+        put(READY, True, Reason.RECONCILED, f"every Deployment is available{shards}")
+    if result.rollout.rolling:
+        put(PROGRESSING, True, Reason.ROLLING_OUT,
+            "rolling out: " + ", ".join(result.rollout.rolling))  # fmt: skip
+    else:
+        put(PROGRESSING, False, Reason.ROLLOUT_COMPLETE)
+    if problem is not None:
+        put(DEGRADED, True, problem.reason, problem.message)
+    elif blocked and decision is not None:
+        put(DEGRADED, True, Reason.SHARD_DECREASE_BLOCKED, decision.message)
+    else:
+        put(DEGRADED, False, Reason.AS_EXPECTED)
+    if result.draining:
+        left = "; ".join(f"{q}: {what}" for q, what in sorted(result.draining.items()))
+        put(QUEUES_DRAINING, True, Reason.DRAINING, f"removed queues still hold work: {left}")
+    elif problem is None:
+        put(QUEUES_DRAINING, False, Reason.DRAINED)
+    return condition_dicts(found)
+
+
+def _status(
+    status: OutboxDispatcherStatus,
+    result: Pass,
+    *,
+    now: datetime.datetime,
+    generation: int | None,
+) -> dict[str, Any]:
+    """The whole status after a pass: what it could not measure keeps its last value."""
+    written: dict[str, Any] = {
+        "observedGeneration": generation,
+        "conditions": conditions(status, result, now=now, generation=generation),
+    }
+    shards = result.shards if result.shards is not None else status.shards
+    if shards is not None:
+        written["shards"] = shards
+    if result.queues or result.problem is None:
+        written["queues"] = result.queues
+    return written

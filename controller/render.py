@@ -1,13 +1,18 @@
 """Pure builders of the Deployments an ``OutboxDispatcher`` owns.
 
-No I/O: each builder takes the parsed spec, the owner's identity and the
-shard count actually published to Redis, and returns a manifest ``dict``.
-``controller.k8s`` is the one place that sends them. The pod template carries
-a hash of the effective configuration, so any change of it rolls the pods.
+No I/O: each builder takes the parsed spec, the owner's identity, the
+operator's workload defaults and the shard count actually published to Redis,
+and returns a manifest ``dict``. ``controller.k8s`` is the one place that
+sends them. The pod template carries a hash of the effective configuration and
+one of the values of the Secrets its pods read, so a change of either (a
+Secret rotation too: ``secretKeyRef`` values are read only at pod start) rolls
+the pods.
 
-Pods follow Pod Security "restricted": non-root numeric user, no privilege
-escalation, every capability dropped, RuntimeDefault seccomp, a read-only root
-filesystem with an ``emptyDir`` on ``/tmp``. Connection URLs come from the
+Pods follow Pod Security "restricted": non-root, no privilege escalation,
+every capability dropped, RuntimeDefault seccomp, a read-only root filesystem
+with an ``emptyDir`` on ``/tmp``. No fixed UID/GID unless the operator is told
+one: the image's numeric ``USER`` applies, which OpenShift's restricted SCC
+(that assigns its own UID range) accepts. Connection URLs come from the
 referenced Secrets through ``secretKeyRef``, never inline.
 """
 
@@ -15,12 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from controller.model import (
     API_GROUP,
     API_VERSION,
+    DEFAULT_VERSION_TAG,
     KIND,
     EnqueuerSpec,
     OutboxDispatcherSpec,
@@ -32,12 +39,16 @@ from dispatcher.stream.naming import fnv1a_32
 
 __all__ = [
     "CONFIG_HASH_ANNOTATION",
+    "DEFAULT_WORKLOADS",
     "METRICS_PORT",
     "QUEUE_LABEL",
+    "SECRETS_HASH_ANNOTATION",
     "Owner",
+    "WorkloadDefaults",
     "build_enqueuer_deployment",
     "build_worker_deployment",
     "config_hash",
+    "controller_uid",
     "enqueuer_name",
     "instance_labels",
     "worker_name",
@@ -48,9 +59,27 @@ APP_NAME = "outbox-dispatcher"
 MANAGED_BY = "outbox-dispatcher-operator"
 QUEUE_LABEL = f"{API_GROUP}/queue"
 CONFIG_HASH_ANNOTATION = f"{API_GROUP}/config-hash"
+SECRETS_HASH_ANNOTATION = f"{API_GROUP}/secrets-hash"
 METRICS_PORT = 9090
-RUN_AS_USER = 10001
 _MAX_NAME = 63
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadDefaults:
+    """What the operator fills in where a spec says nothing: its own version's images, and
+    the pods' UID/GID for clusters that want fixed ones (None: the image's ``USER``)."""
+
+    enqueuer_image: str
+    worker_image: str
+    run_as_user: int | None = None
+    run_as_group: int | None = None
+    fs_group: int | None = None
+
+    def identity(self, *, pod: bool) -> dict[str, int]:
+        ids = {"runAsUser": self.run_as_user, "runAsGroup": self.run_as_group}
+        if pod:
+            ids["fsGroup"] = self.fs_group
+        return {k: v for k, v in ids.items() if v is not None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +99,20 @@ class Owner:
             "controller": True,
             "blockOwnerDeletion": True,
         }
+
+
+DEFAULT_WORKLOADS = WorkloadDefaults(
+    enqueuer_image=f"outbox-dispatcher-enqueuer:{DEFAULT_VERSION_TAG}",
+    worker_image=f"outbox-dispatcher-worker:{DEFAULT_VERSION_TAG}",
+)
+
+
+def controller_uid(manifest: Mapping[str, Any]) -> str | None:
+    """The uid of the object's controlling owner, if it has one."""
+    for ref in manifest.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("uid"))
+    return None
 
 
 def _dns_name(wanted: str) -> str:
@@ -144,6 +187,7 @@ def _container(
     args: list[str],
     env: list[dict[str, Any]],
     resources: Resources | None,
+    defaults: WorkloadDefaults,
 ) -> dict[str, Any]:
     def probe(path: str, period: int, failures: int) -> dict[str, Any]:
         return {
@@ -168,8 +212,7 @@ def _container(
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
             "runAsNonRoot": True,
-            "runAsUser": RUN_AS_USER,
-            "runAsGroup": RUN_AS_USER,
+            **defaults.identity(pod=False),
             "capabilities": {"drop": ["ALL"]},
             "seccompProfile": {"type": "RuntimeDefault"},
         },
@@ -177,16 +220,16 @@ def _container(
     }
 
 
-def _pod_spec(container: dict[str, Any], *, grace: int) -> dict[str, Any]:
+def _pod_spec(
+    container: dict[str, Any], *, grace: int, defaults: WorkloadDefaults
+) -> dict[str, Any]:
     return {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": grace,
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": RUN_AS_USER,
-            "runAsGroup": RUN_AS_USER,
-            "fsGroup": RUN_AS_USER,
+            **defaults.identity(pod=True),
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],
@@ -195,10 +238,19 @@ def _pod_spec(container: dict[str, Any], *, grace: int) -> dict[str, Any]:
 
 
 def _deployment(
-    *, owner: Owner, name: str, selector: dict[str, str], replicas: int, pod: dict[str, Any]
+    *,
+    owner: Owner,
+    name: str,
+    selector: dict[str, str],
+    replicas: int | None,
+    pod: dict[str, Any],
+    secrets_hash: str,
 ) -> dict[str, Any]:
     labels = _labels(selector)
-    return {
+    annotations = {CONFIG_HASH_ANNOTATION: config_hash(pod)}
+    if secrets_hash:
+        annotations[SECRETS_HASH_ANNOTATION] = secrets_hash
+    manifest: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
@@ -212,14 +264,14 @@ def _deployment(
             "revisionHistoryLimit": 3,
             "selector": {"matchLabels": selector},
             "template": {
-                "metadata": {
-                    "labels": labels,
-                    "annotations": {CONFIG_HASH_ANNOTATION: config_hash(pod)},
-                },
+                "metadata": {"labels": labels, "annotations": annotations},
                 "spec": pod,
             },
         },
     }
+    if replicas is None:  # someone else (an HPA, KEDA) owns the replica count
+        del manifest["spec"]["replicas"]
+    return manifest
 
 
 def _enqueuer_args(enqueuer: EnqueuerSpec) -> list[str]:
@@ -233,23 +285,31 @@ def _enqueuer_args(enqueuer: EnqueuerSpec) -> list[str]:
 
 
 def build_enqueuer_deployment(
-    spec: OutboxDispatcherSpec, *, owner: Owner, shards: int
+    spec: OutboxDispatcherSpec,
+    *,
+    owner: Owner,
+    shards: int,
+    defaults: WorkloadDefaults = DEFAULT_WORKLOADS,
+    secrets_hash: str = "",
 ) -> dict[str, Any]:
-    """The enqueuer Deployment; ``shards`` is the count published to Redis."""
+    """The enqueuer Deployment; ``shards`` is the count published to Redis, ``secrets_hash``
+    a digest of the values of the Secrets it reads (``DATABASE_URL``, ``REDIS_URL``)."""
     env = [_secret_env("DATABASE_URL", spec.postgres.secret_ref), *_common_env(spec, shards=shards)]
     container = _container(
         name="enqueuer",
-        image=spec.enqueuer.image,
+        image=spec.enqueuer.image or defaults.enqueuer_image,
         args=_enqueuer_args(spec.enqueuer),
         env=env,
         resources=spec.enqueuer.resources,
+        defaults=defaults,
     )
     return _deployment(
         owner=owner,
         name=enqueuer_name(owner),
         selector=instance_labels(owner, "enqueuer"),
         replicas=spec.enqueuer.replicas,
-        pod=_pod_spec(container, grace=45),
+        pod=_pod_spec(container, grace=45, defaults=defaults),
+        secrets_hash=secrets_hash,
     )
 
 
@@ -265,20 +325,30 @@ def _worker_args(queue: QueueSpec) -> list[str]:
 
 
 def build_worker_deployment(
-    spec: OutboxDispatcherSpec, queue: QueueSpec, *, owner: Owner, shards: int, replicas: int
+    spec: OutboxDispatcherSpec,
+    queue: QueueSpec,
+    *,
+    owner: Owner,
+    shards: int,
+    replicas: int | None,
+    defaults: WorkloadDefaults = DEFAULT_WORKLOADS,
+    secrets_hash: str = "",
 ) -> dict[str, Any]:
-    """The worker Deployment of one queue; ``replicas`` is the autoscaler's current choice."""
+    """The worker Deployment of one queue; ``replicas`` is the autoscaler's current choice
+    (None: not ours to set), ``secrets_hash`` a digest of the ``REDIS_URL`` Secret value."""
     container = _container(
         name="worker",
-        image=queue.image,
+        image=queue.image or defaults.worker_image,
         args=_worker_args(queue),
         env=_common_env(spec, shards=shards),
         resources=queue.resources,
+        defaults=defaults,
     )
     return _deployment(
         owner=owner,
         name=worker_name(owner, queue.name),
         selector=worker_selector(owner, queue.name),
         replicas=replicas,
-        pod=_pod_spec(container, grace=45),
+        pod=_pod_spec(container, grace=45, defaults=defaults),
+        secrets_hash=secrets_hash,
     )

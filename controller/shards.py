@@ -1,12 +1,13 @@
-"""The shard count in Redis (``composer:stream_shards``): a pure decision and its effect.
+"""The shard count in Redis (``composer:stream_shards``): the pure decision of what to do with it.
 
 Raising the count is safe at once: workers start reading new shards as soon
 as they see the key. Lowering it is refused while any shard being removed
 still holds entries, since nobody would read them again. ``decide_shards``
-is the rule; ``reconcile_shards`` reads the key and the stream lengths,
-decides, and writes the key. Writers that cached the old count can still
-add to a removed shard right after the switch; workers keep reading every
-shard they started on until they restart, which covers that window.
+is the rule; the operator measures the key and the stream lengths in its one
+Redis round trip (``controller.redis_access``) and writes the key when told.
+Writers that cached the old count can still add to a removed shard right
+after the switch; workers keep reading every shard they started on until they
+restart, which covers that window.
 """
 
 from __future__ import annotations
@@ -15,11 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from dispatcher.redis_client import RedisClient
 from dispatcher.stream.naming import SHARDS_KEY, task_stream
-from dispatcher.stream.shards import parse_shard_count, publish_shard_count
 
-__all__ = ["ShardDecision", "decide_shards", "reconcile_shards", "streams_to_drain"]
+__all__ = ["ShardDecision", "decide_shards", "streams_to_drain"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,23 +55,3 @@ def decide_shards(
     if blocking:
         return ShardDecision(action="block", shards=published, blocking=blocking)
     return ShardDecision(action="set", shards=desired)
-
-
-async def read_published(client: RedisClient) -> int | None:
-    raw = await client.get(SHARDS_KEY)
-    return None if raw is None else parse_shard_count(raw)
-
-
-async def reconcile_shards(
-    client: RedisClient, *, desired: int, queues: Sequence[str]
-) -> ShardDecision:
-    """Bring the key to ``desired`` if that strands nothing; report what happened."""
-    published = await read_published(client)
-    lengths: dict[str, int] = {}
-    if published is not None and desired < published:
-        for stream in streams_to_drain(queues, published=published, desired=desired):
-            lengths[stream] = int(await client.xlen(stream))
-    decision = decide_shards(desired=desired, published=published, lengths=lengths)
-    if decision.action == "set":
-        await publish_shard_count(client, decision.shards)
-    return decision

@@ -1,32 +1,46 @@
 """Status conditions of an ``OutboxDispatcher``: pure updates of the condition list.
 
-Two condition types: ``Ready`` (the workloads are applied and Redis answers)
-and ``Degraded`` (something needs a human: an invalid spec, a missing Secret,
-an unreachable Redis, a blocked shard decrease). A blocked decrease leaves
-``Ready`` true (everything runs, on the old shard count) with ``Degraded`` true.
-``lastTransitionTime`` moves only when a condition's status flips, as
-Kubernetes conventions ask.
+- ``Ready``: every owned Deployment is available at its current generation,
+  and PostgreSQL and Redis answer. False with the reason otherwise.
+- ``Progressing``: a rollout of an owned Deployment is under way.
+- ``Degraded``: something needs a human (an invalid spec, a missing Secret, an
+  unreachable Redis or PostgreSQL, a Deployment name taken by another
+  dispatcher, a blocked shard decrease). A blocked decrease leaves ``Ready``
+  true (everything runs, on the old shard count) with ``Degraded`` true.
+- ``QueuesDraining``: workers of queues removed from the spec still run until
+  their streams hold no entry and no pending entry.
+
+``rollout`` reads Deployments into the names that are unavailable or rolling
+out. ``lastTransitionTime`` moves only when a condition's status flips, as
+Kubernetes conventions ask; every condition carries the generation it saw.
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from controller.model import Condition
 
 __all__ = [
     "DEGRADED",
+    "PROGRESSING",
+    "QUEUES_DRAINING",
     "READY",
     "Reason",
+    "Rollout",
     "condition_dicts",
     "iso",
+    "rollout",
     "set_condition",
 ]
 
 READY = "Ready"
+PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
+QUEUES_DRAINING = "QueuesDraining"
 
 
 class Reason:
@@ -39,6 +53,47 @@ class Reason:
     SHARD_DECREASE_BLOCKED = "ShardDecreaseBlocked"
     API_ERROR = "ApiError"
     AS_EXPECTED = "AsExpected"
+    POSTGRES_UNAVAILABLE = "PostgresUnavailable"
+    NAME_CONFLICT = "NameConflict"
+    DEPLOYMENTS_UNAVAILABLE = "DeploymentsUnavailable"
+    ROLLING_OUT = "RollingOut"
+    ROLLOUT_COMPLETE = "RolloutComplete"
+    DRAINING = "Draining"
+    DRAINED = "Drained"
+
+
+@dataclass(frozen=True, slots=True)
+class Rollout:
+    """Which Deployments are not available yet, and which are still rolling out."""
+
+    unavailable: tuple[str, ...]
+    rolling: tuple[str, ...]
+
+
+def _count(status: Mapping[str, Any], key: str) -> int:
+    return int(status.get(key) or 0)
+
+
+def rollout(deployments: Iterable[Mapping[str, Any]]) -> Rollout:
+    """Read Deployments as the Deployment controller reports them.
+
+    Available: the controller saw the current generation and every wanted
+    replica is updated and available. Rolling: it has not seen the current
+    generation yet, or old-generation pods are still being replaced.
+    """
+    unavailable, rolling = [], []
+    for deployment in deployments:
+        name = str(deployment.get("metadata", {}).get("name"))
+        generation = int(deployment.get("metadata", {}).get("generation") or 0)
+        wanted = int(deployment.get("spec", {}).get("replicas", 1))
+        status = deployment.get("status") or {}
+        current = _count(status, "observedGeneration") >= generation
+        updated = _count(status, "updatedReplicas") >= wanted
+        if not current or not updated or _count(status, "replicas") > wanted:
+            rolling.append(name)
+        if not current or not updated or _count(status, "availableReplicas") < wanted:
+            unavailable.append(name)
+    return Rollout(unavailable=tuple(sorted(unavailable)), rolling=tuple(sorted(rolling)))
 
 
 def iso(moment: datetime.datetime) -> str:

@@ -2,7 +2,11 @@
 
 ``KubeEmulator`` is kmock's ``KubernetesEmulator`` plus what a real API server
 adds and kopf relies on: ``uid``, ``resourceVersion``, ``generation`` (bumped
-when the spec changes), ``creationTimestamp`` and names from ``generateName``.
+when the spec changes), ``creationTimestamp`` and names from ``generateName``; and,
+for Deployments, what the API server and the Deployment controller do: quantities
+written in canonical form (``1024Mi`` is stored as ``1Gi``) and, unless a test
+stalls it, a rollout that completes at once (``status`` at the new generation,
+every replica available).
 ``operator`` runs the real kopf operator (``controller.handlers.register``) in
 the test's event loop against it, with an injected clock for the autoscaler.
 """
@@ -41,6 +45,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
     """kmock's emulator with metadata bookkeeping done before it stores a write."""
 
     _versions = itertools.count(1)
+    # Deployments whose rollouts never finish (a pull error, a crash loop): a test adds names.
+    stalled: set[str]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stalled = set()
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         if request.resource is not None and isinstance(request.data, dict):
@@ -61,6 +71,9 @@ class KubeEmulator(kmock.KubernetesEmulator):
         meta["generation"] = 1
         now = datetime.datetime.now(datetime.UTC)
         meta["creationTimestamp"] = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        if request.resource == kmock.resource(DEPLOYMENTS):
+            _canonical_quantities(request.data)
+            self._roll_out(request.data, request.data)
 
     def _on_update(self, request: rendering.Request) -> None:
         key = (request.resource, request.namespace, request.name)
@@ -73,6 +86,25 @@ class KubeEmulator(kmock.KubernetesEmulator):
         meta["resourceVersion"] = str(next(self._versions))
         if request.subresource is None and new.get("spec") != old.get("spec"):
             meta["generation"] = int(old.get("metadata", {}).get("generation", 1)) + 1
+        if request.resource == kmock.resource(DEPLOYMENTS) and request.subresource is None:
+            _canonical_quantities(request.data)
+            new = kmock_dicts.patch_dict(old, request.data)
+            new.setdefault("metadata", {}).update(meta)
+            self._roll_out(request.data, new)
+
+    def _roll_out(self, data: dict[str, Any], new: dict[str, Any]) -> None:
+        """The Deployment controller: the rollout of ``new`` completes, unless stalled."""
+        meta = new.get("metadata", {})
+        if meta.get("name") in self.stalled:
+            return
+        replicas = int(new.get("spec", {}).get("replicas", 1))
+        data["status"] = {
+            "observedGeneration": int(meta.get("generation", 1)),
+            "replicas": replicas,
+            "updatedReplicas": replicas,
+            "readyReplicas": replicas,
+            "availableReplicas": replicas,
+        }
 
     # -- test conveniences ----------------------------------------------------------------
 
@@ -101,6 +133,28 @@ class KubeEmulator(kmock.KubernetesEmulator):
             data: dict[str, Any] = await response.json()
             assert response.status < 400, data
             return data
+
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+
+
+def _canonical(value: Any) -> Any:
+    """A binary quantity as the API server stores it: the largest suffix that keeps it whole."""
+    if not isinstance(value, str) or value[-2:] not in _BINARY or not value[:-2].isdigit():
+        return value
+    amount = int(value[:-2]) * _BINARY[value[-2:]]
+    for suffix, factor in reversed(_BINARY.items()):
+        if amount % factor == 0:
+            return f"{amount // factor}{suffix}"
+    return value
+
+
+def _canonical_quantities(deployment: dict[str, Any]) -> None:
+    pod = deployment.get("spec", {}).get("template", {}).get("spec", {})
+    for container in pod.get("containers") or []:
+        for part in (container.get("resources") or {}).values():
+            if isinstance(part, dict):
+                part.update({k: _canonical(v) for k, v in part.items()})
 
 
 def _declare_resources(kube: KubeEmulator) -> None:
@@ -154,11 +208,14 @@ def clock() -> FakeClock:
 
 
 @contextlib.asynccontextmanager
-async def running_operator(kube: KubeEmulator, clock: FakeClock) -> AsyncIterator[Operator]:
+async def running_operator(
+    kube: KubeEmulator, clock: FakeClock, **config_: Any
+) -> AsyncIterator[Operator]:
     """The real kopf operator, running in this loop against ``kube``, until the block ends."""
     config = OperatorConfig(
-        autoscale_interval=0.2, retry_base=0.1, retry_cap=0.5, redis_timeout=2.0, clock=clock
-    )
+        autoscale_interval=0.2, retry_base=0.1, retry_cap=0.5, redis_timeout=2.0, clock=clock,
+        **config_,
+    )  # fmt: skip
     registry = kopf.OperatorRegistry()
     running = register(registry, Operator(config))
 

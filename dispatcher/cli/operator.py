@@ -48,6 +48,18 @@ def register(sub: Any, common: Common) -> None:
         help="seconds between backlog measurements per resource (15)",
     )
     g.add_argument(
+        "--enqueuer-image",
+        default=None,
+        help="image of enqueuers whose OutboxDispatcher names none (env "
+        "DISPATCHER_ENQUEUER_IMAGE; default: outbox-dispatcher-enqueuer at this version)",
+    )
+    g.add_argument(
+        "--worker-image",
+        default=None,
+        help="image of workers whose queue names none (env DISPATCHER_WORKER_IMAGE; default: "
+        "outbox-dispatcher-worker at this version)",
+    )
+    g.add_argument(
         "--peering",
         default=None,
         help="kopf peering object name, for several operator replicas (default: standalone)",
@@ -87,9 +99,12 @@ async def _serve(args: argparse.Namespace) -> int:
 
     registry = kopf.OperatorRegistry()
     register_login(registry)
-    register_handlers(
-        registry, Operator(OperatorConfig(autoscale_interval=args.autoscale_interval))
+    config = OperatorConfig(
+        autoscale_interval=args.autoscale_interval,
+        enqueuer_image=args.enqueuer_image,
+        worker_image=args.worker_image,
     )
+    register_handlers(registry, Operator(config))
     await kopf.operator(
         registry=registry,
         settings=operator_settings(args.namespaces or (), all_namespaces=args.all_namespaces),

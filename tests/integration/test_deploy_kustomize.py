@@ -91,6 +91,42 @@ def test_operator_deployment_is_one_restricted_recreated_replica_with_liveness()
     assert container["image"] == "outbox-dispatcher-operator:0.1.0"
 
 
+def _pod_templates(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [o["spec"]["template"] for o in objects if "template" in o.get("spec", {})]
+
+
+def test_rbac_grants_finalizers_and_no_pod_pins_a_uid() -> None:
+    """OwnerReferencesPermissionEnforcement needs update on outboxdispatchers/finalizers;
+    OpenShift's restricted SCC assigns UIDs itself, so no template names one."""
+    for objects in (kustomize("deploy/base"), render({}, name=RELEASE, namespace=NAMESPACE)):
+        (role,) = _by_kind(objects, "Role")
+        assert {
+            "apiGroups": ["dispatch.composer.dev"],
+            "resources": ["outboxdispatchers/finalizers"],
+            "verbs": ["update"],
+        } in role["rules"]
+        templates = _pod_templates(objects)
+        assert templates
+        text = yaml.safe_dump(templates)
+        for pinned in ("runAsUser", "runAsGroup", "fsGroup"):
+            assert pinned not in text
+        for template in templates:
+            assert template["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_operator_names_the_workload_images_of_its_own_version() -> None:
+    (deployment,) = _by_kind(kustomize("deploy/base"), "Deployment")
+    env = {
+        e["name"]: e.get("value")
+        for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["DISPATCHER_ENQUEUER_IMAGE"] == "outbox-dispatcher-enqueuer:0.1.0"
+    assert env["DISPATCHER_WORKER_IMAGE"] == "outbox-dispatcher-worker:0.1.0"
+    (cr,) = kustomize("deploy/example")
+    assert "image" not in cr["spec"]["enqueuer"]  # pinned images would not follow upgrades
+    assert not [q for q in cr["spec"]["queues"] if "image" in q]
+
+
 def test_example_references_secrets_and_inlines_no_url() -> None:
     (cr,) = kustomize("deploy/example")
     assert cr["kind"] == "OutboxDispatcher"

@@ -6,6 +6,11 @@ server would for the operator's ServiceAccount (the chart's Role is the same obj
 ``test_deploy_kustomize``). A scenario that creates, changes and shrinks an ``OutboxDispatcher``
 must then succeed with no request refused, and must use every verb the Role grants.
 
+The gate also plays the OwnerReferencesPermissionEnforcement admission plugin (on by default on
+OpenShift): writing an object whose ownerReferences set ``blockOwnerDeletion`` needs ``update``
+on the owner's ``finalizers`` subresource. The scenario starts from a dispatcher that an older
+operator left a kopf finalizer on, which the operator must release.
+
 Discovery (``/api``, ``/apis``, ``/version``) is not a resource request: every authenticated
 user may read it (``system:discovery``), so the gate lets it through. kopf's scanning of
 namespaces and CRDs is off in this fixture; in a cluster it is on and refused by this Role, and
@@ -26,6 +31,7 @@ import pytest
 import yaml
 from kmock._internal import rendering
 
+from tests.fix_db import ADMIN_URL
 from tests.fix_kube import (
     DEPLOYMENTS,
     NAMESPACE,
@@ -95,6 +101,28 @@ def allowed(attrs: Attributes, rules: list[dict[str, Any]], *, namespace: str) -
     )
 
 
+PLURALS = {"OutboxDispatcher": "outboxdispatchers"}
+
+
+def _owner_checks(request: rendering.Request) -> list[Attributes]:
+    """What OwnerReferencesPermissionEnforcement asks of a create/update with owner refs."""
+    if request.action not in (kmock.action.CREATE, kmock.action.UPDATE):
+        return []
+    if not isinstance(request.data, dict):
+        return []
+    refs = (request.data.get("metadata") or {}).get("ownerReferences") or []
+    return [
+        Attributes(
+            verb="update",
+            group=str(ref["apiVersion"]).rpartition("/")[0],
+            resource=f"{PLURALS.get(ref['kind'], ref['kind'].lower() + 's')}/finalizers",
+            namespace=request.namespace,
+        )
+        for ref in refs
+        if ref.get("blockOwnerDeletion")
+    ]
+
+
 class RbacGate(KubeEmulator):
     """kmock that refuses, with 403 like the API server, what the Role does not grant."""
 
@@ -107,14 +135,15 @@ class RbacGate(KubeEmulator):
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         attrs = _attributes(request)
         if attrs is not None and ADMIN not in request.headers:
-            if not allowed(attrs, self.rules, namespace=NAMESPACE):
-                self.refused.add(attrs)
-                return aiohttp.web.json_response(
-                    {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                     "reason": "Forbidden", "code": 403, "message": f"forbidden: {attrs}"},
-                    status=403,
-                )  # fmt: skip
-            self.granted.add(attrs)
+            for needed in (attrs, *_owner_checks(request)):
+                if not allowed(needed, self.rules, namespace=NAMESPACE):
+                    self.refused.add(needed)
+                    return aiohttp.web.json_response(
+                        {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                         "reason": "Forbidden", "code": 403, "message": f"forbidden: {needed}"},
+                        status=403,
+                    )  # fmt: skip
+                self.granted.add(needed)
         return await super()._handle(request)
 
     async def send(self, method: str, url: str, body: Any = None) -> dict[str, Any]:
@@ -160,12 +189,19 @@ async def test_role_grants_exactly_what_the_operator_uses(
     emails = {"name": "emails", "handler": "app.tasks:send", "maxReplicas": 5}
     invoices = {"name": "invoices", "handler": "billing:render", "minReplicas": 0}
     async with running_operator(gate, clock):
-        await gate.send("post", SECRETS_URL, secret("pg", url="postgresql://app:pw@db/app"))
+        await gate.send("post", SECRETS_URL, secret("pg", url=ADMIN_URL))
         await gate.send("post", SECRETS_URL, secret("rd", url=redis_url))
-        await gate.send("post", CR_URL, _dispatcher([emails, invoices]))
+        older = _dispatcher([emails, invoices])
+        older["metadata"]["finalizers"] = ["kopf.zalando.org/KopfFinalizerMarker"]
+        await gate.send("post", CR_URL, older)
 
         async def created() -> bool:
-            return _ready(gate) and gate.live(DEPLOYMENTS, "orders-worker-invoices") is not None
+            cr = gate.live("dispatch.composer.dev/v1alpha1/outboxdispatchers", "orders") or {}
+            return (
+                _ready(gate)
+                and gate.live(DEPLOYMENTS, "orders-worker-invoices") is not None
+                and not cr["metadata"].get("finalizers")
+            )
 
         await eventually(created, within=20)
         changed = {**emails, "handler": "app.tasks:send_v2"}

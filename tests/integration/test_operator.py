@@ -19,6 +19,7 @@ from controller.model import OutboxDispatcherStatus
 from controller.operator import Operator
 from controller.render import CONFIG_HASH_ANNOTATION
 from dispatcher.stream.naming import SHARDS_KEY
+from tests.fix_db import ADMIN_URL
 from tests.fix_kube import (
     CR_RESOURCE,
     DEPLOYMENTS,
@@ -55,7 +56,7 @@ def dispatcher(**spec: Any) -> dict[str, Any]:
 
 
 async def _secrets(kube: KubeEmulator, redis_url: str) -> None:
-    await kube.send("post", SECRETS_URL, secret("pg", url="postgresql://app:pw@db/app"))
+    await kube.send("post", SECRETS_URL, secret("pg", url=ADMIN_URL))
     await kube.send("post", SECRETS_URL, secret("rd", url=redis_url))
 
 
@@ -267,49 +268,41 @@ async def test_backlog_scales_up_at_once_and_down_after_stabilization(
 
     await eventually(created, within=20)
 
-    for i in range(250):  # 250 entries over both shards -> ceil(250/100) = 3 replicas
-        await client.xadd(f"workflow.tasks.emails.{i % 2}", {"task_id": f"t{i}"})
-
-    async def scaled_up() -> bool:
-        row = _status(kube).queue("emails")
-        return (
-            _replicas(kube, "orders-worker-emails") == 3 and row is not None and row.replicas == 3
-        )
-
-    await eventually(scaled_up, within=15)
+    # From here on, each step runs one pass itself (besides the operator's own loop): what a
+    # pass decides depends on the injected clock and Redis only, never on how long it took.
+    key = (NAMESPACE, NAME)
+    async with client.pipeline(transaction=True) as burst:  # all at once, as a pass sees it
+        for i in range(250):  # 250 entries over both shards -> ceil(250/100) = 3 replicas
+            burst.xadd(f"workflow.tasks.emails.{i % 2}", {"task_id": f"t{i}"})
+        await burst.execute()
+    await operator.sync(key)
+    assert _replicas(kube, "orders-worker-emails") == 3
     row = _status(kube).queue("emails")
     assert row is not None
-    assert row.backlog == 250
-    assert row.desired_replicas == 3
+    assert (row.backlog, row.replicas, row.desired_replicas) == (250, 3, 3)
     assert row.last_scale_time == clock.now
 
     # A worker took 10 entries and has not acked them yet: pending, still in the backlog.
     await client.xgroup_create("workflow.tasks.emails.0", "workers", id="0")
     await client.xreadgroup("workers", "w1", {"workflow.tasks.emails.0": ">"}, count=10)
-
-    async def pending_seen() -> bool:
-        row = _status(kube).queue("emails")
-        return row is not None and row.pending == 10 and row.backlog == 250
-
-    await eventually(pending_seen, within=15)
+    await operator.sync(key)
+    row = _status(kube).queue("emails")
+    assert row is not None
+    assert (row.pending, row.backlog) == (10, 250)
 
     await client.delete("workflow.tasks.emails.0", "workflow.tasks.emails.1")  # drained
-
-    async def wants_fewer() -> bool:
-        row = _status(kube).queue("emails")
-        return row is not None and row.backlog == 0 and row.desired_replicas == 1
-
-    await eventually(wants_fewer, within=15)
+    await operator.sync(key)
+    row = _status(kube).queue("emails")
+    assert row is not None
+    assert (row.backlog, row.desired_replicas) == (0, 1)
     clock.advance(299)
-    await eventually(wants_fewer, within=15)
+    await operator.sync(key)
     assert _replicas(kube, "orders-worker-emails") == 3  # still inside the window
 
     clock.advance(1)
-
-    async def scaled_down() -> bool:
-        return _replicas(kube, "orders-worker-emails") == 1 and len(kube.events("Scaled")) == 2
-
-    await eventually(scaled_down, within=15)  # one Event per change
+    await operator.sync(key)
+    assert _replicas(kube, "orders-worker-emails") == 1
+    assert len(kube.events("Scaled")) == 2  # one Event per change
 
 
 async def test_missing_secret_and_invalid_spec_degrade_without_crashing(

@@ -48,3 +48,21 @@ def test_exact_namespaces_turn_kopf_scanning_off() -> None:
     assert operator_settings(["prod"], all_namespaces=False).scanning.disabled is True
     assert operator_settings(["team-*"], all_namespaces=False).scanning.disabled is False
     assert operator_settings([], all_namespaces=True).scanning.disabled is False
+
+
+def test_workload_images_come_from_flags_then_env_then_the_version(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from controller.model import DEFAULT_VERSION_TAG
+    from controller.operator import OperatorConfig
+
+    args = build_parser().parse_args(["operator", "-A", "--worker-image", "reg/w:9"])
+    assert (args.enqueuer_image, args.worker_image) == (None, "reg/w:9")
+    monkeypatch.setenv("DISPATCHER_ENQUEUER_IMAGE", "reg/enq:8")
+    monkeypatch.delenv("DISPATCHER_WORKER_IMAGE", raising=False)
+    found = OperatorConfig(worker_image=args.worker_image).workloads()
+    assert (found.enqueuer_image, found.worker_image) == ("reg/enq:8", "reg/w:9")
+    monkeypatch.delenv("DISPATCHER_ENQUEUER_IMAGE")
+    found = OperatorConfig().workloads()
+    assert found.enqueuer_image == f"outbox-dispatcher-enqueuer:{DEFAULT_VERSION_TAG}"
+    assert found.run_as_user is None

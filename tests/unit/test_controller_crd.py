@@ -182,3 +182,16 @@ def test_a_long_name_is_rejected() -> None:
 
 def test_unknown_spec_fields_are_rejected() -> None:
     assert any("Additional properties" in e for e in validate_cr(_cr(replicas=3)))
+
+
+def test_images_have_no_default_so_they_follow_the_operator() -> None:
+    """A default would be written into every stored resource and pin the first version."""
+    spec = _schema()["properties"]["spec"]["properties"]
+    assert "default" not in spec["enqueuer"]["properties"]["image"]
+    assert "default" not in spec["queues"]["items"]["properties"]["image"]
+    stored = apply_defaults(
+        {"postgres": {}, "redis": {}, "enqueuer": {}, "queues": [{"name": "q"}]},
+        _schema()["properties"]["spec"],
+    )
+    assert "image" not in stored["enqueuer"]
+    assert "image" not in stored["queues"][0]

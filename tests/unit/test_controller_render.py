@@ -10,7 +10,9 @@ import pytest
 from controller.model import OutboxDispatcherSpec
 from controller.render import (
     CONFIG_HASH_ANNOTATION,
+    SECRETS_HASH_ANNOTATION,
     Owner,
+    WorkloadDefaults,
     build_enqueuer_deployment,
     build_worker_deployment,
     worker_name,
@@ -126,7 +128,7 @@ def test_pods_meet_pod_security_restricted() -> None:
     for manifest in _all_manifests(_spec()):
         pod = manifest["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
-        assert isinstance(pod["securityContext"]["runAsUser"], int)
+        assert not {"runAsUser", "runAsGroup", "fsGroup"} & set(pod["securityContext"])
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         sc = _container(manifest)["securityContext"]
         assert sc["allowPrivilegeEscalation"] is False
@@ -184,3 +186,41 @@ def test_builders_do_not_share_mutable_state() -> None:
     first = build_enqueuer_deployment(spec, owner=OWNER, shards=8)
     first["spec"]["template"]["spec"]["containers"][0]["env"].clear()
     assert _env(build_enqueuer_deployment(spec, owner=OWNER, shards=8))
+
+
+def test_images_default_to_the_operators_and_a_spec_image_wins() -> None:
+    defaults = WorkloadDefaults(enqueuer_image="reg/enq:2", worker_image="reg/w:2")
+    spec = _spec(queues=[{"name": "a", "handler": "m:f"}, {"name": "b", "handler": "m:f",
+                                                         "image": "mine:1"}])  # fmt: skip
+    enqueuer = build_enqueuer_deployment(spec, owner=OWNER, shards=1, defaults=defaults)
+    assert _container(enqueuer)["image"] == "reg/enq:2"
+    images = [
+        _container(build_worker_deployment(
+            spec, q, owner=OWNER, shards=1, replicas=1, defaults=defaults))["image"]
+        for q in spec.queues
+    ]  # fmt: skip
+    assert images == ["reg/w:2", "mine:1"]
+
+
+def test_fixed_ids_only_when_the_operator_is_given_them() -> None:
+    defaults = WorkloadDefaults(
+        enqueuer_image="e", worker_image="w", run_as_user=1000, run_as_group=1000, fs_group=2000
+    )
+    manifest = build_enqueuer_deployment(_spec(), owner=OWNER, shards=1, defaults=defaults)
+    pod = manifest["spec"]["template"]["spec"]
+    assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["fsGroup"]) == (1000, 2000)
+    assert _container(manifest)["securityContext"]["runAsGroup"] == 1000
+    assert "fsGroup" not in _container(manifest)["securityContext"]
+    assert kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+
+
+def test_secrets_hash_is_an_annotation_and_none_means_replicas_are_left_alone() -> None:
+    spec = _spec()
+    worker = build_worker_deployment(
+        spec, spec.queues[0], owner=OWNER, shards=8, replicas=None, secrets_hash="abc123"
+    )
+    assert worker["spec"]["template"]["metadata"]["annotations"][SECRETS_HASH_ANNOTATION] == (
+        "abc123"
+    )
+    assert "replicas" not in worker["spec"]
+    assert kubernetes_validate.validate(worker, K8S_VERSION, strict=True)

@@ -31,7 +31,6 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "dispatcher": {
             "enabled": True,
             "name": "orders",
-            "images": {"enqueuer": "reg.example.com/enq:1.2", "worker": "reg.example.com/w:1.2"},
             "spec": {
                 "shards": 8,
                 "queues": [
@@ -44,6 +43,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     },
     "multi-namespace": {
         "fullnameOverride": "obd",
+        "podSecurityContext": {"runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001},
         "namespace": {"create": True},
         "operator": {
             "image": {"repository": "reg.example.com/op", "digest": "sha256:" + "ab" * 32},
@@ -55,6 +55,10 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             "nodeSelector": {"kubernetes.io/os": "linux"},
             "tolerations": [{"key": "ops", "operator": "Exists", "effect": "NoSchedule"}],
             "priorityClassName": "system-cluster-critical",
+            "workloadImages": {
+                "enqueuer": "reg.example.com/enq:1.2",
+                "worker": "reg.example.com/w:1.2",
+            },
         },
         "serviceAccount": {"annotations": {"example.com/role": "dispatcher"}},
         "rbac": {"secretNames": ["dispatcher-postgres", "dispatcher-redis"]},
@@ -62,8 +66,8 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     # What `skaffold dev -p kind` passes (skaffold.yaml: setValueTemplates + the kind patch).
     "skaffold-kind": helm.parse_set_string(
         "operator.image.repository=outbox-dispatcher-operator,operator.image.tag=abc1234,"
-        "dispatcher.images.enqueuer=outbox-dispatcher-enqueuer:abc1234,"
-        "dispatcher.images.worker=outbox-dispatcher-worker:abc1234,"
+        "operator.workloadImages.enqueuer=outbox-dispatcher-enqueuer:abc1234,"
+        "operator.workloadImages.worker=outbox-dispatcher-worker:abc1234,"
         "operator.logLevel=DEBUG,dispatcher.enabled=true,"
         "dispatcher.spec.queues[0].name=default,dispatcher.spec.queues[0].handler=builtins:print"
     ),
@@ -136,16 +140,20 @@ def test_watch_namespaces_get_a_role_each_and_become_operator_args() -> None:
     assert secrets["resourceNames"] == ["dispatcher-postgres", "dispatcher-redis"]
     (namespace,) = (o for o in objects if o["kind"] == "Namespace")
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["DISPATCHER_ENQUEUER_IMAGE"] == "reg.example.com/enq:1.2"
+    assert env["DISPATCHER_WORKER_IMAGE"] == "reg.example.com/w:1.2"
+    pod = deployment["spec"]["template"]["spec"]["securityContext"]
+    assert (pod["runAsUser"], pod["runAsGroup"], pod["fsGroup"]) == (10001, 10001, 10001)
+    assert (env["DISPATCHER_RUN_AS_USER"], env["DISPATCHER_FS_GROUP"]) == ("10001", "10001")
 
 
-def test_optional_dispatcher_fills_in_default_images_and_references_secrets() -> None:
+def test_optional_dispatcher_pins_no_image_and_references_secrets() -> None:
+    """Images left out follow the operator (its env), so a chart upgrade upgrades the pods."""
     (cr,) = (o for o in render(VALUE_SETS["with-dispatcher"]) if o["kind"] == "OutboxDispatcher")
     spec = cr["spec"]
-    assert spec["enqueuer"]["image"] == "reg.example.com/enq:1.2"
-    assert [q["image"] for q in spec["queues"]] == [
-        "reg.example.com/w:1.2",
-        "reg.example.com/pdf:3",
-    ]
+    assert "image" not in spec.get("enqueuer", {})
+    assert [q.get("image") for q in spec["queues"]] == [None, "reg.example.com/pdf:3"]
     assert spec["postgres"] == {"secretRef": {"name": "dispatcher-postgres", "key": "url"}}
     assert set(spec["redis"]) == {"secretRef", "cluster"}
     assert not [o for o in render({}) if o["kind"] == "OutboxDispatcher"]
@@ -157,8 +165,11 @@ def test_operator_image_defaults_to_the_app_version_everywhere() -> None:
     assert chart["appVersion"] == DEFAULT_VERSION_TAG
     assert f'version = "{DEFAULT_VERSION_TAG}"' in pyproject
     (deployment,) = (o for o in render({}) if o["kind"] == "Deployment")
-    image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert image == f"outbox-dispatcher-operator:{DEFAULT_VERSION_TAG}"
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == f"outbox-dispatcher-operator:{DEFAULT_VERSION_TAG}"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["DISPATCHER_ENQUEUER_IMAGE"] == f"outbox-dispatcher-enqueuer:{DEFAULT_VERSION_TAG}"
+    assert env["DISPATCHER_WORKER_IMAGE"] == f"outbox-dispatcher-worker:{DEFAULT_VERSION_TAG}"
 
 
 def test_chart_lints_clean() -> None:

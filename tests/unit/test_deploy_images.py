@@ -17,10 +17,10 @@ import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 
-from controller.render import RUN_AS_USER
 from dispatcher.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
+IMAGE_UID = 10001
 IMAGES = {
     "outbox-dispatcher-operator": ("deploy/images/operator/Dockerfile", "operator"),
     "outbox-dispatcher-enqueuer": ("deploy/images/enqueuer/Dockerfile", "enqueuer"),
@@ -100,8 +100,9 @@ def test_final_stage_runs_as_the_non_root_uid_the_operator_pods_use(
     assert users, f"{path}: the final stage sets no USER (root)"
     uid, _, gid = users[-1].partition(":")
     assert uid.isdigit(), "numeric, so runAsNonRoot can verify it"
-    assert int(uid) == RUN_AS_USER
-    assert not gid or int(gid) == RUN_AS_USER
+    # The chart's podSecurityContext example and the worker recipe in the README name this UID.
+    assert int(uid) == IMAGE_UID
+    assert not gid or int(gid) == IMAGE_UID
     last = max(n for n, i in enumerate(final) if i["instruction"] == "USER")
     assert not [i for i in final[last:] if i["instruction"] == "RUN"], "RUN after USER"
 

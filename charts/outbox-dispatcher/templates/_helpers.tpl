@@ -92,3 +92,18 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- toJson (list .Release.Namespace) }}
 {{- end }}
 {{- end }}
+
+{{/* The fixed UID/GID of podSecurityContext, if any (none: each image's USER applies). */}}
+{{- define "outbox-dispatcher.podIdentity" -}}
+{{- with .Values.podSecurityContext }}
+{{- if .runAsUser }}
+runAsUser: {{ .runAsUser }}
+{{- end }}
+{{- if .runAsGroup }}
+runAsGroup: {{ .runAsGroup }}
+{{- end }}
+{{- if .fsGroup }}
+fsGroup: {{ .fsGroup }}
+{{- end }}
+{{- end }}
+{{- end }}

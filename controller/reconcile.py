@@ -1,0 +1,353 @@
+"""One pass over one dispatcher: observe, decide, apply; the result as a ``Pass``.
+
+``reconcile_once`` is the whole job of the operator for one ``OutboxDispatcher``:
+read its Secrets, check PostgreSQL, measure Redis in one round trip, publish
+the shard count, render and apply the enqueuer and worker Deployments (with
+the autoscaler's replica counts), drain the workers of removed queues, and
+read the Deployments' rollout state. It never raises for anything a user can
+fix: problems come back in ``Pass.problem`` and become conditions.
+
+Live Deployments come from the operator's watch cache (``Cache``), not from
+GETs; every write puts the API's answer back into the cache.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic
+
+from controller.autoscale import autoscale_queue
+from controller.k8s import APIConflictError, APIError, KubeApi, SecretMissing, contains
+from controller.model import (
+    MAX_NAME,
+    OutboxDispatcherSpec,
+    OutboxDispatcherStatus,
+    SecretRef,
+)
+from controller.redis_access import Measurement, RedisProblem, measure, redis_message
+from controller.render import (
+    QUEUE_LABEL,
+    Owner,
+    WorkloadDefaults,
+    build_enqueuer_deployment,
+    build_worker_deployment,
+    controller_uid,
+    instance_labels,
+    worker_name,
+)
+from controller.shards import ShardDecision, decide_shards, streams_to_drain
+from controller.status import Reason, Rollout, rollout
+from dispatcher.redis_client import RedisClient
+from dispatcher.stream.shards import publish_shard_count
+
+__all__ = [
+    "Cache",
+    "Context",
+    "Failure",
+    "NotYetKnown",
+    "Pass",
+    "parse_spec",
+    "parse_status",
+    "reconcile_once",
+]
+
+log = logging.getLogger("controller")
+Key = tuple[str, str]
+
+
+class Failure(Exception):
+    """A problem a user can fix, with the condition reason it is reported under."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+class NotYetKnown(Exception):
+    """An object exists that the watch cache has not seen yet: try again shortly."""
+
+
+@dataclass
+class Cache:
+    """What the watches saw: owned Deployments by (namespace, name)."""
+
+    deployments: dict[Key, dict[str, Any]] = field(default_factory=dict)
+
+    def put(self, body: Mapping[str, Any]) -> None:
+        """Keep ``body`` unless the cache already holds a newer version of it."""
+        meta = body.get("metadata", {})
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        held = self.deployments.get(key)
+        if held is None or _version(body) >= _version(held):
+            self.deployments[key] = dict(body)
+
+    def drop(self, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata", {})
+        self.deployments.pop((str(meta.get("namespace")), str(meta.get("name"))), None)
+
+    def owned(self, owner: Owner, component: str) -> list[dict[str, Any]]:
+        labels = instance_labels(owner, component).items()
+        return [
+            d
+            for (ns, _), d in self.deployments.items()
+            if ns == owner.namespace
+            and controller_uid(d) == owner.uid
+            and labels <= (d.get("metadata", {}).get("labels") or {}).items()
+        ]
+
+
+def _version(body: Mapping[str, Any]) -> int:
+    """resourceVersion as a number where it is one (it orders writes of one object)."""
+    raw = str(body.get("metadata", {}).get("resourceVersion") or "0")
+    return int(raw) if raw.isdigit() else 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pass:
+    """What one pass found and did."""
+
+    problem: Failure | None = None
+    decision: ShardDecision | None = None
+    shards: int | None = None
+    queues: list[dict[str, Any]] = field(default_factory=list)
+    rollout: Rollout = field(default_factory=lambda: Rollout(unavailable=(), rolling=()))
+    draining: dict[str, str] = field(default_factory=dict)  # queue -> what is left
+    events: list[tuple[str, str, bool]] = field(default_factory=list)  # reason, message, warning
+
+
+def parse_spec(spec: Mapping[str, Any], *, name: str) -> OutboxDispatcherSpec:
+    """The validated spec, or ``Failure(InvalidSpec)`` with every problem in one line."""
+    if len(name) > MAX_NAME:
+        raise Failure(Reason.INVALID_SPEC, f"metadata.name must be at most {MAX_NAME} characters")
+    try:
+        return OutboxDispatcherSpec.model_validate(dict(spec))
+    except pydantic.ValidationError as exc:
+        problems = "; ".join(
+            f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+        )
+        raise Failure(Reason.INVALID_SPEC, f"invalid spec: {problems}") from None
+
+
+def parse_status(status: Mapping[str, Any]) -> OutboxDispatcherStatus:
+    try:
+        return OutboxDispatcherStatus.model_validate(dict(status))
+    except pydantic.ValidationError:
+        return OutboxDispatcherStatus()
+
+
+def secrets_digest(*values: tuple[SecretRef, str]) -> str:
+    """A digest of Secret values: it changes when one rotates, and reveals none of them."""
+    digest = hashlib.sha256()
+    for ref, value in values:
+        digest.update(f"{ref.name}\0{ref.key}\0{value}\0".encode())
+    return digest.hexdigest()[:16]
+
+
+@dataclass(kw_only=True)
+class Context:
+    """What one pass works with (built by the operator)."""
+
+    api: KubeApi
+    cache: Cache
+    owner: Owner
+    spec: OutboxDispatcherSpec
+    status: OutboxDispatcherStatus
+    defaults: WorkloadDefaults
+    now: datetime.datetime
+    redis: Callable[[str], RedisClient]  # the pooled client for a URL
+    postgres_problem: Callable[[str], Any]  # awaitable: None or why PostgreSQL does not answer
+    events: list[tuple[str, str, bool]] = field(default_factory=list)
+
+
+async def reconcile_once(ctx: Context) -> Pass:
+    """One pass; problems in the result, never raised."""
+    spec, owner = ctx.spec, ctx.owner
+    try:
+        postgres_url = await ctx.api.secret_value(
+            namespace=owner.namespace, ref=spec.postgres.secret_ref
+        )
+        redis_url = await ctx.api.secret_value(namespace=owner.namespace, ref=spec.redis.secret_ref)
+    except SecretMissing as exc:
+        return Pass(problem=Failure(Reason.SECRET_MISSING, str(exc)))
+    except APIError as exc:
+        return Pass(problem=Failure(Reason.API_ERROR, f"Kubernetes API: {exc}"))
+    problem: Failure | None = None
+    pg = await ctx.postgres_problem(postgres_url)
+    if pg is not None:
+        problem = Failure(Reason.POSTGRES_UNAVAILABLE, pg)
+    draining_queues = _draining_queues(ctx)
+    measured, redis_problem = await _measure(ctx, redis_url, draining_queues)
+    problem = redis_problem or problem
+    decision = await _shards(ctx, redis_url, measured) if measured is not None else None
+    shards = decision.shards if decision is not None else (ctx.status.shards or spec.shards)
+    manifests, rows = _desired(
+        ctx, measured, shards=shards, postgres_url=postgres_url, redis_url=redis_url
+    )
+    try:
+        for manifest in manifests:
+            await _apply(ctx, manifest)
+        draining = await _drain(ctx, draining_queues, measured)
+    except Failure as failure:
+        return Pass(problem=failure, decision=decision, shards=shards, queues=rows)
+    except APIError as exc:
+        api_failure = Failure(Reason.API_ERROR, f"Kubernetes API: {exc}")
+        return Pass(problem=api_failure, decision=decision, shards=shards, queues=rows)
+    owned = ctx.cache.owned(owner, "enqueuer") + ctx.cache.owned(owner, "worker")
+    return Pass(
+        problem=problem,
+        decision=decision,
+        shards=shards,
+        queues=rows,
+        rollout=rollout(owned),
+        draining=draining,
+        events=ctx.events,
+    )
+
+
+def _desired(
+    ctx: Context,
+    measured: Measurement | None,
+    *,
+    shards: int,
+    postgres_url: str,
+    redis_url: str,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The Deployments to apply (with the autoscaler's replicas) and the queues' status rows."""
+    spec, owner = ctx.spec, ctx.owner
+    redis_digest = secrets_digest((spec.redis.secret_ref, redis_url))
+    both_digest = secrets_digest(
+        (spec.postgres.secret_ref, postgres_url), (spec.redis.secret_ref, redis_url)
+    )
+    manifests = [
+        build_enqueuer_deployment(
+            spec, owner=owner, shards=shards, defaults=ctx.defaults, secrets_hash=both_digest
+        )
+    ]
+    rows = []
+    for queue in spec.queues:
+        backlog = measured.queue(queue.name) if measured is not None else None
+        live = ctx.cache.deployments.get((owner.namespace, worker_name(owner, queue.name)))
+        step = autoscale_queue(
+            queue,
+            live_replicas=None if live is None else live.get("spec", {}).get("replicas"),
+            measured=backlog,
+            before=ctx.status.queue(queue.name),
+            now=ctx.now,
+        )
+        if step.event is not None:
+            name = worker_name(owner, queue.name)
+            ctx.events.append(("Scaled", f"{name} (queue {queue.name}) {step.event}", False))
+        rows.append(step.row)
+        manifests.append(
+            build_worker_deployment(
+                spec,
+                queue,
+                owner=owner,
+                shards=shards,
+                replicas=step.replicas,
+                defaults=ctx.defaults,
+                secrets_hash=redis_digest,
+            )
+        )
+    return manifests, rows
+
+
+def _draining_queues(ctx: Context) -> dict[str, dict[str, Any]]:
+    """Our worker Deployments whose queue left the spec, by queue name."""
+    wanted = {q.name for q in ctx.spec.queues}
+    found = {}
+    for deployment in ctx.cache.owned(ctx.owner, "worker"):
+        queue = (deployment.get("metadata", {}).get("labels") or {}).get(QUEUE_LABEL)
+        if queue and queue not in wanted:
+            found[queue] = deployment
+    return found
+
+
+async def _measure(
+    ctx: Context, url: str, draining: Mapping[str, Any]
+) -> tuple[Measurement | None, Failure | None]:
+    client = ctx.redis(url)
+    queues = [q.name for q in ctx.spec.queues] + list(draining)
+    # While a decrease is blocked the old shards still count.
+    shards = max(ctx.spec.shards, ctx.status.shards or 0)
+    try:
+        return await measure(client, queues=queues, shards=shards), None
+    except RedisProblem as exc:
+        return None, Failure(Reason.REDIS_UNAVAILABLE, redis_message(client, exc))
+
+
+async def _shards(ctx: Context, url: str, measured: Measurement) -> ShardDecision | None:
+    queues = [q.name for q in ctx.spec.queues]
+    published, desired = measured.published, ctx.spec.shards
+    drained = (
+        streams_to_drain(queues, published=published, desired=desired)
+        if published is not None
+        else []
+    )
+    decision = decide_shards(
+        desired=desired, published=published, lengths=measured.lengths(drained)
+    )
+    if decision.action == "set":
+        try:
+            await publish_shard_count(ctx.redis(url), decision.shards)
+        except RedisProblem:
+            return None  # the next pass tries again; measuring worked, so it is transient
+        ctx.events.append(("ShardsPublished", decision.message, False))
+    return decision
+
+
+async def _apply(ctx: Context, manifest: dict[str, Any]) -> None:
+    """Create or merge-patch one Deployment, only if it differs from what is live."""
+    namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    live = ctx.cache.deployments.get((namespace, name))
+    if live is None:
+        try:
+            ctx.cache.put(await ctx.api.create_deployment(manifest))
+        except APIConflictError:
+            # It exists but the watch has not shown it yet: the next pass knows whose it is.
+            raise NotYetKnown(f"Deployment {namespace}/{name}") from None
+        log.info("%s/%s: created Deployment %s", namespace, ctx.owner.name, name)
+        return
+    if controller_uid(live) != ctx.owner.uid:
+        owners = [r.get("name") for r in live["metadata"].get("ownerReferences") or []]
+        raise Failure(
+            Reason.NAME_CONFLICT,
+            f"Deployment {name} already exists and belongs to {owners or 'nobody'}: "
+            "rename this dispatcher or the queue",
+        )
+    if contains(live, manifest):
+        return
+    ctx.cache.put(await ctx.api.patch_deployment(namespace=namespace, name=name, patch=manifest))
+    log.info("%s/%s: updated Deployment %s", namespace, ctx.owner.name, name)
+
+
+async def _drain(
+    ctx: Context, draining: Mapping[str, dict[str, Any]], measured: Measurement | None
+) -> dict[str, str]:
+    """Keep a worker on each removed queue until its streams are empty and acked; then delete."""
+    left: dict[str, str] = {}
+    for queue, deployment in sorted(draining.items()):
+        name = deployment["metadata"]["name"]
+        if measured is not None:
+            entries, pending = measured.queue(queue)
+            if entries == 0 and pending == 0:
+                await ctx.api.delete_deployment(namespace=ctx.owner.namespace, name=name)
+                ctx.cache.drop(deployment)
+                ctx.events.append(("QueueDrained", f"deleted Deployment {name}", False))
+                continue
+            left[queue] = f"{entries} entries, {pending} pending"
+        else:
+            left[queue] = "Redis unreachable, cannot tell what is left"
+        if int(deployment.get("spec", {}).get("replicas") or 0) < 1:
+            patched = await ctx.api.patch_deployment(
+                namespace=ctx.owner.namespace, name=name, patch={"spec": {"replicas": 1}}
+            )
+            ctx.cache.put(patched)
+    return left

@@ -1,0 +1,392 @@
+"""The operator through a dispatcher's whole life: uninstall, drift, availability, queue removal,
+Secret rotation, upgrades, and the API writes it must not make.
+
+Same setting as ``test_operator``: the real kopf operator against kmock, the machine's Redis and
+PostgreSQL. kmock plays the Deployment controller too (``KubeEmulator.stalled`` holds rollouts
+back), so ``Ready`` and ``Progressing`` can be seen to follow the Deployments.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis.asyncio
+
+from controller.operator import Operator
+from tests.fix_db import ADMIN_URL
+from tests.fix_kube import (
+    CR_RESOURCE,
+    DEPLOYMENTS,
+    NAMESPACE,
+    FakeClock,
+    KubeEmulator,
+    running_operator,
+    secret,
+)
+from tests.helpers import eventually
+
+CR_URL = f"/apis/dispatch.composer.dev/v1alpha1/namespaces/{NAMESPACE}/outboxdispatchers"
+DEPLOYMENTS_URL = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments"
+SECRETS_URL = f"/api/v1/namespaces/{NAMESPACE}/secrets"
+NAME = "orders"
+WORKERS = ("orders-worker-emails", "orders-worker-invoices")
+ALL = ("orders-enqueuer", *WORKERS)
+KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
+
+
+def dispatcher(name: str = NAME, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "shards": 2,
+        "postgres": {"secretRef": {"name": "pg", "key": "url"}},
+        "redis": {"secretRef": {"name": "rd", "key": "url"}},
+        "queues": [
+            {"name": "emails", "handler": "app.tasks:send", "maxReplicas": 5},
+            {"name": "invoices", "handler": "billing:render", "minReplicas": 0},
+        ],
+    }
+    body.update(spec)
+    return {
+        "apiVersion": "dispatch.composer.dev/v1alpha1",
+        "kind": "OutboxDispatcher",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": body,
+    }
+
+
+@pytest.fixture
+async def client(redis_url: str) -> Any:
+    conn = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
+    yield conn
+    await conn.aclose()
+
+
+async def _secrets(kube: KubeEmulator, redis_url: str) -> None:
+    await kube.send("post", SECRETS_URL, secret("pg", url=ADMIN_URL))
+    await kube.send("post", SECRETS_URL, secret("rd", url=redis_url))
+
+
+def _status(kube: KubeEmulator, name: str = NAME) -> dict[str, Any]:
+    status: dict[str, Any] = (kube.live(CR_RESOURCE, name) or {}).get("status") or {}
+    return status
+
+
+def _condition(kube: KubeEmulator, type_: str, name: str = NAME) -> dict[str, Any]:
+    found = [c for c in _status(kube, name).get("conditions") or [] if c["type"] == type_]
+    return found[0] if found else {}
+
+
+def _is(kube: KubeEmulator, type_: str, status: str, reason: str, name: str = NAME) -> bool:
+    found = _condition(kube, type_, name)
+    return (found.get("status"), found.get("reason")) == (status, reason)
+
+
+def _template_annotations(kube: KubeEmulator, name: str) -> dict[str, str]:
+    found = kube.live(DEPLOYMENTS, name) or {}
+    annotations: dict[str, str] = found["spec"]["template"]["metadata"]["annotations"]
+    return annotations
+
+
+def _args(kube: KubeEmulator, name: str) -> list[str]:
+    found = kube.live(DEPLOYMENTS, name) or {}
+    args: list[str] = found["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+async def _ready(kube: KubeEmulator, name: str = NAME) -> None:
+    async def check() -> bool:
+        return _is(kube, "Ready", "True", "Reconciled", name)
+
+    await eventually(check, within=20)
+
+
+async def test_deleting_a_dispatcher_needs_no_operator(
+    kube: KubeEmulator, redis_url: str, clock: FakeClock
+) -> None:
+    await _secrets(kube, redis_url)
+    await kube.send("post", CR_URL, dispatcher())
+    async with running_operator(kube, clock):
+        await _ready(kube)
+    assert not (kube.live(CR_RESOURCE, NAME) or {})["metadata"].get("finalizers")
+
+    await kube.send("delete", f"{CR_URL}/{NAME}")  # the operator is gone (helm uninstall)
+
+    async def gone() -> bool:
+        return kube.live(CR_RESOURCE, NAME) is None
+
+    await eventually(gone, within=5)
+
+
+async def test_an_upgraded_operator_removes_the_finalizer_an_older_one_added(
+    kube: KubeEmulator, operator: Operator, redis_url: str
+) -> None:
+    await _secrets(kube, redis_url)
+    body = dispatcher()
+    body["metadata"]["finalizers"] = [KOPF_FINALIZER]
+    await kube.send("post", CR_URL, body)
+    await _ready(kube)
+
+    async def released() -> bool:
+        return not (kube.live(CR_RESOURCE, NAME) or {})["metadata"].get("finalizers")
+
+    await eventually(released, within=10)
+
+
+async def test_a_deleted_or_edited_deployment_is_restored(
+    kube: KubeEmulator, operator: Operator, redis_url: str
+) -> None:
+    await _secrets(kube, redis_url)
+    await kube.send("post", CR_URL, dispatcher())
+    await _ready(kube)
+    wanted = _args(kube, "orders-enqueuer")
+
+    await kube.send("delete", f"{DEPLOYMENTS_URL}/orders-worker-emails")
+    edited = {"spec": {"template": {"spec": {"containers": [{"name": "enqueuer", "args": []}]}}}}
+    await kube.send("patch", f"{DEPLOYMENTS_URL}/orders-enqueuer", edited)
+
+    async def restored() -> bool:
+        worker = kube.live(DEPLOYMENTS, "orders-worker-emails")
+        return worker is not None and _args(kube, "orders-enqueuer") == wanted
+
+    await eventually(restored, within=10)
+
+
+async def test_ready_follows_the_deployments_and_progressing_their_rollouts(
+    kube: KubeEmulator, operator: Operator, redis_url: str
+) -> None:
+    await _secrets(kube, redis_url)
+    kube.stalled.add("orders-worker-emails")  # e.g. ImagePullBackOff: no pod ever available
+    await kube.send("post", CR_URL, dispatcher())
+
+    async def unavailable() -> bool:
+        return (
+            _is(kube, "Ready", "False", "DeploymentsUnavailable")
+            and _is(kube, "Progressing", "True", "RollingOut")
+            and _is(kube, "Degraded", "False", "AsExpected")
+        )
+
+    await eventually(unavailable, within=20)
+    assert "orders-worker-emails" in _condition(kube, "Ready")["message"]
+    assert "orders-enqueuer" not in _condition(kube, "Ready")["message"]
+    assert _status(kube)["observedGeneration"] == 1
+
+    # The Deployment controller catches up: the pods of the current generation are available.
+    live = kube.live(DEPLOYMENTS, "orders-worker-emails") or {}
+    status = {
+        "observedGeneration": live["metadata"]["generation"],
+        "replicas": 1,
+        "updatedReplicas": 1,
+        "readyReplicas": 1,
+        "availableReplicas": 1,
+    }
+    await kube.send("patch", f"{DEPLOYMENTS_URL}/orders-worker-emails/status", {"status": status})
+
+    async def available() -> bool:
+        return _is(kube, "Ready", "True", "Reconciled") and _is(
+            kube, "Progressing", "False", "RolloutComplete"
+        )
+
+    await eventually(available, within=10)
+
+
+async def test_unreachable_redis_or_postgres_is_degraded_and_not_ready(
+    kube: KubeEmulator, operator: Operator, redis_url: str
+) -> None:
+    await _secrets(kube, redis_url)
+    await kube.send("post", CR_URL, dispatcher())
+    await _ready(kube)
+
+    down = secret("rd", url="redis://:hunter2@127.0.0.1:1/0")
+    await kube.send("patch", f"{SECRETS_URL}/rd", {"data": down["data"]})
+
+    async def redis_down() -> bool:
+        return _is(kube, "Degraded", "True", "RedisUnavailable") and _is(
+            kube, "Ready", "False", "RedisUnavailable"
+        )
+
+    await eventually(redis_down, within=15)
+    await kube.send("patch", f"{SECRETS_URL}/rd", {"data": secret("rd", url=redis_url)["data"]})
+    await _ready(kube)
+
+    down = secret("pg", url="postgresql://app:hunter2@127.0.0.1:1/app")
+    await kube.send("patch", f"{SECRETS_URL}/pg", {"data": down["data"]})
+
+    async def postgres_down() -> bool:
+        return _is(kube, "Degraded", "True", "PostgresUnavailable") and _is(
+            kube, "Ready", "False", "PostgresUnavailable"
+        )
+
+    await eventually(postgres_down, within=15)
+    degraded = _condition(kube, "Degraded")
+    assert "127.0.0.1:1" in degraded["message"]
+    assert "hunter2" not in repr(_status(kube)) + repr(kube.all("v1/events"))
+    assert degraded["observedGeneration"] == _status(kube)["observedGeneration"] == 1
+
+
+async def test_a_removed_queue_keeps_its_workers_until_its_streams_are_drained(
+    kube: KubeEmulator, operator: Operator, redis_url: str, client: Any
+) -> None:
+    await _secrets(kube, redis_url)
+    await kube.send("post", CR_URL, dispatcher())
+    await _ready(kube)
+    await client.xadd("workflow.tasks.invoices.1", {"task_id": "t1"})
+    await client.xgroup_create("workflow.tasks.invoices.1", "workers", id="0")
+    await client.xreadgroup("workers", "w1", {"workflow.tasks.invoices.1": ">"}, count=1)
+
+    emails = dispatcher()["spec"]["queues"][:1]
+    await kube.send("patch", f"{CR_URL}/{NAME}", {"spec": {"queues": emails}})
+
+    async def draining() -> bool:
+        replicas = (kube.live(DEPLOYMENTS, "orders-worker-invoices") or {}).get("spec", {})
+        return _is(kube, "QueuesDraining", "True", "Draining") and replicas.get("replicas") == 1
+
+    await eventually(draining, within=15)  # minReplicas was 0: one worker runs to drain it
+    assert "invoices" in _condition(kube, "QueuesDraining")["message"]
+
+    stream = "workflow.tasks.invoices.1"
+    (entry,) = [e[0] for e in await client.xrange(stream)]
+    await client.xdel(stream, entry)  # no entry left, but one delivered and not acked
+
+    async def still_pending() -> bool:
+        message = _condition(kube, "QueuesDraining").get("message", "")
+        return "invoices: 0 entries, 1 pending" in message
+
+    await eventually(still_pending, within=15)
+    assert kube.live(DEPLOYMENTS, "orders-worker-invoices") is not None
+
+    await client.xack(stream, "workers", entry)  # acked: drained
+
+    async def deleted() -> bool:
+        return kube.live(DEPLOYMENTS, "orders-worker-invoices") is None and _is(
+            kube, "QueuesDraining", "False", "Drained"
+        )
+
+    await eventually(deleted, within=15)
+
+
+async def test_rotating_a_referenced_secret_rolls_the_pods_that_use_it(
+    kube: KubeEmulator, operator: Operator, redis_url: str
+) -> None:
+    await _secrets(kube, redis_url)
+    await kube.send("post", CR_URL, dispatcher())
+    await _ready(kube)
+    before = {name: _template_annotations(kube, name) for name in ALL}
+
+    rotated = secret("pg", url=ADMIN_URL + "?application_name=rotated")
+    await kube.send("patch", f"{SECRETS_URL}/pg", {"data": rotated["data"]})
+
+    async def enqueuer_rolled() -> bool:
+        return _template_annotations(kube, "orders-enqueuer") != before["orders-enqueuer"]
+
+    await eventually(enqueuer_rolled, within=15)
+    for name in WORKERS:  # they do not read DATABASE_URL
+        assert _template_annotations(kube, name) == before[name]
+
+    rotated = secret("rd", url=redis_url + "?health_check_interval=10")
+    await kube.send("patch", f"{SECRETS_URL}/rd", {"data": rotated["data"]})
+
+    async def workers_rolled() -> bool:
+        return all(_template_annotations(kube, name) != before[name] for name in WORKERS)
+
+    await eventually(workers_rolled, within=15)
+    assert redis_url not in repr(kube.all(DEPLOYMENTS))
+
+
+async def test_workload_images_follow_the_operator_unless_the_spec_pins_them(
+    kube: KubeEmulator, redis_url: str, clock: FakeClock
+) -> None:
+    await _secrets(kube, redis_url)
+    queues = dispatcher()["spec"]["queues"]
+    queues[1]["image"] = "registry.example.com/billing:7"
+    await kube.send("post", CR_URL, dispatcher(queues=queues))
+
+    def image(name: str) -> str:
+        found = kube.live(DEPLOYMENTS, name) or {}
+        return str(found["spec"]["template"]["spec"]["containers"][0]["image"])
+
+    old = {"enqueuer_image": "reg/outbox-dispatcher-enqueuer:1.0", "worker_image": "reg/w:1.0"}
+    async with running_operator(kube, clock, **old):
+        await _ready(kube)
+    assert image("orders-enqueuer") == "reg/outbox-dispatcher-enqueuer:1.0"
+    assert image("orders-worker-emails") == "reg/w:1.0"
+
+    new = {"enqueuer_image": "reg/outbox-dispatcher-enqueuer:1.1", "worker_image": "reg/w:1.1"}
+    async with running_operator(kube, clock, **new):
+
+        async def upgraded() -> bool:
+            return image("orders-enqueuer").endswith(":1.1") and image(
+                "orders-worker-emails"
+            ).endswith(":1.1")
+
+        await eventually(upgraded, within=15)
+    assert image("orders-worker-invoices") == "registry.example.com/billing:7"
+
+
+async def test_an_unchanged_dispatcher_is_never_patched(
+    kube: KubeEmulator, operator: Operator, redis_url: str
+) -> None:
+    await _secrets(kube, redis_url)
+    queues = dispatcher()["spec"]["queues"]
+    queues[0]["resources"] = {"requests": {"memory": "1024Mi"}, "limits": {"memory": "2048Mi"}}
+    await kube.send("post", CR_URL, dispatcher(queues=queues))
+    await _ready(kube)
+
+    def versions() -> dict[str, str]:
+        return {
+            name: (kube.live(DEPLOYMENTS, name) or {})["metadata"]["resourceVersion"]
+            for name in ALL
+        }
+
+    before = versions()
+    # A spec change that renders the same Deployments (the API server stored 1Gi for 1024Mi).
+    queues[0]["scaleDownStabilizationSeconds"] = 600
+    await kube.send("patch", f"{CR_URL}/{NAME}", {"spec": {"queues": queues}})
+
+    async def observed() -> bool:
+        return _status(kube).get("observedGeneration") == 2
+
+    await eventually(observed, within=15)
+    await _ready(kube)
+    assert versions() == before
+
+
+async def test_two_dispatchers_never_share_a_deployment(
+    kube: KubeEmulator, operator: Operator, redis_url: str
+) -> None:
+    await _secrets(kube, redis_url)
+    first = [{"name": "worker-b", "handler": "a.tasks:run"}]
+    await kube.send("post", CR_URL, dispatcher("a", queues=first))
+    await _ready(kube, "a")
+    owner = (kube.live(DEPLOYMENTS, "a-worker-worker-b") or {})["metadata"]["ownerReferences"]
+
+    second = [{"name": "b", "handler": "b.tasks:run"}]  # renders a-worker-worker-b as well
+    await kube.send("post", CR_URL, dispatcher("a-worker", queues=second))
+
+    async def refused() -> bool:
+        return _is(kube, "Degraded", "True", "NameConflict", "a-worker")
+
+    await eventually(refused, within=15)
+    assert "a-worker-worker-b" in _condition(kube, "Degraded", "a-worker")["message"]
+    live = kube.live(DEPLOYMENTS, "a-worker-worker-b") or {}
+    assert live["metadata"]["ownerReferences"] == owner
+    assert "--queue=worker-b" in _args(kube, "a-worker-worker-b")
+
+
+async def test_external_autoscaling_leaves_replicas_to_the_users_scaler(
+    kube: KubeEmulator, operator: Operator, redis_url: str, client: Any
+) -> None:
+    await _secrets(kube, redis_url)
+    queues = [{"name": "emails", "handler": "app.tasks:send", "autoscaling": "external"}]
+    await kube.send("post", CR_URL, dispatcher(queues=queues))
+    await _ready(kube)
+    await kube.send("patch", f"{DEPLOYMENTS_URL}/orders-worker-emails", {"spec": {"replicas": 7}})
+    for i in range(900):  # the builtin autoscaler would want ceil(900/100) = 9, clamped to 10
+        await client.xadd(f"workflow.tasks.emails.{i % 2}", {"task_id": f"t{i}"})
+
+    async def measured() -> bool:
+        rows = _status(kube).get("queues") or []
+        return any(r["name"] == "emails" and r.get("backlog") == 900 for r in rows)
+
+    await eventually(measured, within=15)
+    await _ready(kube)
+    assert (kube.live(DEPLOYMENTS, "orders-worker-emails") or {})["spec"]["replicas"] == 7
