@@ -29,8 +29,17 @@ from tests.fix_outbox import insert_rows
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-# The build context of deploy/images/*/Dockerfile (its COPY lines).
-BUILD_CONTEXT = ("pyproject.toml", "README.md", "dispatcher", "controller")
+DOCKERFILE = ROOT / "deploy" / "images" / "enqueuer" / "Dockerfile"
+
+
+def build_context() -> list[str]:
+    """What the image's build stage copies from the repository (its ``COPY`` sources)."""
+    sources: list[str] = []
+    for line in DOCKERFILE.read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["COPY"] and not any(w.startswith("--") for w in words):
+            sources += [w.rstrip("/") for w in words[1:-1]]
+    return sources
 
 
 def _run(*args: str | Path, cwd: Path, env: dict[str, str], timeout: float = 600) -> str:
@@ -47,7 +56,9 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("wheel")
     context = work / "context"
     context.mkdir()
-    for name in BUILD_CONTEXT:
+    sources = build_context()
+    assert {"pyproject.toml", "dispatcher"} <= set(sources), sources
+    for name in sources:
         source = ROOT / name
         if source.is_dir():
             shutil.copytree(
