@@ -25,7 +25,7 @@ from dispatcher.models import TaskDispatch
 from dispatcher.outbox import EnqueuerConfig, OutboxEnqueuer, OutboxRepository, enqueue_dispatch
 from dispatcher.outbox.repository import enqueuer_pool
 from dispatcher.redis_client import connect_redis
-from dispatcher.stream import RedisStreamPublisher, task_stream
+from dispatcher.stream import RedisStreamPublisher, publish_shard_count, task_stream
 from tests.fix_outbox import insert_rows
 
 PUBLISHERS: dict[str, Callable[..., RedisStreamPublisher]] = {
@@ -74,6 +74,7 @@ async def idle_latency(env: BenchEnv, variant: str, samples: int = 200) -> dict[
         while not (enqueuer.listener and enqueuer.listener.connected):  # noqa: ASYNC110
             await asyncio.sleep(0.01)
         queue = f"lat{uuid.uuid4().hex[:6]}"
+        await publish_shard_count(redis, 1)  # every entry on shard 0, where the reader waits
         stream = task_stream(queue, 0)
         latencies: list[float] = []
         last_id = "$"
@@ -81,7 +82,7 @@ async def idle_latency(env: BenchEnv, variant: str, samples: int = 200) -> dict[
             reader = asyncio.create_task(redis.xread({stream: last_id}, block=5000, count=1))
             await asyncio.sleep(0.02)  # idle gap; the reader is blocked before the commit
             with psycopg.connect(env.db_url) as sync_conn:
-                enqueue_dispatch(sync_conn, _dispatch(f"t{i}", queue), shards=1)
+                enqueue_dispatch(sync_conn, _dispatch(f"t{i}", queue))
                 sync_conn.commit()
                 committed = time.perf_counter()
             reply = await reader
@@ -155,7 +156,7 @@ def _paced_inserts(db_url: str, queue: str, rate: float, seconds: float) -> dict
             pause = target - time.perf_counter()
             if pause > 0:
                 time.sleep(pause)
-            outbox_id = enqueue_dispatch(conn, _dispatch(f"p{i}", queue), shards=4)
+            outbox_id = enqueue_dispatch(conn, _dispatch(f"p{i}", queue))
             committed[outbox_id] = time.time()
     return committed
 

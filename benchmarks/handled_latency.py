@@ -49,7 +49,7 @@ from dispatcher.models import TaskMessage
 from dispatcher.outbox import EnqueuerConfig, OutboxEnqueuer, OutboxRepository, enqueue_dispatch
 from dispatcher.outbox.repository import enqueuer_pool
 from dispatcher.redis_client import connect_redis
-from dispatcher.stream import RedisStreamPublisher
+from dispatcher.stream import RedisStreamPublisher, publish_shard_count
 from dispatcher.worker import Worker, WorkerConfig
 
 SAMPLES = 200
@@ -98,6 +98,7 @@ async def ours(env: BenchEnv, samples: int = SAMPLES) -> dict[str, float]:
     pool = enqueuer_pool(env.db_url, max_size=config.concurrency + 2)  # as the CLI sizes it
     await pool.open(wait=True)
     enqueuer_redis, worker_redis = connect_redis(env.redis_url), connect_redis(env.redis_url)
+    await publish_shard_count(enqueuer_redis, 1)  # one shard, as the worker reads
     enqueuer = OutboxEnqueuer(
         repository=OutboxRepository(pool),
         publisher=RedisStreamPublisher(enqueuer_redis, group="workers"),
@@ -109,7 +110,7 @@ async def ours(env: BenchEnv, samples: int = SAMPLES) -> dict[str, float]:
     app = psycopg.connect(env.db_url)  # the application's own session
 
     async def commit(i: int) -> float:
-        enqueue_dispatch(app, _dispatch(f"{queue}-{i}", queue), shards=1)
+        enqueue_dispatch(app, _dispatch(f"{queue}-{i}", queue))
         app.commit()  # blocking, like an ordinary application's commit
         return time.perf_counter()
 

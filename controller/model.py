@@ -192,7 +192,8 @@ class OutboxDispatcherSpec(_Model):
         default=DEFAULT_SHARDS,
         ge=1,
         le=4096,
-        description="streams per queue; lowering it waits until the removed shards are empty",
+        description="streams per queue, written to composer:stream_shards; lowering it is in "
+        "force at once and the removed shards drain (condition ShardsDraining)",
     )
     postgres: PostgresSpec
     redis: RedisSpec

@@ -52,6 +52,7 @@ from controller.status import (
     PROGRESSING,
     QUEUES_DRAINING,
     READY,
+    SHARDS_DRAINING,
     Reason,
     condition_dicts,
     set_condition,
@@ -263,8 +264,7 @@ class Operator:
         if after != before and key in self.dispatchers:
             await api.patch_status(namespace=owner.namespace, name=owner.name, status=after)
             self._written[key] = after
-        blocked = result.decision is not None and result.decision.action == "block"
-        return result.problem is None and not blocked
+        return result.problem is None
 
     async def _postgres_problem(self, key: Key, url: str) -> str | None:
         """Why PostgreSQL does not answer at ``url``, or None; asked at most once every
@@ -316,7 +316,7 @@ def conditions(
     now: datetime.datetime,
     generation: int | None,
 ) -> list[dict[str, Any]]:
-    """The four conditions after a pass (see ``controller.status`` for what each means)."""
+    """The five conditions after a pass (see ``controller.status`` for what each means)."""
     found = status.conditions
 
     def put(type_: str, value: bool, reason: str, message: str = "") -> None:
@@ -327,7 +327,6 @@ def conditions(
         )  # fmt: skip
 
     problem, decision = result.problem, result.decision
-    blocked = decision is not None and decision.action == "block"
     if problem is not None:
         put(READY, False, problem.reason, problem.message)
     elif result.rollout.unavailable:
@@ -343,10 +342,11 @@ def conditions(
         put(PROGRESSING, False, Reason.ROLLOUT_COMPLETE)
     if problem is not None:
         put(DEGRADED, True, problem.reason, problem.message)
-    elif blocked and decision is not None:
-        put(DEGRADED, True, Reason.SHARD_DECREASE_BLOCKED, decision.message)
     else:
         put(DEGRADED, False, Reason.AS_EXPECTED)
+    if decision is not None:  # measured: what is left on removed shards is known
+        reason = Reason.REMOVED_SHARDS_NOT_EMPTY if decision.draining else Reason.AS_EXPECTED
+        put(SHARDS_DRAINING, bool(decision.draining), reason, decision.draining_message)
     if result.draining:
         left = "; ".join(f"{q}: {what}" for q, what in sorted(result.draining.items()))
         put(QUEUES_DRAINING, True, Reason.DRAINING, f"removed queues still hold work: {left}")

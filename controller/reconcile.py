@@ -41,9 +41,10 @@ from controller.render import (
     instance_labels,
     worker_name,
 )
-from controller.shards import ShardDecision, decide_shards, streams_to_drain
-from controller.status import Reason, Rollout, rollout
+from controller.shards import ShardDecision, decide_shards, draining_shards
+from controller.status import SHARDS_DRAINING, Reason, Rollout, rollout
 from dispatcher.redis_client import RedisClient
+from dispatcher.stream.discovery import existing_shards
 from dispatcher.stream.shards import publish_shard_count
 
 __all__ = [
@@ -187,9 +188,7 @@ async def reconcile_once(ctx: Context) -> Pass:
     problem = redis_problem or problem
     decision = await _shards(ctx, redis_url, measured) if measured is not None else None
     shards = decision.shards if decision is not None else (ctx.status.shards or spec.shards)
-    manifests, rows = _desired(
-        ctx, measured, shards=shards, postgres_url=postgres_url, redis_url=redis_url
-    )
+    manifests, rows = _desired(ctx, measured, postgres_url=postgres_url, redis_url=redis_url)
     try:
         for manifest in manifests:
             await _apply(ctx, manifest)
@@ -215,7 +214,6 @@ def _desired(
     ctx: Context,
     measured: Measurement | None,
     *,
-    shards: int,
     postgres_url: str,
     redis_url: str,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -227,7 +225,7 @@ def _desired(
     )
     manifests = [
         build_enqueuer_deployment(
-            spec, owner=owner, shards=shards, defaults=ctx.defaults, secrets_hash=both_digest
+            spec, owner=owner, defaults=ctx.defaults, secrets_hash=both_digest
         )
     ]
     rows = []
@@ -250,7 +248,6 @@ def _desired(
                 spec,
                 queue,
                 owner=owner,
-                shards=shards,
                 replicas=step.replicas,
                 defaults=ctx.defaults,
                 secrets_hash=redis_digest,
@@ -275,9 +272,13 @@ async def _measure(
 ) -> tuple[Measurement | None, Failure | None]:
     client = ctx.redis(url)
     queues = [q.name for q in ctx.spec.queues] + list(draining)
-    # While a decrease is blocked the old shards still count.
+    # Right after a decrease the previous count still bounds what the removed shards hold.
     shards = max(ctx.spec.shards, ctx.status.shards or 0)
     try:
+        if _shards_draining(ctx.status):
+            # Later passes find the removed shards themselves (a SCAN: only while draining).
+            for queue in queues:
+                shards = max(shards, 1 + max(await existing_shards(client, queue), default=-1))
         return await measure(client, queues=queues, shards=shards), None
     except RedisProblem as exc:
         return None, Failure(Reason.REDIS_UNAVAILABLE, redis_message(client, exc))
@@ -285,15 +286,9 @@ async def _measure(
 
 async def _shards(ctx: Context, url: str, measured: Measurement) -> ShardDecision | None:
     queues = [q.name for q in ctx.spec.queues]
-    published, desired = measured.published, ctx.spec.shards
-    drained = (
-        streams_to_drain(queues, published=published, desired=desired)
-        if published is not None
-        else []
-    )
-    decision = decide_shards(
-        desired=desired, published=published, lengths=measured.lengths(drained)
-    )
+    desired = ctx.spec.shards
+    left = draining_shards(measured.streams, queues=queues, shards=desired)
+    decision = decide_shards(desired=desired, published=measured.published, draining=left)
     if decision.action == "set":
         try:
             await publish_shard_count(ctx.redis(url), decision.shards)
@@ -351,3 +346,8 @@ async def _drain(
             )
             ctx.cache.put(patched)
     return left
+
+
+def _shards_draining(status: OutboxDispatcherStatus) -> bool:
+    found = status.condition(SHARDS_DRAINING)
+    return found is not None and found.status == "True"

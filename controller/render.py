@@ -1,12 +1,14 @@
 """Pure builders of the Deployments an ``OutboxDispatcher`` owns.
 
-No I/O: each builder takes the parsed spec, the owner's identity, the
-operator's workload defaults and the shard count actually published to Redis,
-and returns a manifest ``dict``. ``controller.k8s`` is the one place that
-sends them. The pod template carries a hash of the effective configuration and
-one of the values of the Secrets its pods read, so a change of either (a
-Secret rotation too: ``secretKeyRef`` values are read only at pod start) rolls
-the pods.
+No I/O: each builder takes the parsed spec, the owner's identity and the
+operator's workload defaults, and returns a manifest ``dict``.
+``controller.k8s`` is the one place that sends them. The pod template carries
+a hash of the effective configuration and one of the values of the Secrets its
+pods read, so a change of either (a Secret rotation too: ``secretKeyRef``
+values are read only at pod start) rolls the pods. The shard count is not part
+of it: processes read it live from Redis, so changing it restarts nothing (a
+restart in the middle of a decrease is exactly when readers of the old shards
+are needed).
 
 Pods follow Pod Security "restricted": non-root, no privilege escalation,
 every capability dropped, RuntimeDefault seccomp, a read-only root filesystem
@@ -163,11 +165,10 @@ def _secret_env(name: str, ref: SecretRef) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
 
 
-def _common_env(spec: OutboxDispatcherSpec, *, shards: int) -> list[dict[str, Any]]:
+def _common_env(spec: OutboxDispatcherSpec) -> list[dict[str, Any]]:
     return [
         _secret_env("REDIS_URL", spec.redis.secret_ref),
         {"name": "REDIS_CLUSTER", "value": "1" if spec.redis.cluster else "0"},
-        {"name": "STREAM_SHARDS", "value": str(shards)},
         {"name": "LOG_LEVEL", "value": spec.log_level},
         {"name": "LOG_FORMAT", "value": spec.log_format},
         {"name": "METRICS_PORT", "value": str(METRICS_PORT)},
@@ -288,13 +289,12 @@ def build_enqueuer_deployment(
     spec: OutboxDispatcherSpec,
     *,
     owner: Owner,
-    shards: int,
     defaults: WorkloadDefaults = DEFAULT_WORKLOADS,
     secrets_hash: str = "",
 ) -> dict[str, Any]:
-    """The enqueuer Deployment; ``shards`` is the count published to Redis, ``secrets_hash``
-    a digest of the values of the Secrets it reads (``DATABASE_URL``, ``REDIS_URL``)."""
-    env = [_secret_env("DATABASE_URL", spec.postgres.secret_ref), *_common_env(spec, shards=shards)]
+    """The enqueuer Deployment; ``secrets_hash`` is a digest of the values of the Secrets it
+    reads (``DATABASE_URL``, ``REDIS_URL``)."""
+    env = [_secret_env("DATABASE_URL", spec.postgres.secret_ref), *_common_env(spec)]
     container = _container(
         name="enqueuer",
         image=spec.enqueuer.image or defaults.enqueuer_image,
@@ -329,7 +329,6 @@ def build_worker_deployment(
     queue: QueueSpec,
     *,
     owner: Owner,
-    shards: int,
     replicas: int | None,
     defaults: WorkloadDefaults = DEFAULT_WORKLOADS,
     secrets_hash: str = "",
@@ -340,7 +339,7 @@ def build_worker_deployment(
         name="worker",
         image=queue.image or defaults.worker_image,
         args=_worker_args(queue),
-        env=_common_env(spec, shards=shards),
+        env=_common_env(spec),
         resources=queue.resources,
         defaults=defaults,
     )

@@ -1,13 +1,13 @@
 """The shard count in Redis (``composer:stream_shards``): the pure decision of what to do with it.
 
-Raising the count is safe at once: workers start reading new shards as soon
-as they see the key. Lowering it is refused while any shard being removed
-still holds entries, since nobody would read them again. ``decide_shards``
-is the rule; the operator measures the key and the stream lengths in its one
-Redis round trip (``controller.redis_access``) and writes the key when told.
-Writers that cached the old count can still add to a removed shard right
-after the switch; workers keep reading every shard they started on until they
-restart, which covers that window.
+The key follows ``spec.shards`` at once, up or down. Enqueuers route each row
+when they publish it, by the count they read live, so after a decrease nothing
+new goes to the removed shards (rows waiting for a retry or ``not_before``
+included); workers keep reading every shard stream that still holds entries or
+pending entries until it is empty. ``decide_shards`` is the rule; the operator
+measures the key and the streams in its Redis round trip
+(``controller.redis_access``), writes the key when told, and reports the
+removed shards that still hold work (``draining_shards``) as ``ShardsDraining``.
 """
 
 from __future__ import annotations
@@ -16,42 +16,46 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from dispatcher.stream.naming import SHARDS_KEY, task_stream
+from dispatcher.stream.naming import SHARDS_KEY, parse_task_stream
 
-__all__ = ["ShardDecision", "decide_shards", "streams_to_drain"]
+__all__ = ["ShardDecision", "decide_shards", "draining_shards"]
 
 
 @dataclass(frozen=True, slots=True)
 class ShardDecision:
-    action: Literal["set", "keep", "block"]
+    action: Literal["set", "keep"]
     shards: int  # the count in effect after the decision
-    blocking: Mapping[str, int] = field(default_factory=dict)  # stream -> entries left
+    draining: Mapping[str, tuple[int, int]] = field(default_factory=dict)  # (length, pending)
 
     @property
     def message(self) -> str:
-        if self.action != "block":
-            return f"{SHARDS_KEY} = {self.shards}"
-        held = ", ".join(f"{s} ({n})" for s, n in sorted(self.blocking.items()))
-        return (
-            f"cannot lower the shard count below {self.shards} yet: "
-            f"the removed shards still hold entries: {held}"
+        return f"{SHARDS_KEY} = {self.shards}"
+
+    @property
+    def draining_message(self) -> str:
+        if not self.draining:
+            return ""
+        held = ", ".join(
+            f"{s} (length {n}, pending {p})" for s, (n, p) in sorted(self.draining.items())
         )
-
-
-def streams_to_drain(queues: Sequence[str], *, published: int, desired: int) -> list[str]:
-    """The streams a decrease from ``published`` to ``desired`` would abandon."""
-    return [task_stream(q, s) for q in queues for s in range(desired, published)]
+        return f"removed shards still hold work, workers read them until empty: {held}"
 
 
 def decide_shards(
-    *, desired: int, published: int | None, lengths: Mapping[str, int]
+    *, desired: int, published: int | None, draining: Mapping[str, tuple[int, int]] = {}
 ) -> ShardDecision:
-    """What to do with the key, given the lengths of ``streams_to_drain``."""
-    if published == desired:
-        return ShardDecision(action="keep", shards=desired)
-    if published is None or desired > published:
-        return ShardDecision(action="set", shards=desired)
-    blocking = {stream: n for stream, n in lengths.items() if n > 0}
-    if blocking:
-        return ShardDecision(action="block", shards=published, blocking=blocking)
-    return ShardDecision(action="set", shards=desired)
+    """Write the key unless it already says ``desired``; never wait for a drain."""
+    action: Literal["set", "keep"] = "keep" if published == desired else "set"
+    return ShardDecision(action=action, shards=desired, draining=dict(draining))
+
+
+def draining_shards(
+    streams: Mapping[str, tuple[int, int]], *, queues: Sequence[str], shards: int
+) -> dict[str, tuple[int, int]]:
+    """The measured streams of ``queues`` at shard >= ``shards`` with entries or pending."""
+    found = {}
+    for stream, (length, pending) in streams.items():
+        queue, shard = parse_task_stream(stream)
+        if queue in queues and shard >= shards and (length or pending):
+            found[stream] = (length, pending)
+    return found

@@ -5,8 +5,10 @@
 - ``Progressing``: a rollout of an owned Deployment is under way.
 - ``Degraded``: something needs a human (an invalid spec, a missing Secret, an
   unreachable Redis or PostgreSQL, a Deployment name taken by another
-  dispatcher, a blocked shard decrease). A blocked decrease leaves ``Ready``
-  true (everything runs, on the old shard count) with ``Degraded`` true.
+  dispatcher).
+- ``ShardsDraining``: the shard count was lowered (in force at once) and
+  removed shards still hold entries or pending entries; workers read them
+  until they are empty.
 - ``QueuesDraining``: workers of queues removed from the spec still run until
   their streams hold no entry and no pending entry.
 
@@ -29,6 +31,7 @@ __all__ = [
     "PROGRESSING",
     "QUEUES_DRAINING",
     "READY",
+    "SHARDS_DRAINING",
     "Reason",
     "Rollout",
     "condition_dicts",
@@ -41,6 +44,7 @@ READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 QUEUES_DRAINING = "QueuesDraining"
+SHARDS_DRAINING = "ShardsDraining"
 
 
 class Reason:
@@ -50,7 +54,7 @@ class Reason:
     INVALID_SPEC = "InvalidSpec"
     SECRET_MISSING = "SecretMissing"
     REDIS_UNAVAILABLE = "RedisUnavailable"
-    SHARD_DECREASE_BLOCKED = "ShardDecreaseBlocked"
+    REMOVED_SHARDS_NOT_EMPTY = "RemovedShardsNotEmpty"
     API_ERROR = "ApiError"
     AS_EXPECTED = "AsExpected"
     POSTGRES_UNAVAILABLE = "PostgresUnavailable"

@@ -1,9 +1,11 @@
-"""Dead-letter replay: outbox_dlq rows back to PENDING, worker dead letters back to their shard.
+"""Dead-letter replay: outbox_dlq rows back to PENDING, worker dead letters back to their queue.
 
 ``replay_outbox_dlq`` runs in one transaction and is all-or-nothing: naming an
 id that is not in ``outbox_dlq`` replays nothing. ``replay_dead_stream``
-moves entries of ``workflow.dead.<queue>`` back to the stream they came from
-(XADD first, then XDEL: a crash in between duplicates, never loses).
+moves entries of ``workflow.dead.<queue>`` back to the queue, to the task's
+shard under the count in force (the shard they came from may have been
+removed since), as the enqueuer routes a replayed outbox row. XADD first, then
+XDEL: a crash in between duplicates, never loses.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ async def replay_dead_stream(
     client: RedisClient, queue: str, *, ids: Sequence[str] = (), all_entries: bool = False,
     shards: int = 1, dry_run: bool = False,
 ) -> Replayed:  # fmt: skip
-    """Move dead letters of ``queue`` back to their source stream (or the task's shard)."""
+    """Move dead letters of ``queue`` back to the task's shard at ``shards`` shards."""
     dead = dead_letter_stream(queue)
     entries: list[tuple[str, dict[str, str]]] = await client.xrange(dead)  # type: ignore[assignment]
     chosen = [(i, f) for i, f in entries if all_entries or i in set(ids)]
@@ -64,9 +66,7 @@ async def replay_dead_stream(
     if dry_run:
         return Replayed([i for i, _ in chosen], dry_run=True)
     for entry_id, fields in chosen:
-        target = fields.get("source_stream") or task_stream(
-            queue, shard_for(fields.get("task_id", ""), shards)
-        )
+        target = task_stream(queue, shard_for(fields.get("task_id", ""), shards))
         await client.xadd(target, original_fields(fields))  # type: ignore[arg-type]
         await client.xdel(dead, entry_id)
     return Replayed([i for i, _ in chosen], dry_run=False)

@@ -10,6 +10,7 @@ from dispatcher.cli.demo import register as register_demo
 from dispatcher.cli.operator import register as register_operator
 from dispatcher.cli.ops import register_dlq, register_status
 from dispatcher.cli.outbox import register_enqueuer, register_migrate
+from dispatcher.cli.shards import register as register_shards
 from dispatcher.cli.worker import register as register_worker
 
 Register = Callable[[Any, Callable[[argparse.ArgumentParser], None]], None]
@@ -20,6 +21,7 @@ REGISTRY: list[Register] = [
     register_worker,
     register_status,
     register_dlq,
+    register_shards,
     register_demo,
     register_operator,
 ]

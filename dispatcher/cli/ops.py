@@ -21,11 +21,11 @@ from dispatcher.status import gather_status, render_text
 from dispatcher.stream.naming import InvalidQueueName, dead_letter_stream, validate_queue
 from dispatcher.stream.shards import read_shard_count
 
-__all__ = ["register_dlq", "register_status"]
+__all__ = ["redis_client", "register_dlq", "register_status"]
 
 
 @contextlib.asynccontextmanager
-async def _redis(settings: Settings) -> AsyncIterator[RedisClient]:
+async def redis_client(settings: Settings) -> AsyncIterator[RedisClient]:
     client = connect_redis(settings.redis_url.get_secret_value(), cluster=settings.redis_cluster)
     try:
         yield client
@@ -51,7 +51,7 @@ async def _status(args: argparse.Namespace, settings: Settings) -> int:
     )  # fmt: skip
     await pool.open(wait=True, timeout=10)
     try:
-        async with _redis(settings) as redis:
+        async with redis_client(settings) as redis:
             report = await gather_status(pool=pool, redis=redis, group=args.group)
     finally:
         await pool.close()
@@ -94,7 +94,7 @@ def _queue(args: argparse.Namespace) -> str | None:
 async def _dlq_list(args: argparse.Namespace, settings: Settings) -> int:
     queue = _queue(args)
     if queue is not None:
-        async with _redis(settings) as redis:
+        async with redis_client(settings) as redis:
             entries: list[Any] = await redis.xrevrange(dead_letter_stream(queue), count=args.limit)  # type: ignore[assignment]
         for entry_id, fields in entries:
             task, count = fields.get("task_id", "?"), fields.get("delivery_count", "?")
@@ -116,7 +116,7 @@ async def _dlq_replay(args: argparse.Namespace, settings: Settings) -> int:
     queue = _queue(args)
     try:
         if queue is not None:
-            async with _redis(settings) as redis:
+            async with redis_client(settings) as redis:
                 shards = await read_shard_count(redis, fallback=settings.stream_shards)
                 done = await replay_dead_stream(
                     redis, queue, ids=args.ids or (), all_entries=args.all, shards=shards,

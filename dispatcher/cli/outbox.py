@@ -19,7 +19,7 @@ from dispatcher.outbox.repository import OutboxRepository, enqueuer_pool
 from dispatcher.outbox.schema import migrate
 from dispatcher.redis_client import connect_redis
 from dispatcher.stream.publisher import RedisStreamPublisher
-from dispatcher.stream.shards import publish_shard_count
+from dispatcher.stream.shards import LiveShardCount, ensure_shard_count
 
 __all__ = ["register_enqueuer", "register_migrate"]
 
@@ -66,7 +66,12 @@ def register_enqueuer(sub: Any, common: Common) -> None:
     g.add_argument(
         "--poll-interval", type=number(float, 0.01), default=1.0, help="seconds between polls"
     )
-    g.add_argument("--shards", type=number(int, 1), help="shards per queue (env STREAM_SHARDS)")
+    g.add_argument(
+        "--shards",
+        type=number(int, 1),
+        help="shard count written to composer:stream_shards only if it is absent (first start; "
+        "env STREAM_SHARDS); change it later with `dispatcher shards set`",
+    )
     g.add_argument(
         "--recover-in-flight-after",
         type=number(float, 1),
@@ -124,12 +129,14 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
     pool = enqueuer_pool(dsn, max_size=config.concurrency + 2)
     try:
         await pool.open(wait=True, timeout=15)
-        await publish_shard_count(redis, settings.stream_shards)
+        if await ensure_shard_count(redis, settings.stream_shards):
+            log.info("composer:stream_shards was absent; set it to %d", settings.stream_shards)
         enqueuer = OutboxEnqueuer(
             repository=OutboxRepository(pool),
             publisher=RedisStreamPublisher(redis, group="workers"),
             config=config,
             listen_conninfo=None if args.no_listen else dsn,
+            shard_count=LiveShardCount(redis, fallback=settings.stream_shards),
         )
         server = ObservabilityServer(
             port=settings.metrics_port,

@@ -91,7 +91,7 @@ class _RecordingPublisher(RedisStreamPublisher):
 
 
 async def _produce(
-    pool: AsyncConnectionPool[Any], progress: Progress, queue: str, shards: int, batch: int,
+    pool: AsyncConnectionPool[Any], progress: Progress, queue: str, batch: int,
     rollback_ratio: float, rng: random.Random,
 ) -> None:  # fmt: skip
     """Commit dispatches ``batch`` at a time; roll back about ``rollback_ratio`` of batches."""
@@ -100,7 +100,7 @@ async def _produce(
         roll_back = rng.random() < rollback_ratio
         async with pool.connection() as conn, conn.transaction(force_rollback=roll_back):
             for task_id in ids:
-                await enqueue_dispatch_async(conn, _dispatch(task_id, queue), shards=shards)
+                await enqueue_dispatch_async(conn, _dispatch(task_id, queue))
         now = time.perf_counter()
         if roll_back:
             progress.rolled_back.update(ids)
@@ -160,7 +160,7 @@ async def run_demo(
     started = time.perf_counter()
     try:
         producing = asyncio.create_task(
-            _produce(app_pool, progress, queue, shards, batch, rollback_ratio, random.Random(seed))
+            _produce(app_pool, progress, queue, batch, rollback_ratio, random.Random(seed))
         )
         deadline = started + give_up_after
         while time.perf_counter() < deadline:

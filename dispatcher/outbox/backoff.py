@@ -30,6 +30,7 @@ class ClaimedRow:
     max_retries: int
     backoff_seconds: int
     age_seconds: float
+    task_id: str | None = None  # picks the shard when published
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,11 +4,15 @@ One INSERT on the connection or cursor the application already holds; this
 never commits or rolls back, so the dispatch exists exactly when the
 application's own change does. The sync and async functions share the
 statement builder and differ only in how they await.
+
+The row names its queue's stream without a shard: the enqueuer picks the
+shard when it publishes, from the count in force then.
 """
 
 from __future__ import annotations
 
 import uuid
+import warnings
 from datetime import datetime
 from typing import Any
 
@@ -17,7 +21,7 @@ from psycopg.types.json import Jsonb
 
 from dispatcher.models import TaskDispatch
 from dispatcher.outbox.queries import QUERIES
-from dispatcher.stream.naming import DEFAULT_SHARDS, shard_for, task_stream
+from dispatcher.stream.naming import queue_stream
 from dispatcher.tracing import current_trace_fields
 
 __all__ = ["enqueue_dispatch", "enqueue_dispatch_async"]
@@ -32,17 +36,24 @@ def _statement(
     dispatch: TaskDispatch,
     *,
     not_before: datetime | None,
-    shards: int,
+    shards: int | None,
     max_retries: int,
     backoff_seconds: int,
 ) -> tuple[str, dict[str, Any]]:
     if not_before is not None and not_before.tzinfo is None:
         raise ValueError("not_before must be timezone-aware (e.g. datetime.now(UTC))")
+    if shards is not None:
+        warnings.warn(
+            "enqueue_dispatch(shards=...) is ignored: the enqueuer picks the shard when it "
+            "publishes, from composer:stream_shards; drop the argument",
+            DeprecationWarning,
+            stacklevel=3,
+        )
     outbox_id = str(uuid.uuid4())
     params = {
         "id": outbox_id,
         "task_id": dispatch.task_id,
-        "stream": task_stream(dispatch.queue, shard_for(dispatch.task_id, shards)),
+        "stream": queue_stream(dispatch.queue),
         "payload": Jsonb(dispatch.payload(extra=current_trace_fields())),
         "type": TASK_EXECUTION,
         "not_before": not_before,
@@ -57,14 +68,15 @@ def enqueue_dispatch(
     dispatch: TaskDispatch,
     not_before: datetime | None = None,
     *,
-    shards: int = DEFAULT_SHARDS,
+    shards: int | None = None,
     max_retries: int = 5,
     backoff_seconds: int = 5,
 ) -> str:
     """Insert the dispatch into the outbox on ``target``; return the outbox row id.
 
-    ``shards`` must be the shard count workers read (``composer:stream_shards``).
-    The enqueuer publishes the row no earlier than ``not_before``.
+    The enqueuer publishes the row no earlier than ``not_before``, to the
+    queue's shard under the count in force then. ``shards`` is deprecated and
+    ignored (a warning says so).
     """
     query, params = _statement(
         dispatch,
@@ -82,7 +94,7 @@ async def enqueue_dispatch_async(
     dispatch: TaskDispatch,
     not_before: datetime | None = None,
     *,
-    shards: int = DEFAULT_SHARDS,
+    shards: int | None = None,
     max_retries: int = 5,
     backoff_seconds: int = 5,
 ) -> str:

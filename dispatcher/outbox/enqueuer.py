@@ -32,6 +32,7 @@ from dispatcher.outbox.listener import OutboxListener
 from dispatcher.outbox.pipeline import BatchPipeline, BatchSettings
 from dispatcher.outbox.repository import STATUSES, OutboxRepository
 from dispatcher.stream.publisher import RedisStreamPublisher
+from dispatcher.stream.shards import LiveShardCount
 
 __all__ = ["EnqueuerConfig", "OutboxEnqueuer"]
 
@@ -97,7 +98,8 @@ class OutboxEnqueuer:
     """Drains the outbox into Redis Streams until ``request_stop()``.
 
     ``listen_conninfo`` enables the LISTEN wake-up; without it the enqueuer
-    only polls.
+    only polls. ``shard_count`` is the count rows are routed by when published
+    (by default read live from the publisher's Redis).
     """
 
     def __init__(
@@ -107,11 +109,15 @@ class OutboxEnqueuer:
         publisher: RedisStreamPublisher,
         config: EnqueuerConfig = EnqueuerConfig(),
         listen_conninfo: str | None = None,
+        shard_count: LiveShardCount | None = None,
     ) -> None:
         self.config = config
         self._repo = repository
         self.pipeline = BatchPipeline(
-            repository=repository, publisher=publisher, settings=config.batch_settings()
+            repository=repository,
+            publisher=publisher,
+            settings=config.batch_settings(),
+            shard_count=shard_count,
         )
         conninfo, kwargs = repository.session_settings()
         self.idle_flag = IdleFlag(

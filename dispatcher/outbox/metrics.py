@@ -6,7 +6,7 @@ import functools
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from dispatcher.stream.naming import parse_task_stream
+from dispatcher.stream.naming import queue_of_stream
 
 __all__ = [
     "BATCHES",
@@ -66,7 +66,4 @@ LISTENER_CONNECTED = Gauge(
 
 @functools.lru_cache(maxsize=4096)
 def queue_label(stream: str) -> str:
-    try:
-        return parse_task_stream(stream)[0]
-    except ValueError:
-        return "other"
+    return queue_of_stream(stream) or "other"

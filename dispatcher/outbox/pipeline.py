@@ -27,8 +27,10 @@ from dispatcher.models import payload_fields
 from dispatcher.outbox import metrics
 from dispatcher.outbox.backoff import ClaimedRow, Outcomes, plan_outcomes
 from dispatcher.outbox.repository import OutboxRepository
+from dispatcher.stream.naming import route_stream
 from dispatcher.stream.protocol import PublishResult
 from dispatcher.stream.publisher import RedisStreamPublisher
+from dispatcher.stream.shards import InvalidShardCount, LiveShardCount
 from dispatcher.tracing import child_span
 
 __all__ = ["FALLBACK_STREAM", "BatchPipeline", "BatchSettings", "target_stream"]
@@ -40,9 +42,12 @@ FALLBACK_STREAM = "workflow.tasks"
 Entry = tuple[str, dict[str, str]]
 
 
-def target_stream(row: ClaimedRow) -> str:
-    """The stream a claimed row is published to: the one place that decides it."""
-    return row.stream or FALLBACK_STREAM
+def target_stream(row: ClaimedRow, shards: int) -> str:
+    """The stream a claimed row is published to at ``shards``: the one place that decides it.
+
+    A row without a task id (written by hand) still spreads, by its own id.
+    """
+    return route_stream(row.stream or FALLBACK_STREAM, row.task_id or row.id, shards)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +61,11 @@ class BatchSettings:
 
 
 class BatchPipeline:
-    """Runs batches; ``run()`` is one of them, start to end."""
+    """Runs batches; ``run()`` is one of them, start to end.
+
+    ``shard_count`` is the count rows are routed by when published (by default
+    read live from the publisher's Redis).
+    """
 
     def __init__(
         self,
@@ -64,10 +73,12 @@ class BatchPipeline:
         repository: OutboxRepository,
         publisher: RedisStreamPublisher,
         settings: BatchSettings = BatchSettings(),
+        shard_count: LiveShardCount | None = None,
     ) -> None:
         self.settings = settings
         self._repo = repository
         self._publisher = publisher
+        self._shards = shard_count or LiveShardCount(publisher.client)
 
     async def run(self, *, probe: bool = False) -> int:
         """Lock, publish and settle one batch; return how many rows it held.
@@ -105,11 +116,16 @@ class BatchPipeline:
         self, rows: list[ClaimedRow], spans: contextlib.ExitStack
     ) -> list[PublishResult]:
         """One result per row, in order: rows that could not be encoded fail alone."""
+        try:
+            timeout = self.settings.publish_timeout
+            shards = await asyncio.wait_for(self._shards.current(), timeout)
+        except (TimeoutError, RedisError, OSError, InvalidShardCount) as exc:
+            return [PublishResult(stream=r.stream, error=exc) for r in rows]  # retried
         results: list[PublishResult | None] = []
         entries: list[Entry] = []
         for row in rows:
             try:
-                entries.append(_traced(_entry(row), spans))
+                entries.append(_traced(_entry(row, shards), spans))
                 results.append(None)
             except Exception as exc:
                 log.error("outbox row %s cannot be published: %s", row.id, _short(exc))
@@ -139,8 +155,8 @@ class BatchPipeline:
         return results
 
 
-def _entry(row: ClaimedRow) -> Entry:
-    return target_stream(row), payload_fields(row.payload, row.id)
+def _entry(row: ClaimedRow, shards: int) -> Entry:
+    return target_stream(row, shards), payload_fields(row.payload, row.id)
 
 
 def _traced(entry: Entry, spans: contextlib.ExitStack) -> Entry:

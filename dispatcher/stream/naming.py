@@ -2,8 +2,13 @@
 
 Pure functions, no I/O. A queue is split into ``shards`` streams named
 ``workflow.tasks.<queue>.<shard>``; a task goes to the shard picked by the
-FNV-1a 32-bit hash of its id (bit-for-bit Go's ``hash/fnv`` New32a), so the
-Go coordinator of the spec page and this package agree on every stream name.
+FNV-1a 32-bit hash of its id (bit-for-bit Go's ``hash/fnv`` New32a), so a Go
+coordinator and this package agree on every stream name.
+
+An outbox row stores its queue's stream (``workflow.tasks.<queue>``, or with a
+shard number as older writers put it); ``route_stream`` picks the shard when
+the row is published, from the count in force at that moment, so rows waiting
+for a retry or a ``not_before`` follow a change of the count.
 """
 
 from __future__ import annotations
@@ -20,7 +25,10 @@ __all__ = [
     "dead_letter_stream",
     "fnv1a_32",
     "parse_task_stream",
+    "queue_of_stream",
+    "queue_stream",
     "queue_streams",
+    "route_stream",
     "shard_for",
     "task_stream",
     "validate_queue",
@@ -35,7 +43,9 @@ _FNV32_OFFSET = 0x811C9DC5
 _FNV32_PRIME = 0x01000193
 # A queue name must keep ``<prefix><queue>.<shard>`` unambiguous: no dots
 # (``a.1`` + shard 2 would read as queue ``a`` shard ``1.2``), no whitespace,
-# no braces (a Redis Cluster hash tag would pin every shard to one slot).
+# no braces (a Redis Cluster hash tag would pin every shard to one slot). Without dots a
+# queue name can never end in ``.<digits>``, so ``workflow.tasks.<queue>`` and
+# ``workflow.tasks.<queue>.<n>`` never read as each other.
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
 
 
@@ -75,6 +85,32 @@ def task_stream(queue: str, shard: int) -> str:
     if shard < 0:
         raise ValueError(f"shard must be >= 0, got {shard}")
     return f"{TASK_STREAM_PREFIX}{queue}.{shard}"
+
+
+def queue_stream(queue: str) -> str:
+    """The stream an outbox row names for its queue; the shard is chosen when published."""
+    return f"{TASK_STREAM_PREFIX}{validate_queue(queue)}"
+
+
+def queue_of_stream(stream: str) -> str | None:
+    """The queue of ``workflow.tasks.<queue>`` or ``workflow.tasks.<queue>.<n>``, else None."""
+    if not stream.startswith(TASK_STREAM_PREFIX):
+        return None
+    rest = stream[len(TASK_STREAM_PREFIX) :]
+    head, dot, tail = rest.rpartition(".")
+    queue = head if dot and tail.isdigit() else rest
+    return queue if _QUEUE_RE.fullmatch(queue) else None
+
+
+def route_stream(stream: str, task_id: str, shards: int) -> str:
+    """The shard stream a row stored with ``stream`` is published to at ``shards`` shards.
+
+    Streams that are not a task queue's (a custom name) are published as stored.
+    """
+    queue = queue_of_stream(stream)
+    if queue is None:
+        return stream
+    return task_stream(queue, shard_for(task_id, shards))
 
 
 def queue_streams(queues: Iterable[str], shards: int) -> list[str]:

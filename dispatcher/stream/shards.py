@@ -1,19 +1,37 @@
 """The shard count shared through Redis (``composer:stream_shards``).
 
-The enqueuer (or the operator) publishes how many shards each queue has;
-workers read it so they read exactly the streams that are written.
+One owner writes it: an explicit change (``dispatcher shards set``, the
+operator's ``spec.shards``), or the first enqueuer when the key is absent.
+Enqueuers route each row when they publish it by the count in force, read
+through ``LiveShardCount``: cached, refreshed every couple of seconds, so a
+change written straight into the key is followed without a restart.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
+
+from redis.exceptions import RedisError
 
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.naming import DEFAULT_SHARDS, SHARDS_KEY
 
-__all__ = ["InvalidShardCount", "parse_shard_count", "publish_shard_count", "read_shard_count"]
+__all__ = [
+    "REFRESH_EVERY",
+    "InvalidShardCount",
+    "LiveShardCount",
+    "ensure_shard_count",
+    "parse_shard_count",
+    "publish_shard_count",
+    "read_shard_count",
+]
 
 log = logging.getLogger(__name__)
+
+# How stale a process's view of the count may be: a change is in force everywhere after it.
+REFRESH_EVERY = 2.0
 
 
 class InvalidShardCount(ValueError):
@@ -33,9 +51,15 @@ def parse_shard_count(raw: str | bytes | int, *, source: str = SHARDS_KEY) -> in
 
 
 async def publish_shard_count(client: RedisClient, shards: int) -> None:
-    """Write the shard count (validated) to ``composer:stream_shards``."""
+    """Write the shard count (validated) to ``composer:stream_shards``: an explicit change."""
     parse_shard_count(shards, source="shard count")
     await client.set(SHARDS_KEY, str(shards))
+
+
+async def ensure_shard_count(client: RedisClient, shards: int) -> bool:
+    """Write ``shards`` only if the key is absent (a first start); True if it was written."""
+    parse_shard_count(shards, source="shard count")
+    return bool(await client.set(SHARDS_KEY, str(shards), nx=True))
 
 
 async def read_shard_count(client: RedisClient, *, fallback: int | None = None) -> int:
@@ -54,3 +78,45 @@ async def read_shard_count(client: RedisClient, *, fallback: int | None = None) 
         )
         return shards
     return parse_shard_count(raw)
+
+
+class LiveShardCount:
+    """The count in force, read at most every ``refresh_every`` seconds.
+
+    A failed or invalid read keeps the last good value (and says so); with no
+    good value yet it raises, so the caller fails its publish and retries
+    instead of routing by a guess.
+    """
+
+    def __init__(
+        self,
+        client: RedisClient,
+        *,
+        fallback: int | None = None,
+        refresh_every: float = REFRESH_EVERY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.refresh_every = refresh_every
+        self._client = client
+        self._fallback = fallback if fallback is not None else DEFAULT_SHARDS
+        self._clock = clock
+        self._value: int | None = None
+        self._next_read = 0.0
+
+    async def current(self) -> int:
+        now = self._clock()
+        if self._value is not None and now < self._next_read:
+            return self._value
+        self._next_read = now + self.refresh_every
+        try:
+            raw = await self._client.get(SHARDS_KEY)
+            value = self._fallback if raw is None else parse_shard_count(raw)
+        except (RedisError, OSError, InvalidShardCount) as exc:
+            if self._value is None:
+                raise
+            log.warning("cannot refresh the shard count, keeping %d: %s", self._value, exc)
+            return self._value
+        if value != self._value:
+            log.info("shard count in force: %d", value, extra={"previous": self._value})
+        self._value = value
+        return value

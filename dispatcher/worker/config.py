@@ -33,7 +33,7 @@ class WorkerConfig:
     lease_ttl: float = 30.0
     dedup_window: float = 24 * 3600.0
     shards: int | None = None
-    shard_poll_interval: float = 5.0
+    shard_poll_interval: float = 2.0
     stats_interval: float = 5.0
     grace_period: float = 30.0
     block_ms: int = 1000

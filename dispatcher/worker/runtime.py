@@ -5,9 +5,12 @@ read and reclaim loops (``reader.py``), and runs handlers in one bounded pool
 of slots: each read batch is one task that claims all its entries at once and
 then runs them concurrently (``delivery.py``); finished entries are acked in
 groups (``settle.py``) and long runs keep their leases (``leases.py``). It
-re-reads ``composer:stream_shards`` periodically and starts loops for new
-shards without a restart (it never stops reading old ones: they may still
-hold entries). ``request_stop()`` stops reading; handlers in hand finish
+re-reads ``composer:stream_shards`` every few seconds and starts loops for new
+shards without a restart. It does not trust the count for reading: it never
+stops reading a shard it read, and it looks for other shard streams of its
+queues that still hold entries or pending entries (a decrease made before it
+started, a writer that still had the old count) and reads those too
+(``stream/discovery.py``). ``request_stop()`` stops reading; handlers in hand finish
 within the grace period, the rest stay pending for another worker; a consumer
 with nothing pending is then removed from its group.
 """
@@ -27,7 +30,8 @@ from redis.exceptions import RedisError
 
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.consumer import RedisStreamConsumer
-from dispatcher.stream.naming import parse_task_stream, queue_streams
+from dispatcher.stream.discovery import existing_shards
+from dispatcher.stream.naming import parse_task_stream, queue_streams, task_stream
 from dispatcher.stream.protocol import Message
 from dispatcher.stream.shards import read_shard_count
 from dispatcher.stream.stats import stream_stats
@@ -49,6 +53,9 @@ log = logging.getLogger(__name__)
 
 # /healthz fails when no Redis call has succeeded for this long.
 REDIS_STALE_AFTER = 60.0
+# Look for left-over shard streams (a keyspace SCAN) every this many shard-count polls, and
+# whenever the count drops.
+DISCOVER_EVERY_POLLS = 6
 
 
 class Worker:
@@ -144,6 +151,7 @@ class Worker:
             log.warning("%s", caveat)
         shards = await read_shard_count(self.client, fallback=self.config.shards)
         await self._grow_to(shards)
+        await self._discover()
         self._last_redis_ok = time.monotonic()
         # Not a loop of its own: it renews leases of handlers still draining.
         self._keeper = asyncio.create_task(self._deliveries.leases.run(), name="lease keeper")
@@ -167,7 +175,26 @@ class Worker:
         for stream in queue_streams(self.config.queues, shards):
             if stream not in self._readers:
                 await self._add_stream(stream)
-        self.shards = max(self.shards, shards)
+        self.shards = shards
+        self.metrics.streams.set(len(self._readers))
+
+    async def _discover(self) -> None:
+        """Start reading other shard streams of our queues that still hold work."""
+        try:
+            await self._discover_each()
+        except (RedisError, OSError) as exc:  # e.g. an ACL without SCAN: the count still works
+            log.warning("cannot look for left-over shard streams: %s", exc)
+
+    async def _discover_each(self) -> None:
+        for queue in self.config.queues:
+            for shard in sorted(await existing_shards(self.client, queue)):
+                stream = task_stream(queue, shard)
+                if stream in self._readers:
+                    continue
+                stats = await stream_stats(self.client, stream, self.config.group)
+                if stats.length or stats.pending:
+                    log.info("reading a shard beyond the count until it is empty: %s", stream)
+                    await self._add_stream(stream)
         self.metrics.streams.set(len(self._readers))
 
     async def _add_stream(self, stream: str) -> None:
@@ -195,12 +222,17 @@ class Worker:
         self._spawn_loop(reader.reclaim_loop(), f"reclaim {stream}")
 
     async def _watch_shards(self) -> None:
+        polls = 0
         while not await self._stopped_within(self.config.shard_poll_interval):
+            polls += 1
             try:
                 shards = await read_shard_count(self.client, fallback=self.shards)
-                if shards > self.shards:
-                    log.info("shard count grew from %d to %d", self.shards, shards)
-                    await self._grow_to(shards)
+                if shards != self.shards:
+                    log.info("shard count changed from %d to %d", self.shards, shards)
+                dropped = shards < self.shards
+                await self._grow_to(shards)
+                if dropped or polls % DISCOVER_EVERY_POLLS == 0:
+                    await self._discover()
             except (RedisError, OSError, ValueError) as exc:
                 log.warning("cannot refresh the shard count: %s", exc)
 

@@ -8,7 +8,8 @@ shard stream. After the pipeline quiesces:
 - lost = committed - handled - dead-lettered            (must be empty)
 - unexpected = handled (or dead-lettered) - committed   (must be empty)
 - duplicates = handler runs beyond the first per task   (zero without worker/Redis faults)
-- no outbox row left PENDING/RETRY/IN_FLIGHT, every task stream and PEL empty.
+- no outbox row left PENDING/RETRY/IN_FLIGHT, every shard stream of every queue (found by
+  SCAN, not by the shard count) and PEL empty.
 
 A commit whose outcome is unknown (the connection died inside COMMIT) counts
 as committed exactly when its business row exists.
@@ -28,11 +29,10 @@ from typing import Any
 import psycopg
 import redis as sync_redis
 
-from dispatcher.stream import queue_streams
 from dispatcher.stream.naming import dead_letter_stream
 from tests.faults.load import LoadGenerator
 
-__all__ = ["RESULTS_JSONL", "Report", "Snapshot", "check", "record_result"]
+__all__ = ["RESULTS_JSONL", "Report", "Snapshot", "check", "record_result", "shard_streams"]
 
 RESULTS_JSONL = Path(__file__).with_name("results.jsonl")
 GROUP = "workers"
@@ -97,6 +97,15 @@ class Report:
         return json.dumps(doc, indent=1)
 
 
+def shard_streams(redis: Any, queues: list[str]) -> list[str]:
+    """Every existing shard stream of ``queues``, whatever the count (SCAN on every master)."""
+    return sorted(
+        str(key)
+        for queue in queues
+        for key in redis.scan_iter(match=f"workflow.tasks.{queue}.*", count=1000, _type="stream")
+    )
+
+
 def snapshot(
     *, load: LoadGenerator, db_url: str, redis: Any, recorder: sync_redis.Redis, key: str
 ) -> Snapshot:
@@ -108,12 +117,14 @@ def snapshot(
     committed = {t for t, o in outcomes.items() if o == "ok" or (o == "unknown" and t in business)}
     runs = [json.loads(r) for r in recorder.lrange(key, 0, -1)]  # type: ignore[union-attr]
     dead = {
-        fields.get("task_id", "") for _id, fields in redis.xrange(dead_letter_stream(load.queue))
+        fields.get("task_id", "")
+        for queue in load.queues
+        for _id, fields in redis.xrange(dead_letter_stream(queue))
     }
     entries = pending = 0
-    for stream in queue_streams([load.queue], load.shards):
+    for stream in shard_streams(redis, load.queues):
         entries += int(redis.xlen(stream))
-        if redis.exists(stream):
+        if redis.exists(stream) and any(g["name"] == GROUP for g in redis.xinfo_groups(stream)):
             pending += int(redis.xpending(stream, GROUP)["pending"])
     return Snapshot(
         committed=frozenset(committed),

@@ -208,9 +208,7 @@ class Pipeline:
 
     def start_load(self, spec: LoadSpec, *, db_url: str | None = None) -> LoadGenerator:
         """Start the load (as ``db_url``'s role if given; the checker keeps ``self.db_url``)."""
-        self.load = LoadGenerator(
-            db_url=db_url or self.db_url, queue=self.queue, shards=self.shards, spec=spec
-        ).start()
+        self.load = LoadGenerator(db_url=db_url or self.db_url, queue=self.queue, spec=spec).start()
         return self.load
 
     def handled(self) -> int:

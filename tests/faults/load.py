@@ -10,6 +10,9 @@ or, at random, rolls back. Every task attempted is logged with its outcome:
   settles these afterwards: the business row exists iff the commit happened.
 
 It runs in a thread at a bounded rate, reconnecting through server restarts.
+With ``queues`` > 1 the tasks go round-robin to ``<queue>``, ``<queue>-1``...;
+with ``not_before_every`` every n-th task is due ``not_before_delay`` s after
+its commit.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -45,13 +49,20 @@ class LoadSpec:
     task_input: dict[str, Any] = field(default_factory=dict)
     max_retries: int = 25
     backoff_seconds: int = 1
+    queues: int = 1
+    not_before_every: int = 0
+    not_before_delay: float = 3.0
+    # Every n-th task passes the deprecated ``shards=`` as an application written for an
+    # older release would (it must be ignored: the shard is picked when published).
+    legacy_shards_every: int = 0
+    legacy_shards: int = 8
 
 
 class LoadGenerator:
-    def __init__(self, *, db_url: str, queue: str, shards: int, spec: LoadSpec) -> None:
+    def __init__(self, *, db_url: str, queue: str, spec: LoadSpec) -> None:
         self.db_url = db_url
         self.queue = queue
-        self.shards = shards
+        self.queues = [queue, *(f"{queue}-{n}" for n in range(1, spec.queues))]
         self.spec = spec
         self.outcomes: dict[str, str] = {}
         self.poison: set[str] = set()
@@ -132,12 +143,19 @@ class LoadGenerator:
         try:
             for index, task_id in batch:
                 conn.execute("INSERT INTO fault_business (task_id) VALUES (%s)", (task_id,))
+                every, legacy = self.spec.not_before_every, self.spec.legacy_shards_every
+                delay = timedelta(seconds=self.spec.not_before_delay)
                 enqueue_dispatch(
                     conn,
                     self._dispatch(index, task_id),
-                    shards=self.shards,
+                    datetime.now(UTC) + delay if every and index % every == 1 else None,
                     max_retries=self.spec.max_retries,
                     backoff_seconds=self.spec.backoff_seconds,
+                    **(
+                        {"shards": self.spec.legacy_shards}
+                        if legacy and index % legacy == 2
+                        else {}
+                    ),
                 )
         except psycopg.Error:
             self._settle(batch, "rolled_back")  # nothing of it can commit now
@@ -161,7 +179,7 @@ class LoadGenerator:
                 self.poison.add(task_id)
         return TaskDispatch(
             task_id=task_id, run_id="run", workflow_id="wf", workflow_version=1,
-            node_id=f"n{index}", node_type="fault", queue=self.queue,
+            node_id=f"n{index}", node_type="fault", queue=self.queues[index % len(self.queues)],
             input=json.dumps(task_input),
         )  # fmt: skip
 

@@ -10,7 +10,7 @@ import pytest
 
 from dispatcher.models import TaskDispatch
 from dispatcher.outbox import enqueue_dispatch, enqueue_dispatch_async
-from dispatcher.stream import shard_for, task_stream
+from dispatcher.stream import queue_stream
 
 
 def dispatch(task_id: str = "t8", queue: str = "http") -> TaskDispatch:
@@ -29,11 +29,11 @@ def rows(url: str) -> list[tuple[str, str, str, dict[str, object], str]]:
 
 def test_sync_insert_commits_with_the_callers_transaction(db_url: str) -> None:
     with psycopg.connect(db_url) as conn:
-        outbox_id = enqueue_dispatch(conn, dispatch(), shards=8)
+        outbox_id = enqueue_dispatch(conn, dispatch())
         assert rows(db_url) == []  # not visible before the caller commits
     (row,) = rows(db_url)
     assert row[0] == outbox_id
-    assert row[1:3] == ("t8", task_stream("http", shard_for("t8", 8)))
+    assert row[1:3] == ("t8", queue_stream("http"))  # the shard is picked when published
     assert row[3]["input"] == '{"k": [1, 2]}'
     assert row[3]["workflow_version"] == 2
     assert row[4] == "PENDING"

@@ -12,7 +12,7 @@ from psycopg_pool import AsyncConnectionPool
 from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.outbox import OutboxRepository, enqueue_dispatch
 from dispatcher.redis_client import RedisClient, connect_redis
-from dispatcher.stream import shard_for, task_stream
+from dispatcher.stream import publish_shard_count, shard_for, task_stream
 from tests.fix_outbox import insert_rows, make_enqueuer, outbox_status, published, running
 from tests.fix_servers import RedisProcess
 from tests.helpers import eventually
@@ -139,7 +139,8 @@ async def test_redis_down_means_retry_with_growing_backoff_then_publish(
 async def test_a_row_that_always_fails_lands_in_the_dlq(
     db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
-    (row_id,) = insert_rows(db_url, 1, queue=queue, shards=1, max_retries=2, backoff=1)
+    await publish_shard_count(redis_standalone, 1)  # the row is published to shard 0
+    (row_id,) = insert_rows(db_url, 1, queue=queue, max_retries=2, backoff=1)
     await redis_standalone.set(task_stream(queue, 0), "a string, not a stream")  # WRONGTYPE
     enqueuer = make_enqueuer(pool, redis_standalone)
 
@@ -157,6 +158,7 @@ async def test_a_row_that_always_fails_lands_in_the_dlq(
 async def test_non_object_payloads_are_published_per_contract(
     db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
+    await publish_shard_count(redis_standalone, 1)
     stream = task_stream(queue, 0)
     with psycopg.connect(db_url) as conn:
         for row_id, payload in [("arr", "[1, 2]"), ("str", '"hello"'), ("nul", None)]:

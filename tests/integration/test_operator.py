@@ -132,7 +132,7 @@ async def test_apply_creates_enqueuer_and_one_worker_per_queue(
     env = {e["name"]: e for e in _container(enqueuer)["env"]}
     assert env["DATABASE_URL"]["valueFrom"] == {"secretKeyRef": {"name": "pg", "key": "url"}}
     assert env["REDIS_URL"]["valueFrom"] == {"secretKeyRef": {"name": "rd", "key": "url"}}
-    assert env["STREAM_SHARDS"]["value"] == "2"
+    assert "STREAM_SHARDS" not in env  # the shard count is read live from Redis
     for name, queue in (("orders-worker-emails", "emails"), ("orders-worker-invoices", "invoices")):
         worker = _deployment(kube, name)
         assert _container(worker)["args"][:2] == ["worker", f"--queue={queue}"]
@@ -204,13 +204,22 @@ async def test_spec_change_patches_deployments_and_removed_queue_is_deleted(
     await eventually(observed, within=10)
 
 
-async def test_shard_key_follows_spec_and_decrease_waits_for_drain(
+def _templates(kube: KubeEmulator) -> dict[str, Any]:
+    names = ("orders-enqueuer", "orders-worker-emails", "orders-worker-invoices")
+    return {name: copy.deepcopy(_deployment(kube, name)["spec"]["template"]) for name in names}
+
+
+async def test_shard_count_changes_restart_no_pod_and_a_decrease_reports_draining(
     kube: KubeEmulator, operator: Operator, redis_url: str, client: Any
 ) -> None:
     await _secrets(kube, redis_url)
     await _apply(kube, dispatcher(shards=4))
     await _ready(kube)
     assert await client.get(SHARDS_KEY) == "4"
+    templates = _templates(kube)
+    for template in templates.values():
+        env = {e["name"] for e in template["spec"]["containers"][0]["env"]}
+        assert "STREAM_SHARDS" not in env  # processes read the key live
 
     await _patch_spec(kube, {"shards": 8})  # raising: immediate
 
@@ -218,33 +227,48 @@ async def test_shard_key_follows_spec_and_decrease_waits_for_drain(
         return await client.get(SHARDS_KEY) == "8" and _status(kube).shards == 8
 
     await eventually(raised, within=15)
+    assert _templates(kube) == templates
 
-    await client.xadd("workflow.tasks.emails.6", {"task_id": "t1"})
-    await _patch_spec(kube, {"shards": 2})  # lowering while shard 6 holds an entry
+    # Shard 6 holds one entry and one delivered-unacked entry when the count drops to 2.
+    old = "workflow.tasks.emails.6"
+    await client.xgroup_create(old, "workers", id="0", mkstream=True)
+    await client.xadd(old, {"task_id": "t1"})
+    await client.xadd(old, {"task_id": "t2"})
+    ((_, ((held, _),)),) = await client.xreadgroup("workers", "w1", {old: ">"}, count=1)
+    await _patch_spec(kube, {"shards": 2})
 
-    async def blocked() -> bool:
-        return _condition(kube, "Degraded") == ("True", "ShardDecreaseBlocked")
-
-    await eventually(blocked, within=15)
-    assert await client.get(SHARDS_KEY) == "8"
-    assert _status(kube).shards == 8
-    message = _status(kube).condition("Degraded")
-    assert message is not None
-    assert "workflow.tasks.emails.6 (1)" in message.message
-    await _has_event(kube, "ShardDecreaseBlocked")
-    env = {e["name"]: e for e in _container(_deployment(kube, "orders-enqueuer"))["env"]}
-    assert env["STREAM_SHARDS"]["value"] == "8"  # pods keep the shards that hold entries
-
-    await client.delete("workflow.tasks.emails.6")  # drained
-
-    async def accepted() -> bool:
+    async def draining() -> bool:
         return (
-            await client.get(SHARDS_KEY) == "2"
-            and _condition(kube, "Degraded") == ("False", "AsExpected")
+            await client.get(SHARDS_KEY) == "2"  # in force at once: publishing moves now
             and _status(kube).shards == 2
+            and _condition(kube, "ShardsDraining") == ("True", "RemovedShardsNotEmpty")
         )
 
-    await eventually(accepted, within=15)
+    await eventually(draining, within=15)
+    condition = _status(kube).condition("ShardsDraining")
+    assert condition is not None
+    assert f"{old} (length 2, pending 1)" in condition.message
+    assert _condition(kube, "Degraded") == ("False", "AsExpected")
+    assert _templates(kube) == templates  # no worker restarted by the decrease
+
+    (rest,) = [i for i, _ in await client.xrange(old) if i != held]
+    await client.xdel(old, rest)
+    await client.xdel(old, held)  # no entries left, but one still pending: still draining
+
+    async def pending_only() -> bool:
+        found = _status(kube).condition("ShardsDraining")
+        return found is not None and f"{old} (length 0, pending 1)" in found.message
+
+    await eventually(pending_only, within=15)
+    assert _condition(kube, "ShardsDraining") == ("True", "RemovedShardsNotEmpty")
+
+    await client.xack(old, "workers", held)  # drained
+
+    async def drained() -> bool:
+        return _condition(kube, "ShardsDraining") == ("False", "AsExpected")
+
+    await eventually(drained, within=15)
+    assert _templates(kube) == templates
 
 
 async def test_backlog_scales_up_at_once_and_down_after_stabilization(

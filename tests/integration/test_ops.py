@@ -15,7 +15,12 @@ from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.models import TaskMessage
 from dispatcher.redis_client import RedisClient
-from dispatcher.stream import RedisStreamConsumer, dead_letter_stream, task_stream
+from dispatcher.stream import (
+    RedisStreamConsumer,
+    dead_letter_stream,
+    publish_shard_count,
+    task_stream,
+)
 from dispatcher.worker import Worker, WorkerConfig
 from tests.fix_outbox import insert_rows, make_enqueuer, outbox_status, published
 from tests.handlers import publish, tasks
@@ -69,7 +74,8 @@ async def test_outbox_dlq_replay_gets_rows_published_and_handled(
     db_url: str, redis_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient,
     queue: str,
 ) -> None:  # fmt: skip
-    ids = insert_rows(db_url, 6, queue=queue, shards=1, max_retries=1, backoff=1)
+    await publish_shard_count(redis_standalone, 1)  # every row is published to shard 0
+    ids = insert_rows(db_url, 6, queue=queue, max_retries=1, backoff=1)
     await redis_standalone.set(task_stream(queue, 0), "not a stream")  # every publish fails
     enqueuer = make_enqueuer(pool, redis_standalone)
     for _ in range(2):

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dispatcher.stream import task_stream
+from dispatcher.stream import DEFAULT_SHARDS, SHARDS_KEY, shard_for, task_stream
 from dispatcher.stream.naming import dead_letter_stream
 from tests.faults.harness import Pipeline
 
@@ -89,7 +89,8 @@ def test_a_row_aimed_at_a_key_of_the_wrong_type_ends_in_the_outbox_dlq(
     running: Pipeline,
 ) -> None:
     p = running
-    stream = task_stream(f"other{uuid.uuid4().hex[:6]}", 0)  # not one the worker reads
+    shards = int(p.redis.get(SHARDS_KEY) or DEFAULT_SHARDS)  # the row's shard, as routed
+    stream = task_stream(f"other{uuid.uuid4().hex[:6]}", shard_for("t", shards))  # not read
     p.redis.set(stream, "not a stream")  # XGROUP CREATE / XADD answer WRONGTYPE
     with psycopg.connect(p.db_url, autocommit=True) as conn:
         conn.execute(

@@ -102,7 +102,8 @@ def test_enqueuer_and_worker_run_as_the_documented_acl_users(
     stream = f"workflow.tasks.{p.queue}.0"
     for client, command in [
         (as_enqueuer, ("XREADGROUP", "GROUP", "workers", "x", "STREAMS", stream, ">")),
-        (as_enqueuer, ("GET", "composer:stream_shards")),
+        (as_enqueuer, ("GET", "dispatcher:lease:x")),
+        (as_enqueuer, ("SCAN", "0")),
         (as_enqueuer, ("SET", "dispatcher:lease:x", "1")),
         (as_worker, ("SET", "composer:stream_shards", "1")),
         (as_worker, ("SET", "app:secret", "1")),

@@ -51,7 +51,7 @@ def test_the_app_role_may_only_insert_into_the_outbox(roles_db: str) -> None:
         node_id="n", node_type="t", queue="secure",
     )  # fmt: skip
     with psycopg.connect(as_role(roles_db, "outbox_app")) as app:
-        outbox_id = enqueue_dispatch(app, dispatch, shards=4)
+        outbox_id = enqueue_dispatch(app, dispatch)
         app.commit()
         for statement in (
             "SELECT * FROM outbox",

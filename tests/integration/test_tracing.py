@@ -43,7 +43,7 @@ async def test_handler_span_is_a_child_of_the_enqueuing_span(
         enqueue_dispatch(conn, TaskDispatch(
             task_id="traced", run_id="r", workflow_id="wf", workflow_version=1, node_id="n",
             node_type="t", queue=queue, attempt=1, input="{}",
-        ), shards=1)  # fmt: skip
+        ))  # fmt: skip
     assert await make_enqueuer(pool, redis_standalone).process_batch() == 1
 
     seen: list[TaskMessage] = []

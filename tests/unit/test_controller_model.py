@@ -8,7 +8,7 @@ import pydantic
 import pytest
 
 from controller.model import OutboxDispatcherSpec
-from controller.shards import decide_shards, streams_to_drain
+from controller.shards import ShardDecision, decide_shards, draining_shards
 from controller.status import DEGRADED, READY, set_condition
 
 SECRETS = {
@@ -42,27 +42,34 @@ def test_model_mirrors_the_cel_rules(queues: list[dict[str, object]], message: s
         OutboxDispatcherSpec.model_validate({**SECRETS, "queues": queues})
 
 
-def test_streams_to_drain_are_the_removed_shards_of_every_queue() -> None:
-    assert streams_to_drain(["a", "b"], published=4, desired=2) == [
-        "workflow.tasks.a.2",
-        "workflow.tasks.a.3",
-        "workflow.tasks.b.2",
-        "workflow.tasks.b.3",
-    ]
+def test_shard_decisions_follow_the_spec_both_ways() -> None:
+    assert decide_shards(desired=4, published=None).action == "set"
+    assert decide_shards(desired=4, published=4).action == "keep"
+    assert decide_shards(desired=8, published=4).action == "set"
+    lowered = decide_shards(desired=2, published=4, draining={"workflow.tasks.a.3": (7, 0)})
+    assert (lowered.action, lowered.shards) == ("set", 2)  # removed shards drain, never block
 
 
-def test_shard_decisions() -> None:
-    assert decide_shards(desired=4, published=None, lengths={}).action == "set"
-    assert decide_shards(desired=4, published=4, lengths={}).action == "keep"
-    assert decide_shards(desired=8, published=4, lengths={}).action == "set"
-    drained = decide_shards(desired=2, published=4, lengths={"workflow.tasks.a.3": 0})
-    assert (drained.action, drained.shards) == ("set", 2)
-    blocked = decide_shards(
-        desired=2, published=4, lengths={"workflow.tasks.a.2": 0, "workflow.tasks.a.3": 7}
+def test_draining_shards_are_removed_shards_of_spec_queues_with_work() -> None:
+    streams = {
+        "workflow.tasks.a.1": (5, 0),  # in the count
+        "workflow.tasks.a.2": (0, 0),  # removed, empty
+        "workflow.tasks.a.3": (0, 1),  # removed, one pending
+        "workflow.tasks.gone.3": (9, 0),  # a queue no longer in the spec: QueuesDraining's
+    }
+    assert draining_shards(streams, queues=["a"], shards=2) == {"workflow.tasks.a.3": (0, 1)}
+
+
+def test_draining_message_lists_each_removed_shard_with_its_work() -> None:
+    decision = ShardDecision(
+        action="set",
+        shards=2,
+        draining={"workflow.tasks.a.3": (7, 1), "workflow.tasks.a.2": (0, 2)},
     )
-    assert (blocked.action, blocked.shards) == ("block", 4)
-    assert blocked.blocking == {"workflow.tasks.a.3": 7}
-    assert "workflow.tasks.a.3 (7)" in blocked.message
+    assert decision.draining_message.endswith(
+        "workflow.tasks.a.2 (length 0, pending 2), workflow.tasks.a.3 (length 7, pending 1)"
+    )
+    assert ShardDecision(action="keep", shards=2).draining_message == ""
 
 
 def test_condition_transition_time_moves_only_on_a_status_flip() -> None:

@@ -49,16 +49,13 @@ def _env(manifest: dict[str, Any]) -> dict[str, Any]:
 
 def _all_manifests(spec: OutboxDispatcherSpec) -> list[dict[str, Any]]:
     return [
-        build_enqueuer_deployment(spec, owner=OWNER, shards=spec.shards),
-        *(
-            build_worker_deployment(spec, q, owner=OWNER, shards=spec.shards, replicas=1)
-            for q in spec.queues
-        ),
+        build_enqueuer_deployment(spec, owner=OWNER),
+        *(build_worker_deployment(spec, q, owner=OWNER, replicas=1) for q in spec.queues),
     ]
 
 
 def test_enqueuer_runs_dispatcher_enqueuer_with_the_spec_flags() -> None:
-    manifest = build_enqueuer_deployment(_spec(), owner=OWNER, shards=8)
+    manifest = build_enqueuer_deployment(_spec(), owner=OWNER)
     container = _container(manifest)
     assert container["command"] == ["dispatcher"]
     assert container["args"] == [
@@ -75,7 +72,7 @@ def test_enqueuer_runs_dispatcher_enqueuer_with_the_spec_flags() -> None:
 
 def test_worker_runs_dispatcher_worker_for_its_queue() -> None:
     spec = _spec()
-    manifest = build_worker_deployment(spec, spec.queues[0], owner=OWNER, shards=8, replicas=3)
+    manifest = build_worker_deployment(spec, spec.queues[0], owner=OWNER, replicas=3)
     assert _container(manifest)["args"] == [
         "worker",
         "--queue=emails",
@@ -96,7 +93,7 @@ def test_urls_come_from_the_referenced_secrets_never_inline() -> None:
         env = _env(manifest)
         assert env["REDIS_URL"] == {"secretKeyRef": {"name": "rd", "key": "url"}}
         assert env["REDIS_CLUSTER"] == "1"
-        assert env["STREAM_SHARDS"] == "8"
+        assert "STREAM_SHARDS" not in env  # read live from composer:stream_shards
         assert env["METRICS_PORT"] == "9090"
         assert env["LOG_FORMAT"] == "json"
     assert "DATABASE_URL" not in _env(worker)  # workers only need Redis
@@ -154,13 +151,14 @@ def _hash(manifest: dict[str, Any]) -> str:
 
 def test_config_hash_is_stable_and_follows_the_config() -> None:
     spec = _spec()
-    one = build_worker_deployment(spec, spec.queues[0], owner=OWNER, shards=8, replicas=1)
-    again = build_worker_deployment(spec, spec.queues[0], owner=OWNER, shards=8, replicas=5)
+    one = build_worker_deployment(spec, spec.queues[0], owner=OWNER, replicas=1)
+    again = build_worker_deployment(spec, spec.queues[0], owner=OWNER, replicas=5)
     assert _hash(one) == _hash(again)  # replicas are not configuration
-    more_shards = build_worker_deployment(spec, spec.queues[0], owner=OWNER, shards=16, replicas=1)
-    assert _hash(more_shards) != _hash(one)
+    resharded = _spec(shards=16)
+    more_shards = build_worker_deployment(resharded, resharded.queues[0], owner=OWNER, replicas=1)
+    assert more_shards["spec"]["template"] == one["spec"]["template"]  # read live: no restart
     changed = _spec(queues=[{"name": "emails", "handler": "app.tasks:send2"}])
-    other = build_worker_deployment(changed, changed.queues[0], owner=OWNER, shards=8, replicas=1)
+    other = build_worker_deployment(changed, changed.queues[0], owner=OWNER, replicas=1)
     assert _hash(other) != _hash(one)
 
 
@@ -183,20 +181,20 @@ def test_every_rendered_manifest_passes_kubernetes_validate_strict(shards: int) 
 
 def test_builders_do_not_share_mutable_state() -> None:
     spec = _spec()
-    first = build_enqueuer_deployment(spec, owner=OWNER, shards=8)
+    first = build_enqueuer_deployment(spec, owner=OWNER)
     first["spec"]["template"]["spec"]["containers"][0]["env"].clear()
-    assert _env(build_enqueuer_deployment(spec, owner=OWNER, shards=8))
+    assert _env(build_enqueuer_deployment(spec, owner=OWNER))
 
 
 def test_images_default_to_the_operators_and_a_spec_image_wins() -> None:
     defaults = WorkloadDefaults(enqueuer_image="reg/enq:2", worker_image="reg/w:2")
     spec = _spec(queues=[{"name": "a", "handler": "m:f"}, {"name": "b", "handler": "m:f",
                                                          "image": "mine:1"}])  # fmt: skip
-    enqueuer = build_enqueuer_deployment(spec, owner=OWNER, shards=1, defaults=defaults)
+    enqueuer = build_enqueuer_deployment(spec, owner=OWNER, defaults=defaults)
     assert _container(enqueuer)["image"] == "reg/enq:2"
     images = [
         _container(build_worker_deployment(
-            spec, q, owner=OWNER, shards=1, replicas=1, defaults=defaults))["image"]
+            spec, q, owner=OWNER, replicas=1, defaults=defaults))["image"]
         for q in spec.queues
     ]  # fmt: skip
     assert images == ["reg/w:2", "mine:1"]
@@ -206,7 +204,7 @@ def test_fixed_ids_only_when_the_operator_is_given_them() -> None:
     defaults = WorkloadDefaults(
         enqueuer_image="e", worker_image="w", run_as_user=1000, run_as_group=1000, fs_group=2000
     )
-    manifest = build_enqueuer_deployment(_spec(), owner=OWNER, shards=1, defaults=defaults)
+    manifest = build_enqueuer_deployment(_spec(), owner=OWNER, defaults=defaults)
     pod = manifest["spec"]["template"]["spec"]
     assert (pod["securityContext"]["runAsUser"], pod["securityContext"]["fsGroup"]) == (1000, 2000)
     assert _container(manifest)["securityContext"]["runAsGroup"] == 1000
@@ -217,7 +215,7 @@ def test_fixed_ids_only_when_the_operator_is_given_them() -> None:
 def test_secrets_hash_is_an_annotation_and_none_means_replicas_are_left_alone() -> None:
     spec = _spec()
     worker = build_worker_deployment(
-        spec, spec.queues[0], owner=OWNER, shards=8, replicas=None, secrets_hash="abc123"
+        spec, spec.queues[0], owner=OWNER, replicas=None, secrets_hash="abc123"
     )
     assert worker["spec"]["template"]["metadata"]["annotations"][SECRETS_HASH_ANNOTATION] == (
         "abc123"

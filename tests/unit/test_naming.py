@@ -17,7 +17,10 @@ from dispatcher.stream import (
     dead_letter_stream,
     fnv1a_32,
     parse_task_stream,
+    queue_of_stream,
+    queue_stream,
     queue_streams,
+    route_stream,
     shard_for,
     task_stream,
 )
@@ -115,3 +118,37 @@ def test_spread_over_shards_is_even(ids: list[str], shards: int) -> None:
     sigma = math.sqrt(len(ids) * (1 / shards) * (1 - 1 / shards))
     assert set(counts) == set(range(shards))
     assert all(abs(c - expected) <= 5 * sigma for c in counts.values()), counts
+
+
+def test_route_picks_the_shard_of_the_current_count_for_any_stored_form() -> None:
+    # Rows written by older code carry a shard; new rows only the queue: both follow the count.
+    for stored in ("workflow.tasks.http", "workflow.tasks.http.7", "workflow.tasks.http.0"):
+        assert route_stream(stored, "t8", 2) == task_stream("http", shard_for("t8", 2))
+        assert route_stream(stored, "t8", 5) == task_stream("http", shard_for("t8", 5))
+    assert route_stream("workflow.tasks.http.3", "t8", 1) == "workflow.tasks.http.0"
+
+
+@pytest.mark.parametrize("other", ["workflow.tasks", "custom.stream", "workflow.dead.http", ""])
+def test_route_leaves_streams_that_are_not_task_queues_alone(other: str) -> None:
+    assert route_stream(other, "t8", 4) == other
+
+
+def test_queue_stream_is_the_unsharded_name_and_routes_back() -> None:
+    assert queue_stream("http") == "workflow.tasks.http"
+    assert queue_of_stream("workflow.tasks.http") == "http"
+    assert queue_of_stream("workflow.tasks.http.12") == "http"
+    assert queue_of_stream("workflow.tasks") is None
+    assert queue_of_stream("workflow.tasks.a.b") is None
+
+
+@pytest.mark.parametrize("bad", ["orders.1", "orders.12", "a.0"])
+def test_queue_names_ending_in_a_shard_number_are_rejected(bad: str) -> None:
+    with pytest.raises(InvalidQueueName, match="invalid queue name"):
+        queue_stream(bad)
+
+
+@settings(max_examples=200)
+@given(st.from_regex(r"[A-Za-z0-9_-]{1,20}", fullmatch=True), st.text(), st.integers(1, 64))
+def test_route_is_stable_and_in_range(queue: str, task_id: str, shards: int) -> None:
+    routed = route_stream(queue_stream(queue), task_id, shards)
+    assert parse_task_stream(routed) == (queue, shard_for(task_id, shards))

@@ -19,7 +19,8 @@ VALUES (%(id)s, %(task_id)s, %(stream)s, %(payload)s, %(type)s, 'PENDING', %(not
 -- Suspects are left to lock_probe.
 WITH scheduled AS (
     SELECT id, stream, payload::text AS payload, attempt_count, max_retries, backoff_seconds,
-           extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds
+           extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds,
+           task_id
       FROM outbox
      WHERE status IN ('PENDING', 'RETRY') AND next_attempt_at IS NOT NULL AND NOT suspect
        AND next_attempt_at <= statement_timestamp()
@@ -28,7 +29,8 @@ WITH scheduled AS (
        FOR UPDATE SKIP LOCKED
 ), fresh AS (
     SELECT id, stream, payload::text AS payload, attempt_count, max_retries, backoff_seconds,
-           extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds
+           extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds,
+           task_id
       FROM outbox
      WHERE status IN ('PENDING', 'RETRY') AND next_attempt_at IS NULL AND NOT suspect
      ORDER BY created_at
@@ -43,7 +45,7 @@ SELECT * FROM fresh;
 -- One due suspect alone (same columns as lock_batch): if it kills this enqueuer too, the
 -- journal shows a batch of one and recovery knows whom to charge.
 SELECT id, stream, payload::text AS payload, attempt_count, max_retries, backoff_seconds,
-       extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds
+       extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds, task_id
   FROM outbox
  WHERE status IN ('PENDING', 'RETRY') AND suspect AND next_attempt_at <= statement_timestamp()
  ORDER BY next_attempt_at
