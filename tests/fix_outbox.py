@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import subprocess
 import sys
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.outbox import EnqueuerConfig, OutboxEnqueuer, OutboxRepository
@@ -112,3 +114,48 @@ def metric(port: int, name: str) -> float:
         for line in body.splitlines()
         if line.startswith(name) and not line.startswith("#")
     )
+
+
+INSERT_ONE = """
+INSERT INTO outbox (id, task_id, stream, payload, type, max_retries, backoff_seconds)
+VALUES (%(id)s, %(id)s, %(stream)s, %(payload)s::jsonb, 'TASK_EXECUTION', %(retries)s, 1)
+"""
+
+# Every change of a row's attempt count, so a test can tell who was charged an attempt.
+ATTEMPT_AUDIT = """
+CREATE TABLE IF NOT EXISTS test_attempts (id TEXT, attempt INT);
+TRUNCATE test_attempts;
+CREATE OR REPLACE FUNCTION test_audit_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO test_attempts VALUES (NEW.id, NEW.attempt_count);
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS test_audit_attempt ON outbox;
+CREATE TRIGGER test_audit_attempt AFTER UPDATE OF attempt_count ON outbox FOR EACH ROW
+    WHEN (NEW.attempt_count IS DISTINCT FROM OLD.attempt_count)
+    EXECUTE FUNCTION test_audit_attempt();
+"""
+
+
+@pytest.fixture
+def audited(db_url: str) -> Iterator[str]:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(ATTEMPT_AUDIT)
+    yield db_url
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("DROP TRIGGER IF EXISTS test_audit_attempt ON outbox")
+
+
+def charged(db_url: str) -> set[str]:
+    with psycopg.connect(db_url) as conn:
+        return {r[0] for r in conn.execute("SELECT id FROM test_attempts").fetchall()}
+
+
+def dead_letters(db_url: str) -> dict[str, tuple[int, str]]:
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute("SELECT id, attempts, last_error FROM outbox_dlq").fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def flat_payload(task_id: str) -> str:
+    return json.dumps({"task_id": task_id, "input": "{}"})

@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import time
 from typing import Any
 
 import psycopg
@@ -168,8 +167,8 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
         )
         server = ObservabilityServer(
             port=settings.metrics_port,
-            live=lambda: time.monotonic() - enqueuer.last_loop < max(60, 10 * config.poll_interval),
-            ready=lambda: enqueuer.listener is None or enqueuer.listener.connected,
+            live=enqueuer.live,
+            ready=enqueuer.ready,
         )
         await server.start()
         try:

@@ -1,64 +1,51 @@
-"""The outbox enqueuer: committed outbox rows -> Redis stream entries, then deleted.
+"""The outbox enqueuer: the scheduler that runs batches, probes and maintenance.
 
-The loop runs claim batches with bounded concurrency. While batches come back
-full (a backlog) it keeps every slot busy; otherwise it waits for whichever
-comes first: a wake-up from the LISTEN connection or the poll interval
-(retries coming due, lost notifications).
+It runs claim batches (``BatchPipeline``) with bounded concurrency. While
+batches come back full (a backlog) it keeps every slot busy; otherwise it
+claims again when the idle flag says so (``IdleFlag.after_claim``: linger
+between partial batches, short claims while nobody hears NOTIFY), on a
+wake-up from the LISTEN connection, or after the poll interval (retries coming
+due, lost notifications).
 
-NOTIFY is not free: it serialises the commits of every transaction that sends
-it. So the trigger notifies only while some enqueuer holds the idle flag, an
-advisory lock on its own session (migration 0005). An enqueuer drops the flag
-as soon as one claim finds several rows (commits arrive faster than it wakes:
-notifications would only slow them down); then, while batches come back
-partial, it claims again after ``linger`` so a steady stream of commits goes
-out a batch at a time, and while they come back full, at once. It takes the
-flag again after two empty claims a few milliseconds apart, and claims once
-more right away: every transaction that inserted without a NOTIFY held the
-flag's lock shared until it ended, so that claim sees its rows. The poll
-interval stays the backstop.
+Above a high mark of Redis memory (``RedisMemoryGate``) it claims nothing and
+rows wait in the outbox, uncharged, until workers have made room.
 
-A batch is one transaction: it locks due rows (FOR UPDATE SKIP LOCKED),
-publishes them in one pipelined round trip and settles them before it
-commits: published rows are deleted, failed ones rescheduled with backoff or
-dead-lettered. The row locks are the claim. An enqueuer that crashes loses
-its session and PostgreSQL rolls the batch back; one that pauses past
-``recover_in_flight_after`` is cut off by ``idle_in_transaction_session_timeout``
-and, when it wakes, has no transaction left to write with. Either way the rows
-are simply due again. Each batch is journalled (``outbox_batches``) so the
-maintenance loop counts an attempt for the rows of a batch that never settled:
-a row that keeps killing enqueuers still reaches the DLQ.
+A maintenance loop reads the journal of batches that never settled (an
+enqueuer crashed, hung or lost PostgreSQL mid-batch). Such a batch is not a
+verdict on all its rows: they come back as suspects, uncharged, and this
+scheduler claims each alone (a probe) while no other batch of this process
+runs, so a crash during a probe can only be that row's doing. A probe that
+never settles counts an attempt for its row: the row that kills every
+enqueuer that takes it reaches the DLQ after its retries, and its batch-mates
+are published without an attempt charged to them. It also vacuums the outbox
+when nothing else has (``OutboxVacuum``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
-
-from dispatcher.models import payload_fields
 from dispatcher.outbox import metrics
-from dispatcher.outbox.backoff import ClaimedRow, Outcomes, plan_outcomes
 from dispatcher.outbox.backpressure import MemoryMarks, RedisMemoryGate
+from dispatcher.outbox.idle_flag import IdleFlag, IdlePolicy
 from dispatcher.outbox.listener import OutboxListener
+from dispatcher.outbox.pipeline import BatchPipeline, BatchSettings
 from dispatcher.outbox.repository import STATUSES, OutboxRepository
 from dispatcher.outbox.vacuum import OutboxVacuum
-from dispatcher.stream.naming import route_stream
-from dispatcher.stream.protocol import PublishResult
 from dispatcher.stream.publisher import RedisStreamPublisher
-from dispatcher.stream.shards import InvalidShardCount, LiveShardCount
-from dispatcher.tracing import child_span
+from dispatcher.stream.shards import LiveShardCount
 
 __all__ = ["EnqueuerConfig", "OutboxEnqueuer"]
 
 log = logging.getLogger(__name__)
 
-FALLBACK_STREAM = "workflow.tasks"
+# Suspects probed in one turn before other batches get the slots back.
+PROBES_PER_TURN = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,16 +62,12 @@ class EnqueuerConfig:
     publish_timeout: float = 10.0
     shutdown_timeout: float = 30.0
     listener_rotate_after: float = 600.0
-    # Withdraw the idle announcement when one claim finds at least this many rows.
+    # The idle flag's policy (see IdlePolicy for each).
     busy_at_rows: int = 2
-    # An empty claim is confirmed by a second one, started at least this many seconds after
-    # the first ended, before announcing (concurrent empty claims do not confirm each other).
     idle_confirm_after: float = 0.005
-    # A claim that found rows but not a full batch, with nobody announced idle: wait this long
-    # before the next claim, so rows arriving at a steady rate go out in batches (a few rows
-    # per transaction would spend the database's CPU on the enqueuer instead of the
-    # application). Full batches (a backlog) go again at once.
     linger: float = 0.002
+    blocked_claim_every: float = 0.005
+    blocked_backoff_after: float = 2.0
     # Stop claiming at this share of Redis maxmemory, resume below the low one (0 = never).
     redis_memory_high: float = 0.85
     redis_memory_low: float = 0.75
@@ -103,6 +86,25 @@ class EnqueuerConfig:
                 "recover-in-flight-after must exceed the publish timeout "
                 f"({self.publish_timeout:g} s), or PostgreSQL would end batches still publishing"
             )
+
+    def batch_settings(self) -> BatchSettings:
+        return BatchSettings(
+            batch_size=self.batch_size,
+            hold_for=self.recover_in_flight_after,
+            publish_timeout=self.publish_timeout,
+            wait_replicas=self.wait_replicas,
+            wait_timeout_ms=self.wait_timeout_ms,
+        )
+
+    def idle_policy(self) -> IdlePolicy:
+        return IdlePolicy(
+            busy_at_rows=self.busy_at_rows,
+            idle_confirm_after=self.idle_confirm_after,
+            linger=self.linger,
+            blocked_claim_every=self.blocked_claim_every,
+            blocked_backoff_after=self.blocked_backoff_after,
+            max_delay=self.poll_interval,
+        )
 
 
 class OutboxEnqueuer:
@@ -124,19 +126,26 @@ class OutboxEnqueuer:
     ) -> None:
         self.config = config
         self._repo = repository
-        self._publisher = publisher
-        self._shards = shard_count or LiveShardCount(publisher.client)
-        self._kick = asyncio.Event()
-        self._stopping = False
-        self._backlog = False
-        self._quiet_since: float | None = None  # end of the first empty claim in a row
-        self._flag_retry = config.idle_confirm_after  # backoff while the flag cannot be taken
-        self._idle_lock = asyncio.Lock()
-        self._vacuum = OutboxVacuum(repository.pool, threshold=config.vacuum_threshold)
         self.memory = RedisMemoryGate(
             publisher.client, marks=MemoryMarks(config.redis_memory_high, config.redis_memory_low)
         )
-        self.last_loop = time.monotonic()
+        self._vacuum = OutboxVacuum(repository.pool, threshold=config.vacuum_threshold)
+        self.pipeline = BatchPipeline(
+            repository=repository,
+            publisher=publisher,
+            settings=config.batch_settings(),
+            shard_count=shard_count,
+            memory=self.memory,
+        )
+        conninfo, kwargs = repository.session_settings()
+        self.idle_flag = IdleFlag(
+            conninfo=conninfo, connect_kwargs=kwargs, policy=config.idle_policy()
+        )
+        self._kick = asyncio.Event()
+        self._stopping = False
+        self._backlog = False
+        self._next_probe: float | None = None  # when suspects are due (monotonic), if any
+        self._heartbeat = time.monotonic()
         self.listener = (
             OutboxListener(
                 conninfo=listen_conninfo,
@@ -148,6 +157,19 @@ class OutboxEnqueuer:
             else None
         )
 
+    def live(self) -> bool:
+        """The scheduling loop has turned recently (a wedged loop fails /healthz)."""
+        return time.monotonic() - self._heartbeat < max(60.0, 10 * self.config.poll_interval)
+
+    def ready(self) -> bool:
+        """Commits reach us within milliseconds: the LISTEN connection is up (if any)."""
+        return self.listener is None or self.listener.connected
+
+    @property
+    def idle_announced(self) -> bool:
+        """True while this enqueuer holds the idle flag: outbox inserts NOTIFY."""
+        return self.idle_flag.held
+
     def wake(self) -> None:
         """Ask the loop to claim now; any number of calls collapse into one wake-up."""
         self._kick.set()
@@ -156,6 +178,10 @@ class OutboxEnqueuer:
         """Stop claiming; in-flight batches finish (bounded by ``shutdown_timeout``)."""
         self._stopping = True
         self._kick.set()
+
+    async def process_batch(self) -> int:
+        """One batch, start to end, outside the loop; how many rows it held."""
+        return await self.pipeline.run()
 
     async def run(self) -> None:
         log.info(
@@ -170,22 +196,26 @@ class OutboxEnqueuer:
             helpers.append(asyncio.create_task(self.listener.run(), name="outbox-listener"))
         batches: set[asyncio.Task[int]] = set()
         try:
-            await first_pass.wait()  # count the attempts of batches a crash left before claiming
+            await first_pass.wait()  # settle the journal a crash left before claiming
             await self._main_loop(batches)
         finally:
             await self._drain(batches)
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
+            await self.idle_flag.aclose()
             await self._repo.aclose()
             log.info("outbox enqueuer stopped")
 
     async def _main_loop(self, batches: set[asyncio.Task[int]]) -> None:
         slots = asyncio.Semaphore(self.config.concurrency)
         while not self._stopping:
-            self.last_loop = time.monotonic()
+            self._heartbeat = time.monotonic()
             if not await self.memory.allows():
                 await self._hold_off()
+                continue
+            if self._next_probe is not None and time.monotonic() >= self._next_probe:
+                await self._probe_alone(slots)
                 continue
             await slots.acquire()
             if self._stopping:
@@ -209,61 +239,69 @@ class OutboxEnqueuer:
         self._kick.clear()
 
     async def _batch_in_slot(self, slots: asyncio.Semaphore) -> int:
-        started = asyncio.get_running_loop().time()
+        started = time.monotonic()
         try:
-            count = await self.process_batch()
+            count = await self.pipeline.run()
         except Exception:
             log.exception("outbox batch failed; its rows are retried or recovered")
             count = 0
         finally:
             slots.release()
+        full = count >= self.config.batch_size
+        self._backlog = full
         try:
-            await self._after_batch(count, started)
+            delay = await self.idle_flag.after_claim(
+                count=count,
+                started=started,
+                ended=time.monotonic(),
+                full=full,
+                can_listen=self._can_listen(),
+            )
         except Exception as exc:
-            log.warning("could not update the idle announcement: %s", exc)
+            log.warning("could not update the idle flag: %s", exc)
+            delay = None  # the poll claims next
+        self._claim_in(delay)
         return count
 
-    @property
-    def idle_announced(self) -> bool:
-        """True while this enqueuer holds the idle flag: outbox inserts NOTIFY."""
-        return self._repo.idle_flag_held
-
-    async def _after_batch(self, count: int, started: float) -> None:
-        """Decide when to claim again, and whether inserts should NOTIFY us."""
-        loop = asyncio.get_running_loop()
-        if count:
-            self._quiet_since = None
-            self._flag_retry = self.config.idle_confirm_after
-        async with self._idle_lock:
-            if self.idle_announced and count >= self.config.busy_at_rows:
-                await self._repo.drop_idle_flag()
-            elif count == 0 and not self.idle_announced and self._can_listen():
-                await self._confirm_idle(started, loop.time())
-        self._backlog = count >= self.config.batch_size
-        if self._backlog:
-            self._kick.set()  # a full batch: more are waiting
-        elif count and not self.idle_announced:
-            # No NOTIFY will come for the next rows: claim again shortly, in one batch.
-            loop.call_later(self.config.linger, self.wake)
-
-    async def _confirm_idle(self, started: float, ended: float) -> None:
-        loop = asyncio.get_running_loop()
-        quiet_since = self._quiet_since
-        if quiet_since is None or started < quiet_since + self.config.idle_confirm_after:
-            if quiet_since is None:
-                self._quiet_since = ended
-            loop.call_later(self.config.idle_confirm_after, self.wake)
+    def _claim_in(self, delay: float | None) -> None:
+        if delay is None:
             return
-        if await self._repo.take_idle_flag():
-            metrics.IDLE_ANNOUNCED.inc()
-            self._flag_retry = self.config.idle_confirm_after
-            # Rows committed before the flag was taken sent no NOTIFY, but their transactions
-            # have ended (they held the flag's lock shared): one claim now sees them all.
+        if delay <= 0:
             self.wake()
         else:
-            # Another enqueuer holds it (its NOTIFYs wake us too), or an insert is in flight.
-            loop.call_later(self._flag_retry, self.wake)
-            self._flag_retry = min(self._flag_retry * 2, self.config.poll_interval)
+            asyncio.get_running_loop().call_later(delay, self.wake)
+
+    async def _probe_alone(self, slots: asyncio.Semaphore) -> None:
+        """Claim due suspects one at a time, with every slot held: nothing else runs beside."""
+        for _ in range(self.config.concurrency):
+            await slots.acquire()
+        failed = False
+        try:
+            for _ in range(PROBES_PER_TURN):
+                if self._stopping or not await self.pipeline.run(probe=True):
+                    break
+        except Exception:
+            log.exception("probing a suspect row failed; recovery counts its attempt")
+            failed = True
+        finally:
+            for _ in range(self.config.concurrency):
+                slots.release()
+        await self._plan_probes(not_before=self.config.poll_interval if failed else 0.0)
+        self.wake()
+
+    async def _plan_probes(self, *, not_before: float = 0.0) -> None:
+        """Schedule the next probe turn for when the first suspect is due."""
+        try:
+            due_in = await self._repo.suspects_due_in()
+        except Exception as exc:
+            log.warning("could not look for suspect rows: %s", exc)
+            due_in = self.config.poll_interval
+        if due_in is None:
+            self._next_probe = None
+            return
+        delay = max(due_in, not_before, 0.0)
+        self._next_probe = time.monotonic() + delay
+        asyncio.get_running_loop().call_later(delay, self.wake)
 
     def _can_listen(self) -> bool:
         return bool(self.listener and self.listener.connected and not self._stopping)
@@ -276,8 +314,7 @@ class OutboxEnqueuer:
 
     async def _withdraw_quietly(self) -> None:
         with contextlib.suppress(Exception):
-            async with self._idle_lock:
-                await self._repo.drop_idle_flag()
+            await self.idle_flag.drop()
 
     async def _drain(self, batches: set[asyncio.Task[int]]) -> None:
         """Let running batches finish; past the timeout cancel them (their rows roll back)."""
@@ -290,125 +327,6 @@ class OutboxEnqueuer:
                 log.warning("cancelled %d unfinished batches at shutdown", len(late))
         await self._withdraw_quietly()
 
-    async def process_batch(self) -> int:
-        """Lock, publish and settle one batch; return how many rows it held.
-
-        The rows stay locked by the batch's transaction until ``settle``
-        commits: if anything fails before that, the transaction rolls back and
-        the rows are due again (recovery counts the attempt from the journal).
-        """
-        hold_for = self.config.recover_in_flight_after
-        async with self._repo.lock_batch(self.config.batch_size, hold_for=hold_for) as batch:
-            if not batch.rows:
-                return 0
-            rows = batch.rows
-            metrics.IN_FLIGHT.inc(len(rows))
-            try:
-                results = await self._publish(rows)
-                outcomes = plan_outcomes(rows, results)
-                self.memory.published(sum(len(r.payload or "") for r in rows), len(rows))
-                if outcomes.held:
-                    self.memory.refused()
-                try:
-                    await batch.settle(outcomes.sent, outcomes.retry, outcomes.dead)
-                except BaseException:
-                    metrics.UNSETTLED.inc()
-                    log.error(
-                        "could not settle a batch of %d rows (%d published): they stay in the "
-                        "outbox and are published again; recovery counts the attempt",
-                        len(rows),
-                        len(outcomes.sent),
-                    )
-                    raise
-            finally:
-                metrics.IN_FLIGHT.dec(len(rows))
-        self._report(rows, outcomes)
-        metrics.BATCHES.inc()
-        return len(rows)
-
-    async def _publish(self, rows: list[ClaimedRow]) -> list[PublishResult]:
-        try:
-            shards = await asyncio.wait_for(self._shards.current(), self.config.publish_timeout)
-        except (TimeoutError, RedisError, OSError, InvalidShardCount) as exc:
-            return [PublishResult(stream=r.stream, error=exc) for r in rows]  # retried
-        entries = [
-            (
-                # A row without a task id (written by hand) still spreads, by its own id.
-                route_stream(r.stream or FALLBACK_STREAM, r.task_id or r.id, shards),
-                payload_fields(r.payload, r.id),
-            )
-            for r in rows
-        ]
-        with contextlib.ExitStack() as spans:
-            return await self._publish_entries(rows, self._traced(entries, spans))
-
-    @staticmethod
-    def _traced(
-        entries: list[tuple[str, dict[str, str]]], spans: contextlib.ExitStack
-    ) -> list[tuple[str, dict[str, str]]]:
-        """Entries that carry a trace get a publish span; its context replaces theirs."""
-        out = []
-        for stream, fields in entries:
-            if "traceparent" in fields:
-                attributes = {"messaging.destination.name": stream}
-                span = child_span(fields, "outbox publish", kind="PRODUCER", **attributes)
-                own = spans.enter_context(span)
-                fields = {**fields, **own}
-            out.append((stream, fields))
-        return out
-
-    async def _publish_entries(
-        self, rows: list[ClaimedRow], entries: list[tuple[str, dict[str, str]]]
-    ) -> list[PublishResult]:
-        started = time.monotonic()
-        try:
-            results = await asyncio.wait_for(
-                self._publisher.publish_many(
-                    entries,
-                    wait_replicas=self.config.wait_replicas,
-                    wait_timeout_ms=self.config.wait_timeout_ms,
-                ),
-                self.config.publish_timeout,
-            )
-        except (TimeoutError, RedisError, OSError) as exc:
-            results = [PublishResult(stream=s, error=exc) for s, _ in entries]
-        elapsed = time.monotonic() - started
-        metrics.PUBLISH_LATENCY.observe(elapsed)
-        for row, result in zip(rows, results, strict=True):
-            if result.ok:
-                metrics.COMMIT_TO_PUBLISH.observe(row.age_seconds + elapsed)
-        return results
-
-    @staticmethod
-    def _report(rows: list[ClaimedRow], outcomes: Outcomes) -> None:
-        streams = {r.id: r.stream for r in rows}
-        for counter, ids in (
-            (metrics.PROCESSED, outcomes.sent),
-            (metrics.FAILED, [r.id for r in outcomes.retry]),
-            (metrics.DLQ, [r.id for r in outcomes.dead]),
-        ):
-            for queue, n in collections.Counter(
-                metrics.queue_label(streams[i]) for i in ids
-            ).items():
-                counter.labels(queue).inc(n)
-        if outcomes.held:
-            log.warning(
-                "Redis is full (OOM): %d rows stay PENDING, no attempt counted",
-                len(outcomes.held),
-            )
-        if outcomes.retry:
-            log.warning(
-                "publish failed for %d rows; retrying with backoff: %s",
-                len(outcomes.retry),
-                outcomes.retry[0].error,
-            )
-        if outcomes.dead:
-            log.error(
-                "%d rows exhausted their retries and moved to outbox_dlq: %s",
-                len(outcomes.dead),
-                outcomes.dead[0].error,
-            )
-
     async def _maintenance_loop(self, first_pass: asyncio.Event) -> None:
         while True:
             try:
@@ -419,21 +337,39 @@ class OutboxEnqueuer:
             await asyncio.sleep(self.config.maintenance_interval)
 
     async def maintenance_once(self) -> dict[str, Any]:
-        """Count the attempts of batches that never settled; refresh the depth gauges."""
-        if not await self._repo.check_idle_flag() and self._can_listen():
+        """Settle the journal of batches that never did; plan probes; refresh the gauges."""
+        if not await self.idle_flag.check() and self._can_listen():
             self.wake()  # the flag died with its session: an empty claim takes it again
-        retried, dead = await self._repo.recover_batches()
-        if retried or dead:
-            metrics.RECOVERED.labels("retry").inc(retried)
-            metrics.RECOVERED.labels("dlq").inc(dead)
+        found = await self._repo.recover_batches()
+        if found.foreign:
             log.warning(
-                "counted an attempt for rows of batches that did not settle",
-                extra={"retried": retried, "dead_lettered": dead},
+                "discarded %d batch journal rows of another cluster (restored from a dump?): "
+                "their transactions cannot be read here; the rows they name are due as usual",
+                found.foreign,
             )
-            self.wake()
+        if found.retried or found.dead:
+            metrics.RECOVERED.labels("retry").inc(found.retried)
+            metrics.RECOVERED.labels("dlq").inc(found.dead)
+            log.warning(
+                "counted an attempt for rows that did not settle when claimed alone",
+                extra={"retried": found.retried, "dead_lettered": found.dead},
+            )
+        if found.suspects:
+            metrics.RECOVERED.labels("suspect").inc(found.suspects)
+            log.warning(
+                "rows of batches that did not settle come back one at a time, uncharged",
+                extra={"suspects": found.suspects},
+            )
+        await self._plan_probes()
         vacuumed = await self._vacuum.run_once()
         counts = await self._repo.status_counts()
         for status in STATUSES:
             metrics.OUTBOX_DEPTH.labels(status).set(counts.by_status.get(status, 0))
         metrics.OUTBOX_DEPTH.labels("IN_FLIGHT").set(counts.in_flight)
-        return {"retried": retried, "dead": dead, "vacuumed": vacuumed}
+        return {
+            "retried": found.retried,
+            "dead": found.dead,
+            "suspects": found.suspects,
+            "foreign": found.foreign,
+            "vacuumed": vacuumed,
+        }

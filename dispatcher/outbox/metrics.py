@@ -32,7 +32,7 @@ FAILED = Counter("dispatcher_outbox_failed", "Outbox rows whose publish failed",
 DLQ = Counter("dispatcher_outbox_dlq", "Outbox rows moved to outbox_dlq", ["queue"])
 RECOVERED = Counter(
     "dispatcher_outbox_recovered",
-    "Rows of unsettled batches whose attempt maintenance counted",
+    "Rows of unsettled batches: made suspects, or (claimed alone) charged an attempt",
     ["outcome"],
 )
 UNSETTLED = Counter(

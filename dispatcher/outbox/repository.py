@@ -22,9 +22,18 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.outbox.backoff import ClaimedRow, Retry
+from dispatcher.outbox.idle_flag import IDLE_FLAG_KEY
 from dispatcher.outbox.queries import QUERIES
 
-__all__ = ["STATUSES", "LockedBatch", "OutboxRepository", "StatusCounts", "enqueuer_pool"]
+__all__ = [
+    "IDLE_FLAG_KEY",
+    "STATUSES",
+    "LockedBatch",
+    "OutboxRepository",
+    "Recovery",
+    "StatusCounts",
+    "enqueuer_pool",
+]
 
 # The enqueuer's own commits need no synchronous WAL flush: losing the last few in a
 # PostgreSQL crash only republishes rows (at-least-once). The application's dispatch
@@ -53,6 +62,21 @@ def enqueuer_pool(
 # The statuses the enqueuer stores. IN_FLIGHT is not one: rows held by a batch in progress
 # stay PENDING or RETRY until it commits (StatusCounts.in_flight counts them).
 STATUSES = ("PENDING", "RETRY", "DLQ")
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """What one recovery pass did with the journal of batches that ended unsettled.
+
+    ``retried``/``dead``: probes (one suspect claimed alone) charged an attempt, rescheduled
+    or dead-lettered. ``suspects``: rows of other batches, uncharged, to be probed alone.
+    ``foreign``: journal rows from another cluster (a restored dump), discarded unread.
+    """
+
+    retried: int = 0
+    dead: int = 0
+    suspects: int = 0
+    foreign: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,62 +140,44 @@ class OutboxRepository:
     def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
         self._pool = pool
         self._holder = f"{socket.gethostname()}-{os.getpid()}"  # journal rows name their process
-        # The process's own session, outside the pool: it holds the idle flag (session state)
-        # and writes journal rows while a batch holds its pooled connection (taking a second
-        # one from the pool could deadlock: every batch holding one, waiting for another).
+        # The process's own session, outside the pool: it writes journal rows while a batch
+        # holds its pooled connection (taking a second one from the pool could deadlock: every
+        # batch holding one, waiting for another).
         self._session: AsyncConnection[Any] | None = None
         self._session_lock = asyncio.Lock()
-        self.idle_flag_held = False  # False again whenever the session is lost
 
     @property
     def pool(self) -> AsyncConnectionPool[Any]:
         return self._pool
 
     async def aclose(self) -> None:
-        """Close the process's own session (the pool is the caller's); drops the idle flag."""
+        """Close the process's own session (the pool is the caller's)."""
         async with self._session_lock:
             if self._session is not None:
                 await self._session.close()
                 self._session = None
-            self.idle_flag_held = False
+
+    def session_settings(self) -> tuple[str, dict[str, Any]]:
+        """The pool's conninfo and connection settings, for a session of one's own."""
+        conninfo, kwargs = self._pool.conninfo, self._pool.kwargs
+        if not isinstance(conninfo, str) or not isinstance(kwargs, dict):
+            raise TypeError("the enqueuer's pool needs a plain conninfo and kwargs")
+        return conninfo, kwargs
 
     async def _on_session(self, name: str, params: dict[str, Any]) -> Any:
         async with self._session_lock:
             if self._session is None or self._session.closed:
-                self.idle_flag_held = False  # it died with the old session
-                conninfo, kwargs = self._pool.conninfo, self._pool.kwargs
-                if not isinstance(conninfo, str) or not isinstance(kwargs, dict):
-                    raise TypeError("the enqueuer's pool needs a plain conninfo and kwargs")
+                conninfo, kwargs = self.session_settings()
                 self._session = await AsyncConnection.connect(conninfo, **kwargs)
             try:
                 cur = await self._session.execute(QUERIES[name], params)
                 return await cur.fetchone() if cur.description else None
             except psycopg.OperationalError:
-                self.idle_flag_held = False
                 await self._session.close()  # reconnect next time
                 raise
 
     async def _open_journal(self, params: dict[str, Any]) -> None:
         await self._on_session("open_journal", params)
-
-    async def take_idle_flag(self) -> bool:
-        """Make outbox inserts NOTIFY (migration 0005); False if it cannot be taken now."""
-        if not self.idle_flag_held:
-            row = await self._on_session("take_idle_flag", {"key": IDLE_FLAG_KEY})
-            self.idle_flag_held = bool(row and row[0])
-        return self.idle_flag_held
-
-    async def check_idle_flag(self) -> bool:
-        """Whether the flag is still held: a session that died took it along."""
-        if self.idle_flag_held:
-            with contextlib.suppress(psycopg.OperationalError):  # the flag is then gone
-                await self._on_session("ping", {})
-        return self.idle_flag_held
-
-    async def drop_idle_flag(self) -> None:
-        if self.idle_flag_held:
-            self.idle_flag_held = False
-            await self._on_session("drop_idle_flag", {})
 
     async def _execute(self, name: str, params: dict[str, Any]) -> list[dict[str, Any]]:
         async with self._pool.connection() as conn:
@@ -180,8 +186,14 @@ class OutboxRepository:
             return await cur.fetchall() if cur.description else []
 
     @contextlib.asynccontextmanager
-    async def lock_batch(self, limit: int, *, hold_for: float) -> AsyncIterator[LockedBatch]:
+    async def lock_batch(
+        self, limit: int, *, hold_for: float, probe: bool = False
+    ) -> AsyncIterator[LockedBatch]:
         """Lock up to ``limit`` due rows for the body of the ``async with``.
+
+        With ``probe``, lock one due suspect alone (``limit`` is ignored) and
+        journal the batch as a probe: if it never settles, its row alone is
+        charged the attempt.
 
         ``hold_for`` seconds is the longest the transaction may sit idle
         between statements (``idle_in_transaction_session_timeout``): a paused
@@ -191,7 +203,7 @@ class OutboxRepository:
         transaction back.
         """
         async with self._pool.connection() as conn:
-            batch = await self._begin(conn, limit, hold_for)
+            batch = await self._begin(conn, limit, hold_for, probe)
             try:
                 yield batch
             finally:
@@ -202,12 +214,15 @@ class OutboxRepository:
                     if not conn.closed:
                         await conn.rollback()
 
-    async def _begin(self, conn: AsyncConnection[Any], limit: int, hold_for: float) -> LockedBatch:
+    async def _begin(
+        self, conn: AsyncConnection[Any], limit: int, hold_for: float, probe: bool
+    ) -> LockedBatch:
         # One simple-protocol round trip (client-side binding of two numbers). Not a pipeline:
         # the Flush psycopg sends after a pipeline's Sync disarms the server's
         # idle-in-transaction timer, which is the whole point of hold_for.
         cur = AsyncClientCursor(conn)
-        await cur.execute(_BEGIN, {"hold_ms": str(max(1, round(hold_for * 1000))), "limit": limit})
+        hold_ms = str(max(1, round(hold_for * 1000)))
+        await cur.execute(_BEGIN_PROBE if probe else _BEGIN, {"hold_ms": hold_ms, "limit": limit})
         cur.nextset()  # past BEGIN
         cur.nextset()  # past set_config
         rows = [ClaimedRow(*r) for r in await cur.fetchall()]
@@ -222,9 +237,12 @@ class OutboxRepository:
                 "xact": xact[0],
                 "ids": [r.id for r in rows],
                 "enqueuer": self._holder,
+                "probe": probe,
             }
             connected = self._session is not None and not self._session.closed
-            if connected and not self._session_lock.locked():
+            # A probe's journal row is its suspect's only record of the attempt: always
+            # written before the row is handed out (probes are rare; latency does not matter).
+            if connected and not self._session_lock.locked() and not probe:
                 # Written while the batch publishes: one round trip off the dispatch latency.
                 # The yield lets the task (lock free, connection up) put the INSERT on the wire
                 # before the caller touches a row, so even a crash a row causes at once is
@@ -235,15 +253,28 @@ class OutboxRepository:
                 await self._open_journal(params)
         return batch
 
-    async def recover_batches(self) -> tuple[int, int]:
-        """Count an attempt for rows of batches that ended unsettled; (retried, dead-lettered)."""
+    async def recover_batches(self) -> Recovery:
+        """Settle the journal of batches that ended unsettled (see ``Recovery``)."""
         async with self._pool.connection() as conn, conn.transaction():
             await conn.execute("SET LOCAL lock_timeout = '2s'")
             cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(QUERIES["discard_foreign_journal"])
+            foreign = len(await cur.fetchall())
             await cur.execute(QUERIES["recover_batches"])
             row = await cur.fetchone()
         assert row is not None
-        return int(row["retried"]), int(row["dead"])
+        return Recovery(
+            retried=int(row["retried"]),
+            dead=int(row["dead"]),
+            suspects=int(row["suspects"]),
+            foreign=foreign,
+        )
+
+    async def suspects_due_in(self) -> float | None:
+        """Seconds until the next suspect is due (<= 0: now), or None without suspects."""
+        (row,) = await self._execute("suspects_due_in", {})
+        due_in = row["due_in"]
+        return None if due_in is None else float(due_in)
 
     async def status_counts(self) -> StatusCounts:
         rows = await self._execute("status_counts", {})
@@ -265,14 +296,17 @@ _SETTLE_SENT = "; ".join(
     ]
 )
 
-# The advisory lock key of the idle flag; migration 0005's trigger tests the same number.
-IDLE_FLAG_KEY = 0x6F626964_6C65  # "obidle"
 
-_BEGIN = "; ".join(
-    [
-        "BEGIN",
-        "SELECT set_config('idle_in_transaction_session_timeout', %(hold_ms)s, true)",
-        QUERIES["lock_batch"].rstrip(";"),
-        QUERIES["batch_xact"].rstrip(";"),
-    ]
-)
+def _begin(claim: str) -> str:
+    return "; ".join(
+        [
+            "BEGIN",
+            "SELECT set_config('idle_in_transaction_session_timeout', %(hold_ms)s, true)",
+            QUERIES[claim].rstrip(";"),
+            QUERIES["batch_xact"].rstrip(";"),
+        ]
+    )
+
+
+_BEGIN = _begin("lock_batch")
+_BEGIN_PROBE = _begin("lock_probe")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher.outbox.repository import IDLE_FLAG_KEY
+from dispatcher.outbox.idle_flag import IDLE_FLAG_KEY
 from dispatcher.redis_client import RedisClient
 from tests.fix_outbox import insert_rows, make_enqueuer, outbox_status, published, running
 from tests.helpers import eventually
@@ -78,7 +79,12 @@ async def test_enqueuer_announces_when_idle_and_withdraws_when_busy(
 
         # A claim that finds several rows withdraws the announcement; the enqueuer's own
         # empty claims that follow (two in a row) renew it.
-        await enqueuer._after_batch(enqueuer.config.busy_at_rows, 0.0)
+        busy = enqueuer.config.busy_at_rows
+        enqueuer._claim_in(
+            await enqueuer.idle_flag.after_claim(
+                count=busy, started=0.0, ended=time.monotonic(), full=False, can_listen=True
+            )
+        )
         assert announced(db_url) == []
         await eventually(lambda: _is(len(announced(db_url)) == 1))
     assert announced(db_url) == [], "a stopped enqueuer is not idle"

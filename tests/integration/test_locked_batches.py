@@ -19,6 +19,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.outbox import OutboxRepository
+from dispatcher.outbox.repository import Recovery
 from tests.fix_outbox import insert_rows, outbox_status
 
 
@@ -53,8 +54,10 @@ async def test_an_open_batch_hides_its_rows_and_settling_commits_all_of_it(
     assert (await repo.status_counts()).in_flight == 0
     # first settled (its journal row went with the commit); second's is left for recovery
     assert journal(db_url) == 1
-    assert await repo.recover_batches() == (10, 0)
+    # Nobody knows which of second's rows (if any) ended it: suspects, none charged.
+    assert await repo.recover_batches() == Recovery(suspects=10)
     assert journal(db_url) == 0
+    assert {v for v in attempts(db_url).values()} == {("PENDING", 0)}
 
 
 async def test_a_paused_batch_loses_its_session_and_its_late_writes_fail(
@@ -70,8 +73,13 @@ async def test_a_paused_batch_loses_its_session_and_its_late_writes_fail(
     assert sorted(attempts(db_url)) == sorted(ids), "the late delete deleted nothing"
     async with repo.lock_batch(50, hold_for=30) as rescuer:
         assert len(rescuer.rows) == 5, "the rows were due again at once"
-    assert await repo.recover_batches() == (5, 0)
-    assert {v for v in attempts(db_url).values()} == {("RETRY", 1)}
+    assert await repo.recover_batches() == Recovery(suspects=5)
+    assert {v for v in attempts(db_url).values()} == {("PENDING", 0)}
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT bool_and(suspect), bool_and(next_attempt_at IS NOT NULL) FROM outbox"
+        ).fetchone()
+    assert row == (True, True), "suspects, scheduled rather than due at once"
 
 
 CRASH_WHILE_HOLDING = textwrap.dedent(
@@ -94,7 +102,7 @@ CRASH_WHILE_HOLDING = textwrap.dedent(
             )
         async with repo.lock_batch(1, hold_for=30) as warm:
             await warm.settle([r.id for r in warm.rows])
-        async with repo.lock_batch(50, hold_for=30) as batch:
+        async with repo.lock_batch(50, hold_for=30, probe=sys.argv[2] == "probe") as batch:
             print(len(batch.rows), batch.journal is not None, flush=True)
             os._exit(3)  # dies holding the rows, as if the row had killed it
 
@@ -106,24 +114,32 @@ CRASH_WHILE_HOLDING = textwrap.dedent(
 async def test_a_row_that_keeps_killing_its_enqueuer_ends_in_the_dlq(
     db_url: str, pool: AsyncConnectionPool[Any], queue: str
 ) -> None:
+    """A first crash only makes it a suspect; each crash while it is probed alone counts."""
     (row_id,) = insert_rows(db_url, 1, queue=queue, max_retries=2)
     repo = OutboxRepository(pool)
-    for crash in (1, 2, 3):
+    expected = [
+        ("batch", Recovery(suspects=1)),
+        ("probe", Recovery(retried=1)),
+        ("probe", Recovery(retried=1)),
+        ("probe", Recovery(dead=1)),
+    ]
+    for claim, recovery in expected:
         out = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-c", CRASH_WHILE_HOLDING, db_url],
+            [sys.executable, "-c", CRASH_WHILE_HOLDING, db_url, claim],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
-        assert (out.returncode, out.stdout.strip()) == (3, "1 True"), out.stderr
+        # A batch's journal row is written beside its publish; a probe's, before it.
+        concurrent = "True" if claim == "batch" else "False"
+        assert (out.returncode, out.stdout.strip()) == (3, f"1 {concurrent}"), out.stderr
         for _ in range(100):  # the server notices the dead client and aborts the transaction
-            retried, dead = await repo.recover_batches()
-            if retried or dead:
+            found = await repo.recover_batches()
+            if found != Recovery():
                 break
             await asyncio.sleep(0.05)
-        expected = (0, 1) if crash == 3 else (1, 0)
-        assert (retried, dead) == expected
+        assert found == recovery
         with psycopg.connect(db_url, autocommit=True) as conn:
-            conn.execute("UPDATE outbox SET next_attempt_at = NULL")  # due again now
+            conn.execute("UPDATE outbox SET next_attempt_at = now()")  # due again now
     assert attempts(db_url) == {row_id: ("DLQ", 3)}
     with psycopg.connect(db_url) as conn:
         dlq = conn.execute("SELECT id, attempts, last_error FROM outbox_dlq").fetchall()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import subprocess
 import sys
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.models import TaskMessage
@@ -144,3 +146,40 @@ async def _handle_all(client: RedisClient, queue: str, n: int, by: str = "outbox
 
 async def _at_least(items: list[str], n: int) -> bool:
     return len(items) >= n
+
+
+async def test_journal_rows_of_another_cluster_are_discarded(
+    db_url: str,
+    redis_url: str,
+    pool: AsyncConnectionPool[Any],
+    redis_standalone: RedisClient,
+    queue: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A dump/restore brings back a journal row whose transaction id is ahead of this cluster."""
+    (row_id,) = insert_rows(db_url, 1, queue=queue, prefix="restored-")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO outbox_batches (token, xact, ids, enqueuer)"
+            " SELECT gen_random_uuid(),"
+            "        (pg_current_xact_id()::text::bigint + 100000000)::text::xid8,"
+            "        ARRAY[%s], 'another-cluster'",
+            (row_id,),
+        )
+    out = cli("status", "--json", db_url=db_url, redis_url=redis_url)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["outbox"]["IN_FLIGHT"] == 0
+
+    enqueuer = make_enqueuer(pool, redis_standalone)
+    with caplog.at_level(logging.WARNING):
+        await enqueuer.maintenance_once()
+        await enqueuer.maintenance_once()
+    warnings = [r for r in caplog.records if "another cluster" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM outbox_batches").fetchone() == (0,)
+    assert outbox_status(db_url) == {"PENDING": 1}, "the row itself is not charged"
+    await enqueuer.process_batch()
+    assert [e["outbox_id"] for e in await published(redis_standalone, queue)] == [row_id]
+    out = cli("status", "--json", db_url=db_url, redis_url=redis_url)
+    assert out.returncode == 0, out.stderr

@@ -13,15 +13,50 @@ VALUES (%(id)s, %(task_id)s, %(stream)s, %(payload)s, %(type)s, 'PENDING', %(not
 -- The claim: due rows locked by the enqueuer's open transaction, which publishes them and
 -- deletes them before it commits. LIMIT sits above the row locking, so at most "limit" rows
 -- are locked (the spec page's "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" under an
--- UPDATE may be re-run by the planner and claim more than n).
+-- UPDATE may be re-run by the planner and claim more than n). Rows scheduled for a time that
+-- has come go first (they have waited longest), then rows due at once by age; each part walks
+-- its own partial index from the first due row, so rows not yet due are never read.
+-- Suspects are left to lock_probe.
+WITH scheduled AS (
+    SELECT id, stream, payload::text AS payload, attempt_count, max_retries, backoff_seconds,
+           extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds,
+           task_id
+      FROM outbox
+     WHERE status IN ('PENDING', 'RETRY') AND next_attempt_at IS NOT NULL AND NOT suspect
+       AND next_attempt_at <= statement_timestamp()
+     ORDER BY next_attempt_at
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), fresh AS (
+    SELECT id, stream, payload::text AS payload, attempt_count, max_retries, backoff_seconds,
+           extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds,
+           task_id
+      FROM outbox
+     WHERE status IN ('PENDING', 'RETRY') AND next_attempt_at IS NULL AND NOT suspect
+     ORDER BY created_at
+     LIMIT greatest(%(limit)s - (SELECT count(*) FROM scheduled), 0)
+       FOR UPDATE SKIP LOCKED
+)
+SELECT * FROM scheduled
+UNION ALL
+SELECT * FROM fresh;
+
+-- name: lock_probe
+-- One due suspect alone (same columns as lock_batch): if it kills this enqueuer too, the
+-- journal shows a batch of one and recovery knows whom to charge.
 SELECT id, stream, payload::text AS payload, attempt_count, max_retries, backoff_seconds,
        extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds, task_id
   FROM outbox
- WHERE status IN ('PENDING', 'RETRY')
-   AND (next_attempt_at IS NULL OR next_attempt_at <= statement_timestamp())
- ORDER BY created_at
- LIMIT %(limit)s
+ WHERE status IN ('PENDING', 'RETRY') AND suspect AND next_attempt_at <= statement_timestamp()
+ ORDER BY next_attempt_at
+ LIMIT 1
    FOR UPDATE SKIP LOCKED;
+
+-- name: suspects_due_in
+-- Seconds until the next suspect is due (<= 0: now); NULL when there is none.
+SELECT extract(epoch FROM min(next_attempt_at) - now())::float8 AS due_in
+  FROM outbox
+ WHERE status IN ('PENDING', 'RETRY') AND suspect;
 
 -- name: batch_xact
 -- The batch's transaction id: locking a row assigned it.
@@ -30,8 +65,8 @@ SELECT pg_current_xact_id_if_assigned()::text AS xact;
 -- name: open_journal
 -- Autocommitted on another session before the batch is published: if the batch's transaction
 -- ends without settling (crash, timeout), this row outlives it and recovery counts an attempt.
-INSERT INTO outbox_batches (token, xact, ids, enqueuer)
-VALUES (%(token)s, %(xact)s::xid8, %(ids)s, %(enqueuer)s);
+INSERT INTO outbox_batches (token, xact, ids, enqueuer, probe)
+VALUES (%(token)s, %(xact)s::xid8, %(ids)s, %(enqueuer)s, %(probe)s);
 
 -- name: close_journal
 -- In the batch's own transaction: the journal row goes exactly when the settlement commits.
@@ -67,32 +102,57 @@ SELECT id, task_id, stream, payload, type, last_error, attempt_count,
 ON CONFLICT (id) DO UPDATE
    SET last_error = EXCLUDED.last_error, attempts = EXCLUDED.attempts, moved_at = now();
 
+-- name: discard_foreign_journal
+-- Journal rows whose transaction id this cluster has not reached yet: brought by a dump and
+-- restore (pg_dump copies UNLOGGED tables' data) from another cluster. pg_xact_status cannot
+-- read them (it raises), and their batches are long gone; the rows they name are simply due.
+DELETE FROM outbox_batches
+ WHERE xact >= pg_snapshot_xmax(pg_current_snapshot())
+RETURNING token;
+
 -- name: recover_batches
 -- Journal rows whose transaction is over (aborted: the enqueuer crashed, was cut off by
 -- idle_in_transaction_session_timeout, or its commit failed) without settling the batch.
--- Their rows still in the outbox count one attempt, as a failed publish would; a row that
--- keeps killing its enqueuer so ends in the DLQ. Rows locked by a batch in progress are
--- waited for (the role's lock_timeout bounds it), so no attempt is forgotten.
+-- A probe (one suspect claimed alone) that did not settle counts an attempt for its row, as
+-- a failed publish would, with the same backoff: a row that keeps killing enqueuers so ends
+-- in the DLQ. The rows of any other batch become suspects, uncharged, due again after a
+-- jittered delay of up to their backoff. Rows locked by a batch in progress are waited for
+-- (the caller's lock_timeout bounds it), so no attempt is forgotten. A journal row this
+-- cluster cannot read (see discard_foreign_journal) is left alone here.
 WITH ended AS (
     DELETE FROM outbox_batches
-     WHERE pg_xact_status(xact) IS DISTINCT FROM 'in progress'
-    RETURNING ids
+     WHERE CASE WHEN xact >= pg_snapshot_xmax(pg_current_snapshot()) THEN false
+                ELSE pg_xact_status(xact) IS DISTINCT FROM 'in progress' END
+    RETURNING ids, probe
+), named AS (
+    SELECT id, bool_or(probe) AS probe FROM ended, unnest(ids) AS id GROUP BY id
 ), hit AS MATERIALIZED (
-    SELECT o.id FROM outbox o
-     WHERE o.id IN (SELECT unnest(ids) FROM ended) AND o.status IN ('PENDING', 'RETRY')
+    SELECT o.id, named.probe,
+           CASE WHEN o.max_retries > 0 THEN o.max_retries ELSE 5 END AS max_retries,
+           CASE WHEN o.backoff_seconds > 0 THEN o.backoff_seconds ELSE 5 END AS base
+      FROM outbox o JOIN named ON named.id = o.id
+     WHERE o.status IN ('PENDING', 'RETRY')
      ORDER BY o.id
-       FOR UPDATE
+       FOR UPDATE OF o
 ), reset AS (
     UPDATE outbox o
-       SET status = CASE WHEN o.attempt_count + 1 > o.max_retries THEN 'DLQ' ELSE 'RETRY' END,
-           attempt_count = o.attempt_count + 1,
-           next_attempt_at = now(),
-           last_error = 'batch did not settle: its enqueuer crashed, hung past '
-                        || 'idle_in_transaction_session_timeout, or lost its connection',
+       SET suspect = true,
+           status = CASE WHEN NOT hit.probe THEN o.status
+                         WHEN o.attempt_count + 1 > hit.max_retries THEN 'DLQ'
+                         ELSE 'RETRY' END,
+           attempt_count = o.attempt_count + hit.probe::int,
+           next_attempt_at = now() + make_interval(secs => CASE
+               WHEN hit.probe THEN least(
+                   hit.base + random() * hit.base * 2.0 ^ o.attempt_count, 3600.0)
+               ELSE random() * hit.base END),
+           last_error = CASE WHEN hit.probe
+               THEN 'batch did not settle: its enqueuer crashed, hung past '
+                    || 'idle_in_transaction_session_timeout, or lost its connection'
+               ELSE o.last_error END,
            updated_at = now()
       FROM hit
      WHERE o.id = hit.id
-    RETURNING o.*
+    RETURNING o.*, hit.probe
 ), dead AS (
     INSERT INTO outbox_dlq (id, task_id, stream, payload, type, last_error, attempts,
                             max_retries, backoff_seconds, created_at, moved_at)
@@ -102,14 +162,18 @@ WITH ended AS (
     ON CONFLICT (id) DO UPDATE
        SET last_error = EXCLUDED.last_error, attempts = EXCLUDED.attempts, moved_at = now()
 )
-SELECT count(*) FILTER (WHERE status = 'RETRY') AS retried,
-       count(*) FILTER (WHERE status = 'DLQ') AS dead
+SELECT count(*) FILTER (WHERE probe AND status <> 'DLQ') AS retried,
+       count(*) FILTER (WHERE status = 'DLQ') AS dead,
+       count(*) FILTER (WHERE NOT probe) AS suspects
   FROM reset;
 
 -- name: open_batches
--- Rows held by batches in progress (the IN_FLIGHT figure of status and metrics).
+-- Rows held by batches in progress (the IN_FLIGHT figure of status and metrics). Journal rows
+-- of another cluster (see discard_foreign_journal) are not read.
 SELECT coalesce(sum(cardinality(ids)), 0)::int AS rows, count(*)::int AS batches
-  FROM outbox_batches WHERE pg_xact_status(xact) = 'in progress';
+  FROM outbox_batches
+ WHERE CASE WHEN xact >= pg_snapshot_xmax(pg_current_snapshot()) THEN false
+            ELSE pg_xact_status(xact) = 'in progress' END;
 
 -- name: status_counts
 SELECT status, count(*) AS rows,
@@ -139,7 +203,7 @@ SELECT id, task_id, stream, payload, type, 'PENDING', 0, max_retries, backoff_se
   FROM picked
 ON CONFLICT (id) DO UPDATE
    SET status = 'PENDING', attempt_count = 0, next_attempt_at = NULL, last_error = NULL,
-       claim_token = NULL, claimed_at = NULL, created_at = now(), updated_at = now()
+       suspect = false, claim_token = NULL, claimed_at = NULL, created_at = now(), updated_at = now()
 RETURNING id;
 
 -- name: take_idle_flag

@@ -1,0 +1,52 @@
+"""Claims cost the same whether or not many rows are waiting for a later time.
+
+Rows scheduled for later (``not_before``, retries backing off) must not be read
+by every claim: the claim's plan touches about as many pages with 50,000 of them
+waiting as with none (EXPLAIN ANALYZE, BUFFERS: pages, not time).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+
+from dispatcher.outbox.queries import QUERIES
+from tests.fix_outbox import insert_rows
+
+NOT_YET_DUE = """
+INSERT INTO outbox (id, task_id, stream, payload, next_attempt_at)
+SELECT 'later-' || g, 'later-' || g, 'workflow.tasks.later.0', '{}', now() + interval '1 hour'
+  FROM generate_series(1, %(n)s) AS g
+"""
+
+
+def claim_plan(db_url: str) -> dict[str, Any]:
+    with psycopg.connect(db_url) as conn:
+        conn.execute("ANALYZE outbox")
+        row = conn.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["lock_batch"], {"limit": 100}
+        ).fetchone()
+        conn.rollback()
+    assert row is not None
+    doc = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    plan: dict[str, Any] = doc[0]["Plan"]
+    return plan
+
+
+def pages(plan: dict[str, Any]) -> int:
+    return int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
+
+
+def test_claim_touches_the_same_pages_with_many_rows_not_yet_due(db_url: str) -> None:
+    insert_rows(db_url, 20, queue="due", prefix="due-a-")
+    quiet = claim_plan(db_url)
+    assert quiet["Actual Rows"] == 20
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("TRUNCATE outbox")
+        conn.execute(NOT_YET_DUE, {"n": 50_000})
+    insert_rows(db_url, 20, queue="due", prefix="due-b-")  # created after the waiting ones
+    crowded = claim_plan(db_url)
+    assert crowded["Actual Rows"] == 20
+    assert pages(crowded) <= 2 * pages(quiet) + 10, (pages(quiet), pages(crowded))

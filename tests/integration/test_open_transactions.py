@@ -1,0 +1,104 @@
+"""A transaction that inserted an outbox row and stays open must not stall dispatch.
+
+It holds the idle flag's lock shared until it ends, so no enqueuer can take the
+flag and no commit NOTIFYs. The enqueuer must keep claiming committed rows
+anyway: whether the transaction was already open when it started, or opened
+while it was busy draining a backlog. The poll is set far away (5 s) so a
+stall shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from dispatcher.redis_client import RedisClient
+from dispatcher.stream import queue_streams
+from tests.fix_outbox import INSERT_ONE, flat_payload, insert_rows, make_enqueuer, running
+from tests.helpers import eventually
+
+
+async def entry_ms(client: RedisClient, queue: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for stream in queue_streams([queue], 4):
+        for entry_id, fields in await client.xrange(stream):
+            out[fields["outbox_id"]] = int(str(entry_id).split("-")[0])
+    return out
+
+
+async def open_insert(db_url: str, queue: str) -> psycopg.AsyncConnection[Any]:
+    """A session whose transaction inserted an outbox row and is left open."""
+    conn = await psycopg.AsyncConnection.connect(db_url)
+    await conn.execute(
+        INSERT_ONE,
+        {"id": "held", "stream": f"workflow.tasks.{queue}.0", "payload": "{}", "retries": 5},
+    )
+    return conn
+
+
+async def sparse_latencies(db_url: str, client: RedisClient, queue: str) -> list[float]:
+    """Commit 12 rows 0.5 s apart; their commit -> XADD delays in ms."""
+    committed: dict[str, float] = {}
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        for i in range(12):
+            row_id = f"s-{i}"
+            payload = flat_payload(row_id)
+            stream = f"workflow.tasks.{queue}.1"
+            await conn.execute(
+                INSERT_ONE, {"id": row_id, "stream": stream, "payload": payload, "retries": 5}
+            )
+            committed[row_id] = time.time() * 1000
+            await asyncio.sleep(0.5)
+
+    async def all_there() -> bool:
+        return set(committed) <= set(await entry_ms(client, queue))
+
+    await eventually(all_there, within=60)
+    seen = await entry_ms(client, queue)
+    return [seen[r] - committed[r] for r in committed]
+
+
+async def test_open_transaction_already_there_at_start(
+    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+) -> None:
+    held = await open_insert(db_url, queue)
+    try:
+        enqueuer = make_enqueuer(pool, redis_standalone, listen=db_url, poll_interval=5)
+        async with running(enqueuer):
+            delays = await sparse_latencies(db_url, redis_standalone, queue)
+            await held.commit()
+            await eventually(lambda: _has(redis_standalone, queue, "held"), within=30)
+    finally:
+        await held.close()
+    assert statistics.median(delays) < 100, sorted(delays)
+
+
+async def test_open_transaction_opened_while_draining(
+    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+) -> None:
+    insert_rows(db_url, 3000, queue=queue, prefix="backlog-")
+    enqueuer = make_enqueuer(pool, redis_standalone, listen=db_url, poll_interval=5)
+    async with running(enqueuer):
+        await eventually(lambda: _more_than(redis_standalone, queue, 100))
+        held = await open_insert(db_url, queue)
+        try:
+            await eventually(lambda: _more_than(redis_standalone, queue, 2999), within=60)
+            delays = await sparse_latencies(db_url, redis_standalone, queue)
+            await held.commit()
+            await eventually(lambda: _has(redis_standalone, queue, "held"), within=30)
+        finally:
+            await held.close()
+    assert statistics.median(delays) < 100, sorted(delays)
+
+
+async def _has(client: RedisClient, queue: str, row_id: str) -> bool:
+    return row_id in await entry_ms(client, queue)
+
+
+async def _more_than(client: RedisClient, queue: str, n: int) -> bool:
+    return len(await entry_ms(client, queue)) > n

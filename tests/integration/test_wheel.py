@@ -1,0 +1,142 @@
+"""What ships: the wheel built the way the images build it, run from a fresh venv.
+
+Every other test imports the editable checkout, so a file the code loads at run
+time (SQL, migrations) but the wheel leaves out goes unnoticed there. This one
+copies what the Dockerfiles copy into a temp dir, runs ``pip wheel --no-deps``
+on it, installs the wheel into a new venv outside the checkout and drives
+``dispatcher migrate``, ``enqueuer``, ``worker`` and ``status`` from that venv
+against the real servers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis as sync_redis
+
+from tests.fix_outbox import insert_rows
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "deploy" / "images" / "enqueuer" / "Dockerfile"
+
+
+def build_context() -> list[str]:
+    """What the image's build stage copies from the repository (its ``COPY`` sources)."""
+    sources: list[str] = []
+    for line in DOCKERFILE.read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["COPY"] and not any(w.startswith("--") for w in words):
+            sources += [w.rstrip("/") for w in words[1:-1]]
+    return sources
+
+
+def _run(*args: str | Path, cwd: Path, env: dict[str, str], timeout: float = 600) -> str:
+    done = subprocess.run(
+        [str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, f"{args} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ``bin`` dir of a fresh venv holding only the wheel and its dependencies."""
+    work = tmp_path_factory.mktemp("wheel")
+    context = work / "context"
+    context.mkdir()
+    sources = build_context()
+    assert {"pyproject.toml", "dispatcher"} <= set(sources), sources
+    for name in sources:
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(
+                source, context / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+            )
+        else:
+            shutil.copy(source, context / name)
+    env = _clean_env()
+    wheels = work / "wheels"
+    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", wheels, ".",
+         cwd=context, env=env)  # fmt: skip
+    (wheel,) = wheels.glob("outbox_dispatcher-*.whl")
+    target = work / "venv"
+    venv.create(target, with_pip=True)
+    _run(target / "bin" / "python", "-m", "pip", "install", "--quiet", wheel, cwd=work, env=env)
+    return target / "bin"
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """The environment without anything that would point Python at the checkout."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    env.update(PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
+    return env
+
+
+def _wait(predicate: object, *, within: float = 60.0) -> None:
+    assert callable(predicate)
+    deadline = time.monotonic() + within
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.1)
+
+
+def test_the_wheel_migrates_dispatches_and_reports(
+    shipped: Path, database_url: str, redis_url: str, queue: str, tmp_path: Path
+) -> None:
+    env = _clean_env(DATABASE_URL=database_url, REDIS_URL=redis_url, STREAM_SHARDS="2")
+    where = _run(shipped / "python", "-c", "import dispatcher; print(dispatcher.__file__)",
+                 cwd=tmp_path, env=env)  # fmt: skip
+    assert not Path(where.strip()).is_relative_to(ROOT), "imported the checkout, not the wheel"
+
+    out = _run(shipped / "dispatcher", "migrate", cwd=tmp_path, env=env)
+    assert "0001_outbox" in out
+    insert_rows(database_url, 25, queue=queue, shards=2)
+
+    log = (tmp_path / "procs.log").open("w")
+    procs = [
+        subprocess.Popen(
+            [shipped / "dispatcher", *args], cwd=tmp_path, env=env, stdout=log, stderr=log
+        )
+        for args in (
+            ["enqueuer", "--poll-interval", "0.2"],
+            ["worker", "--queue", queue, "--handler", "builtins:repr"],
+        )
+    ]
+    redis = sync_redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+
+        def handled() -> bool:
+            with psycopg.connect(database_url) as conn:
+                left = conn.execute("SELECT count(*) FROM outbox").fetchone()
+            streams = [f"workflow.tasks.{queue}.{n}" for n in range(2)]
+            groups = [g for s in streams if redis.exists(s) for g in redis.xinfo_groups(s)]
+            return (
+                left == (0,)
+                and len(groups) == 2
+                and all(g["pending"] == 0 and g["entries-read"] for g in groups)
+            )
+
+        _wait(handled)
+        status = json.loads(_run(shipped / "dispatcher", "status", "--json", cwd=tmp_path, env=env))
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        codes = [proc.wait(60) for proc in procs]
+        log.close()
+        redis.close()
+    assert codes == [0, 0], (tmp_path / "procs.log").read_text()
+    assert status["outbox"]["PENDING"] == 0
+    assert sum(s["length"] for s in status["streams"]) == 0, "handled entries are deleted"
+    assert status["dlq"] == 0
