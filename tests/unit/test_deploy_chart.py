@@ -59,6 +59,10 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "serviceAccount": {"annotations": {"example.com/role": "dispatcher"}},
         "rbac": {"secretNames": ["dispatcher-postgres", "dispatcher-redis"]},
     },
+    # The chart as a subchart: Helm passes the parent's `global` down.
+    "subchart": {"global": {"imageRegistry": "reg.example.com", "storageClass": "fast"}},
+    # A numeric-looking tag (a build number, a short commit hash of digits) from --set.
+    "numeric-tag": helm.parse_set_string("operator.image.tag=1234567"),
     # What `skaffold dev -p kind` passes (skaffold.yaml: setValueTemplates + the kind patch).
     "skaffold-kind": helm.parse_set_string(
         "operator.image.repository=outbox-dispatcher-operator,operator.image.tag=abc1234,"
@@ -159,6 +163,12 @@ def test_operator_image_defaults_to_the_app_version_everywhere() -> None:
     (deployment,) = (o for o in render({}) if o["kind"] == "Deployment")
     image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
     assert image == f"outbox-dispatcher-operator:{DEFAULT_VERSION_TAG}"
+
+
+def test_a_numeric_tag_from_set_is_kept_as_the_tag() -> None:
+    (deployment,) = (o for o in render(VALUE_SETS["numeric-tag"]) if o["kind"] == "Deployment")
+    image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "outbox-dispatcher-operator:1234567"
 
 
 def test_chart_lints_clean() -> None:
