@@ -49,7 +49,10 @@ CORE_TYPES = (
     "Volume",
     "VolumeMount",
 )
-_INT_OR_STRING = {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}
+_INT_OR_STRING = {
+    "x-kubernetes-int-or-string": True,
+    "anyOf": [{"type": "integer"}, {"type": "string"}],
+}
 _FORMATS = {"int32", "int64", "double", "float", "byte", "date-time"}
 
 
@@ -113,7 +116,9 @@ def validate(value: Any, schema: Mapping[str, Any], path: str = "") -> list[str]
         return [f"{where}: must be one of {', '.join(map(str, schema['enum']))}"]
     if kind == "array":
         return [
-            e for i, item in enumerate(value) for e in validate(item, schema["items"], f"{path}[{i}]")
+            e
+            for i, item in enumerate(value)
+            for e in validate(item, schema["items"], f"{path}[{i}]")
         ]
     if kind == "object":
         return _object_errors(value, schema, path)
@@ -138,7 +143,9 @@ def _object_errors(value: Mapping[str, Any], schema: Mapping[str, Any], path: st
 def _checker(name: str, *, many: bool) -> Callable[[Any], Any]:
     def check(value: Any) -> Any:
         schema = core_schema(name)
-        errors = validate(list(value) if many else value, {"type": "array", "items": schema} if many else schema)
+        errors = validate(
+            list(value) if many else value, {"type": "array", "items": schema} if many else schema
+        )
         if errors:
             raise ValueError(f"not a valid core/v1 {name}: {'; '.join(errors[:5])}")
         return value
@@ -157,4 +164,6 @@ def core_list(name: str) -> Any:
 def core_object(name: str) -> Any:
     """A pydantic type: one core/v1 ``name``, with its schema in the CRD."""
     schema = {**core_schema(name), "description": f"core/v1 {name}"}
-    return Annotated[dict[str, Any], AfterValidator(_checker(name, many=False)), WithJsonSchema(schema)]
+    return Annotated[
+        dict[str, Any], AfterValidator(_checker(name, many=False)), WithJsonSchema(schema)
+    ]

@@ -209,9 +209,7 @@ class PodSettings(_Model):
     node_selector: StringMap | None = None
     tolerations: core_list("Toleration") = Field(default_factory=list)
     affinity: core_object("Affinity") | None = None
-    topology_spread_constraints: core_list("TopologySpreadConstraint") = Field(
-        default_factory=list
-    )
+    topology_spread_constraints: core_list("TopologySpreadConstraint") = Field(default_factory=list)
     priority_class_name: str | None = Field(
         default=None, pattern=DNS_SUBDOMAIN_PATTERN, max_length=253
     )
@@ -220,7 +218,11 @@ class PodSettings(_Model):
 
     @model_validator(mode="after")
     def _reserved(self) -> PodSettings:
-        problems = [f"env {e['name']} is set by the operator" for e in self.env if e.get("name") in MANAGED_ENV]
+        problems = [
+            f"env {e['name']} is set by the operator"
+            for e in self.env
+            if e.get("name") in MANAGED_ENV
+        ]
         volumes = {v.get("name") for v in self.volumes}
         if TMP_VOLUME in volumes:
             problems.append(f"volume name {TMP_VOLUME!r} is reserved (the /tmp emptyDir)")
@@ -250,8 +252,7 @@ class EnqueuerSpec(PodSettings):
     wait_replicas: int = Field(default=0, ge=0, le=16, description="Redis WAIT replicas")
     resources: Resources = Field(
         default_factory=_default_resources("256Mi"),
-        description="default: requests cpu 100m, memory 128Mi; limits memory 256Mi; "
-        "{} for none",
+        description="default: requests cpu 100m, memory 128Mi; limits memory 256Mi; {} for none",
     )
 
 
@@ -280,8 +281,7 @@ class QueueSpec(PodSettings):
     scale_down_stabilization_seconds: int = Field(default=300, ge=0, le=86400)
     resources: Resources = Field(
         default_factory=_default_resources("512Mi"),
-        description="default: requests cpu 100m, memory 128Mi; limits memory 512Mi; "
-        "{} for none",
+        description="default: requests cpu 100m, memory 128Mi; limits memory 512Mi; {} for none",
     )
 
     @model_validator(mode="after")

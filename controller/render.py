@@ -4,6 +4,10 @@ No I/O: each builder takes the parsed spec, the owner's identity and the
 shard count actually published to Redis, and returns a manifest ``dict``.
 ``controller.k8s`` is the one place that sends them. The pod template carries
 a hash of the effective configuration, so any change of it rolls the pods.
+Besides the Deployments: a PodDisruptionBudget per Deployment that can lose a
+pod to a drain without stopping, and the Job that runs ``dispatcher migrate``
+for an enqueuer image. The spec's pod settings (env, volumes, placement,
+identity) go into every pod the component runs, the migration Job's included.
 
 Pods follow Pod Security "restricted": non-root numeric user, no privilege
 escalation, every capability dropped, RuntimeDefault seccomp, a read-only root
@@ -24,8 +28,10 @@ from controller.model import (
     KIND,
     EnqueuerSpec,
     OutboxDispatcherSpec,
+    PodSettings,
     QueueSpec,
     Resources,
+    Role,
     SecretRef,
 )
 from dispatcher.stream.naming import fnv1a_32
@@ -36,10 +42,14 @@ __all__ = [
     "QUEUE_LABEL",
     "Owner",
     "build_enqueuer_deployment",
+    "build_enqueuer_pdb",
+    "build_migration_job",
     "build_worker_deployment",
+    "build_worker_pdb",
     "config_hash",
     "enqueuer_name",
     "instance_labels",
+    "migration_job_name",
     "worker_name",
     "worker_selector",
 ]
@@ -120,9 +130,9 @@ def _secret_env(name: str, ref: SecretRef) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
 
 
-def _common_env(spec: OutboxDispatcherSpec, *, shards: int) -> list[dict[str, Any]]:
+def _common_env(spec: OutboxDispatcherSpec, *, shards: int, role: Role) -> list[dict[str, Any]]:
     return [
-        _secret_env("REDIS_URL", spec.redis.secret_ref),
+        _secret_env("REDIS_URL", spec.redis.secret_for(role)),
         {"name": "REDIS_CLUSTER", "value": "1" if spec.redis.cluster else "0"},
         {"name": "STREAM_SHARDS", "value": str(shards)},
         {"name": "LOG_LEVEL", "value": spec.log_level},
@@ -194,8 +204,62 @@ def _pod_spec(container: dict[str, Any], *, grace: int) -> dict[str, Any]:
     }
 
 
+def _with_container_settings(container: dict[str, Any], settings: PodSettings) -> dict[str, Any]:
+    """The container with the spec's env, envFrom and volume mounts after the operator's own."""
+    out = {**container, "env": [*container["env"], *settings.env]}
+    if settings.env_from:
+        out["envFrom"] = list(settings.env_from)
+    out["volumeMounts"] = [*container.get("volumeMounts", []), *settings.volume_mounts]
+    return out
+
+
+def _with_pod_settings(pod: dict[str, Any], settings: PodSettings) -> dict[str, Any]:
+    """The pod spec with the spec's identity, placement and volumes."""
+    out = {**pod, "volumes": [*pod.get("volumes", []), *settings.volumes]}
+    optional = {
+        "serviceAccountName": settings.service_account_name,
+        "imagePullSecrets": settings.image_pull_secrets,
+        "nodeSelector": settings.node_selector,
+        "tolerations": settings.tolerations,
+        "affinity": settings.affinity,
+        "topologySpreadConstraints": settings.topology_spread_constraints,
+        "priorityClassName": settings.priority_class_name,
+    }
+    out.update({key: value for key, value in optional.items() if value})
+    return out
+
+
+def _startup_probe(container: dict[str, Any]) -> dict[str, Any]:
+    """Up to five minutes to import handlers and reach Redis before liveness counts."""
+    startup = {
+        "httpGet": {"path": "/healthz", "port": "metrics"},
+        "periodSeconds": 5,
+        "timeoutSeconds": 3,
+        "failureThreshold": 60,
+    }
+    live = {k: v for k, v in container["livenessProbe"].items() if k != "initialDelaySeconds"}
+    return {**container, "startupProbe": startup, "livenessProbe": live}
+
+
+def _pod_template_meta(
+    labels: dict[str, str], pod: dict[str, Any], settings: PodSettings | None
+) -> dict[str, Any]:
+    extra_labels = settings.pod_labels if settings is not None else None
+    extra_annotations = settings.pod_annotations if settings is not None else None
+    return {
+        "labels": {**(extra_labels or {}), **labels},
+        "annotations": {**(extra_annotations or {}), CONFIG_HASH_ANNOTATION: config_hash(pod)},
+    }
+
+
 def _deployment(
-    *, owner: Owner, name: str, selector: dict[str, str], replicas: int, pod: dict[str, Any]
+    *,
+    owner: Owner,
+    name: str,
+    selector: dict[str, str],
+    replicas: int,
+    pod: dict[str, Any],
+    settings: PodSettings | None = None,
 ) -> dict[str, Any]:
     labels = _labels(selector)
     return {
@@ -211,13 +275,7 @@ def _deployment(
             "replicas": replicas,
             "revisionHistoryLimit": 3,
             "selector": {"matchLabels": selector},
-            "template": {
-                "metadata": {
-                    "labels": labels,
-                    "annotations": {CONFIG_HASH_ANNOTATION: config_hash(pod)},
-                },
-                "spec": pod,
-            },
+            "template": {"metadata": _pod_template_meta(labels, pod, settings), "spec": pod},
         },
     }
 
@@ -236,7 +294,10 @@ def build_enqueuer_deployment(
     spec: OutboxDispatcherSpec, *, owner: Owner, shards: int
 ) -> dict[str, Any]:
     """The enqueuer Deployment; ``shards`` is the count published to Redis."""
-    env = [_secret_env("DATABASE_URL", spec.postgres.secret_ref), *_common_env(spec, shards=shards)]
+    env = [
+        _secret_env("DATABASE_URL", spec.postgres.secret_ref),
+        *_common_env(spec, shards=shards, role="enqueuer"),
+    ]
     container = _container(
         name="enqueuer",
         image=spec.enqueuer.image,
@@ -244,12 +305,14 @@ def build_enqueuer_deployment(
         env=env,
         resources=spec.enqueuer.resources,
     )
+    container = _startup_probe(_with_container_settings(container, spec.enqueuer))
     return _deployment(
         owner=owner,
         name=enqueuer_name(owner),
         selector=instance_labels(owner, "enqueuer"),
         replicas=spec.enqueuer.replicas,
-        pod=_pod_spec(container, grace=45),
+        pod=_with_pod_settings(_pod_spec(container, grace=45), spec.enqueuer),
+        settings=spec.enqueuer,
     )
 
 
@@ -272,13 +335,98 @@ def build_worker_deployment(
         name="worker",
         image=queue.image,
         args=_worker_args(queue),
-        env=_common_env(spec, shards=shards),
+        env=_common_env(spec, shards=shards, role="worker"),
         resources=queue.resources,
     )
+    container = _startup_probe(_with_container_settings(container, queue))
     return _deployment(
         owner=owner,
         name=worker_name(owner, queue.name),
         selector=worker_selector(owner, queue.name),
         replicas=replicas,
-        pod=_pod_spec(container, grace=45),
+        pod=_with_pod_settings(_pod_spec(container, grace=45), queue),
+        settings=queue,
     )
+
+
+def _pdb(*, owner: Owner, name: str, selector: dict[str, str]) -> dict[str, Any]:
+    """At most one pod of ``selector`` evicted at a time; crash-looping pods never block a drain."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": name,
+            "namespace": owner.namespace,
+            "labels": _labels(selector),
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def build_enqueuer_pdb(owner: Owner) -> dict[str, Any]:
+    """The enqueuer's budget: a drain takes its replicas one at a time."""
+    return _pdb(owner=owner, name=enqueuer_name(owner), selector=instance_labels(owner, "enqueuer"))
+
+
+def build_worker_pdb(queue: QueueSpec, *, owner: Owner) -> dict[str, Any] | None:
+    """A queue's budget, for a queue that may run more than one worker (else None)."""
+    if queue.max_replicas <= 1:
+        return None
+    return _pdb(
+        owner=owner,
+        name=worker_name(owner, queue.name),
+        selector=worker_selector(owner, queue.name),
+    )
+
+
+def migration_job_name(owner: Owner, image: str) -> str:
+    """One Job per enqueuer image: a new image (a new schema version) migrates again."""
+    digest = f"{fnv1a_32(image.encode()):08x}"
+    return f"{_dns_name(f'{owner.name}-migrate')[: _MAX_NAME - 9]}-{digest}"
+
+
+def build_migration_job(spec: OutboxDispatcherSpec, *, owner: Owner) -> dict[str, Any]:
+    """The Job running ``dispatcher migrate`` with the enqueuer's image and pod settings.
+
+    ``dispatcher migrate`` takes an advisory lock, so a Job overlapping another migration (or a
+    manual run) waits instead of racing. The Job stays until deleted with the dispatcher or by
+    hand (deleting a failed one makes the operator try again).
+    """
+    enqueuer = spec.enqueuer
+    env = [
+        _secret_env("DATABASE_URL", spec.postgres.migration()),
+        {"name": "LOG_LEVEL", "value": spec.log_level},
+        {"name": "LOG_FORMAT", "value": spec.log_format},
+    ]
+    container = _container(
+        name="migrate",
+        image=enqueuer.image,
+        args=["migrate"],
+        env=env,
+        resources=enqueuer.resources,
+    )
+    for key in ("ports", "livenessProbe", "readinessProbe"):
+        container.pop(key)
+    container = _with_container_settings(container, enqueuer)
+    pod = {**_with_pod_settings(_pod_spec(container, grace=30), enqueuer), "restartPolicy": "Never"}
+    labels = _labels(instance_labels(owner, "migrate"))
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": migration_job_name(owner, enqueuer.image),
+            "namespace": owner.namespace,
+            "labels": labels,
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "backoffLimit": 4,
+            "activeDeadlineSeconds": 900,
+            "template": {"metadata": _pod_template_meta(labels, pod, enqueuer), "spec": pod},
+        },
+    }
