@@ -20,7 +20,7 @@ import functools
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import AfterValidator, WithJsonSchema
 
@@ -29,9 +29,9 @@ __all__ = [
     "CORE_TYPES",
     "K8S_VERSION",
     "build_core_schemas",
-    "core_list",
-    "core_object",
+    "core_json_schema",
     "core_schema",
+    "core_validator",
     "validate",
 ]
 
@@ -153,17 +153,15 @@ def _checker(name: str, *, many: bool) -> Callable[[Any], Any]:
     return check
 
 
-def core_list(name: str) -> Any:
-    """A pydantic type: a list of core/v1 ``name``, with its schema in the CRD."""
-    schema = {"type": "array", "items": core_schema(name), "description": f"core/v1 {name} list"}
-    return Annotated[
-        list[dict[str, Any]], AfterValidator(_checker(name, many=True)), WithJsonSchema(schema)
-    ]
+def core_validator(name: str, *, many: bool) -> AfterValidator:
+    """Pydantic metadata: validate a value (a list of them if ``many``) as core/v1 ``name``."""
+    return AfterValidator(_checker(name, many=many))
 
 
-def core_object(name: str) -> Any:
-    """A pydantic type: one core/v1 ``name``, with its schema in the CRD."""
-    schema = {**core_schema(name), "description": f"core/v1 {name}"}
-    return Annotated[
-        dict[str, Any], AfterValidator(_checker(name, many=False)), WithJsonSchema(schema)
-    ]
+def core_json_schema(name: str, *, many: bool) -> WithJsonSchema:
+    """Pydantic metadata: the CRD schema of core/v1 ``name`` (a list of them if ``many``)."""
+    if many:
+        return WithJsonSchema(
+            {"type": "array", "items": core_schema(name), "description": f"core/v1 {name} list"}
+        )
+    return WithJsonSchema({**core_schema(name), "description": f"core/v1 {name}"})

@@ -188,7 +188,7 @@ def core_schemas_json() -> str:
     """``controller/schemas/core-v1.json`` as generated from the official OpenAPI (dev only)."""
     import json
 
-    import kubernetes_validate
+    import kubernetes_validate  # type: ignore[import-untyped]
 
     root = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
     openapi = json.loads((root / f"v{K8S_VERSION}-local" / "_definitions.json").read_text())

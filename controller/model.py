@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from controller.coretypes import core_list, core_object
+from controller.coretypes import core_json_schema, core_validator
 from dispatcher.stream.naming import DEFAULT_SHARDS
 
 __all__ = [
@@ -187,6 +187,37 @@ def _default_resources(memory_limit: str) -> Any:
 
 
 StringMap = Annotated[dict[str, str], Field(max_length=64)]
+_Objects = list[dict[str, Any]]
+EnvVars = Annotated[
+    _Objects, core_validator("EnvVar", many=True), core_json_schema("EnvVar", many=True)
+]
+EnvFromSources = Annotated[
+    _Objects,
+    core_validator("EnvFromSource", many=True),
+    core_json_schema("EnvFromSource", many=True),
+]
+Volumes = Annotated[
+    _Objects, core_validator("Volume", many=True), core_json_schema("Volume", many=True)
+]
+VolumeMounts = Annotated[
+    _Objects, core_validator("VolumeMount", many=True), core_json_schema("VolumeMount", many=True)
+]
+ObjectReferences = Annotated[
+    _Objects,
+    core_validator("LocalObjectReference", many=True),
+    core_json_schema("LocalObjectReference", many=True),
+]
+Tolerations = Annotated[
+    _Objects, core_validator("Toleration", many=True), core_json_schema("Toleration", many=True)
+]
+TopologySpread = Annotated[
+    _Objects,
+    core_validator("TopologySpreadConstraint", many=True),
+    core_json_schema("TopologySpreadConstraint", many=True),
+]
+Affinity = Annotated[
+    dict[str, Any], core_validator("Affinity", many=False), core_json_schema("Affinity", many=False)
+]
 
 
 class PodSettings(_Model):
@@ -197,19 +228,19 @@ class PodSettings(_Model):
     its selectors use are reserved.
     """
 
-    env: core_list("EnvVar") = Field(default_factory=list)
-    env_from: core_list("EnvFromSource") = Field(default_factory=list)
-    volumes: core_list("Volume") = Field(default_factory=list)
-    volume_mounts: core_list("VolumeMount") = Field(default_factory=list)
+    env: EnvVars = Field(default_factory=list)
+    env_from: EnvFromSources = Field(default_factory=list)
+    volumes: Volumes = Field(default_factory=list)
+    volume_mounts: VolumeMounts = Field(default_factory=list)
     service_account_name: str | None = Field(
         default=None, pattern=DNS_SUBDOMAIN_PATTERN, max_length=253,
         description="the pods' ServiceAccount (workload identity); its token is not mounted",
     )  # fmt: skip
-    image_pull_secrets: core_list("LocalObjectReference") = Field(default_factory=list)
+    image_pull_secrets: ObjectReferences = Field(default_factory=list)
     node_selector: StringMap | None = None
-    tolerations: core_list("Toleration") = Field(default_factory=list)
-    affinity: core_object("Affinity") | None = None
-    topology_spread_constraints: core_list("TopologySpreadConstraint") = Field(default_factory=list)
+    tolerations: Tolerations = Field(default_factory=list)
+    affinity: Affinity | None = None
+    topology_spread_constraints: TopologySpread = Field(default_factory=list)
     priority_class_name: str | None = Field(
         default=None, pattern=DNS_SUBDOMAIN_PATTERN, max_length=253
     )

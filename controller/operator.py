@@ -6,10 +6,15 @@ Each step decides in a pure function (``render``, ``shards``, ``scaling``,
 failure a user can fix ends as a ``Degraded`` condition, an Event and a
 ``kopf.TemporaryError`` with exponential backoff: the operator never crashes.
 
-The operator reads the Redis URL from the Secret the resource references
-(the same one the pods get), so it needs ``get`` on Secrets in the watched
-namespaces. One Redis client is kept per resource, and replaced when the URL
-changes.
+The operator reads the Redis URL from the Secret the resource references for
+it (``redis.operatorSecretRef``, else the shared ``redis.secretRef``), so it
+needs ``get`` on Secrets in the watched namespaces; it also checks that every
+other referenced Secret exists, so a missing one is a ``SecretMissing``
+condition instead of pods stuck in ``CreateContainerConfigError``. One Redis
+client is kept per resource, and replaced when the URL changes.
+
+Before the enqueuer runs an image, a Job runs ``dispatcher migrate`` with it
+(``controller.migration``); the ``Migrated`` condition shows where that stands.
 """
 
 from __future__ import annotations
@@ -23,21 +28,33 @@ from typing import Any
 
 import kopf
 import pydantic
+from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
 from controller.k8s import APIError, KubeApi, Logger, SecretMissing
+from controller.metrics import OperatorMetrics
+from controller.migration import MIGRATED, MigrationState, migration_state
 from controller.model import (
+    API_GROUP,
+    API_VERSION,
     MAX_NAME,
+    PLURAL,
+    Condition,
     OutboxDispatcherSpec,
     OutboxDispatcherStatus,
     QueueSpec,
     QueueStatus,
+    SecretRef,
 )
 from controller.render import (
     Owner,
     build_enqueuer_deployment,
+    build_enqueuer_pdb,
+    build_migration_job,
     build_worker_deployment,
+    build_worker_pdb,
     instance_labels,
+    migration_job_name,
     worker_name,
 )
 from controller.scaling import ScalePolicy, ScaleState, clamp, decide
@@ -73,6 +90,7 @@ class OperatorConfig:
     retry_base: float = 5.0  # first retry after a failure, doubled up to retry_cap
     retry_cap: float = 300.0
     redis_timeout: float = 5.0
+    migration_poll: float = 5.0  # how often to look at a running migration Job
     clock: Callable[[], datetime.datetime] = utcnow
 
     def backoff(self, retry: int) -> float:
@@ -137,10 +155,14 @@ def parse_status(status: Mapping[str, Any]) -> OutboxDispatcherStatus:
 class Operator:
     """The reconcile and autoscale steps, with their shared clients."""
 
-    def __init__(self, config: OperatorConfig | None = None) -> None:
+    def __init__(
+        self, config: OperatorConfig | None = None, *, registry: CollectorRegistry | None = None
+    ) -> None:
         self.config = config or OperatorConfig()
         self.settings = kopf.OperatorSettings()
         self.redis = RedisPool(timeout=self.config.redis_timeout)
+        self.metrics = OperatorMetrics(registry if registry is not None else CollectorRegistry())
+        self.crd_served_at_start: bool | None = None  # None: not checked yet
 
     def api(self, logger: Logger) -> KubeApi:
         return KubeApi(settings=self.settings, logger=logger)
@@ -148,7 +170,7 @@ class Operator:
     async def _redis(
         self, api: KubeApi, spec: OutboxDispatcherSpec, *, namespace: str, name: str
     ) -> RedisClient:
-        url = await api.secret_value(namespace=namespace, ref=spec.redis.secret_ref)
+        url = await api.secret_value(namespace=namespace, ref=spec.redis.secret_for("operator"))
         return self.redis.client((namespace, name), url=url, cluster=spec.redis.cluster)
 
     # -- reconcile --------------------------------------------------------------------------
@@ -169,12 +191,18 @@ class Operator:
     ) -> None:
         """Create/update/resume: shard key, enqueuer, one worker per queue, stale cleanup."""
         now = self.config.clock()
-        conditions = parse_status(status).conditions
+        current = parse_status(status)
+        conditions = current.conditions
         try:
-            decision = await self._reconcile(
-                spec, owner=Owner(name=name, namespace=namespace, uid=uid), logger=logger
-            )
+            with self.metrics.reconcile_seconds.time():
+                decision, migration = await self._reconcile(
+                    spec,
+                    owner=Owner(name=name, namespace=namespace, uid=uid),
+                    migrated_image=current.migrated_image,
+                    logger=logger,
+                )
         except Failure as failure:
+            self.metrics.reconciles.labels("failed").inc()
             conditions = set_condition(
                 conditions, type_=READY, status="False", reason=failure.reason,
                 message=failure.message, now=now, generation=generation,
@@ -197,31 +225,117 @@ class Operator:
             reason=Reason.SHARD_DECREASE_BLOCKED if blocked else Reason.AS_EXPECTED,
             message=decision.message if blocked else "", now=now, generation=generation,
         )  # fmt: skip
+        conditions = _migration_condition(conditions, migration, now=now, generation=generation)
         patch.status["conditions"] = condition_dicts(conditions)
         patch.status["observedGeneration"] = generation
         patch.status["shards"] = decision.shards
+        if migration.phase == "succeeded":
+            patch.status["migratedImage"] = migration.image
+        self._count_reconcile(blocked=blocked, migration=migration)
         if blocked:
             kopf.warn(body, reason=Reason.SHARD_DECREASE_BLOCKED, message=decision.message)
             raise kopf.TemporaryError(decision.message, delay=self.config.backoff(retry))
         if decision.action == "set":
             kopf.info(body, reason="ShardsPublished", message=decision.message)
+        if not migration.done:
+            self._migration_pending(body, migration, retry=retry)
+
+    def _count_reconcile(self, *, blocked: bool, migration: MigrationState) -> None:
+        outcome = "blocked" if blocked else "applied" if migration.done else "migrating"
+        self.metrics.reconciles.labels(outcome).inc()
+
+    def _migration_pending(self, body: kopf.Body, migration: MigrationState, *, retry: int) -> None:
+        """Look again soon while the Job runs; back off (and warn) once it failed."""
+        _, reason, message = migration.condition()
+        if migration.phase == "failed":
+            kopf.warn(body, reason=reason, message=message)
+            raise kopf.TemporaryError(message, delay=self.config.backoff(retry))
+        raise kopf.TemporaryError(message, delay=self.config.migration_poll)
 
     async def _reconcile(
-        self, raw_spec: Mapping[str, Any], *, owner: Owner, logger: Logger
-    ) -> ShardDecision:
+        self,
+        raw_spec: Mapping[str, Any],
+        *,
+        owner: Owner,
+        migrated_image: str | None = None,
+        logger: Logger,
+    ) -> tuple[ShardDecision, MigrationState]:
         spec = parse_spec(raw_spec, name=owner.name)
         api = self.api(logger)
         try:
-            await api.secret_value(namespace=owner.namespace, ref=spec.postgres.secret_ref)
+            for ref in _pod_secrets(spec):
+                await api.secret_value(namespace=owner.namespace, ref=ref)
             client = await self._redis(api, spec, namespace=owner.namespace, name=owner.name)
             decision = await self._shards(client, spec)
-            await self._apply(api, spec, owner=owner, shards=decision.shards)
+            migration = await self._migrate(api, spec, owner=owner, migrated_image=migrated_image)
+            await self._apply(
+                api, spec, owner=owner, shards=decision.shards, enqueuer=migration.done
+            )
             await self._prune(api, spec, owner=owner)
+            await self._budgets(api, spec, owner=owner)
         except SecretMissing as exc:
             raise Failure(Reason.SECRET_MISSING, str(exc)) from None
         except APIError as exc:
             raise Failure(Reason.API_ERROR, f"Kubernetes API: {exc}") from None
-        return decision
+        return decision, migration
+
+    async def _migrate(
+        self, api: KubeApi, spec: OutboxDispatcherSpec, *, owner: Owner, migrated_image: str | None
+    ) -> MigrationState:
+        """The migration state for the enqueuer's image; creates its Job when there is none."""
+        image = spec.enqueuer.image
+        name = migration_job_name(owner, image)
+        needed = spec.migrate and migrated_image != image
+        job = await api.get_object("Job", namespace=owner.namespace, name=name) if needed else None
+        state = migration_state(
+            enabled=spec.migrate, image=image, migrated_image=migrated_image, job_name=name, job=job
+        )
+        if needed and job is None:
+            await api.create_object(build_migration_job(spec, owner=owner))
+            log.info(
+                "%s/%s: created Job %s (dispatcher migrate)", owner.namespace, owner.name, name
+            )
+        return state
+
+    async def _budgets(self, api: KubeApi, spec: OutboxDispatcherSpec, *, owner: Owner) -> None:
+        """The enqueuer's PodDisruptionBudget, and one per queue that can run several workers."""
+        await api.apply_object(build_enqueuer_pdb(owner))
+        wanted = set()
+        for queue in spec.queues:
+            budget = build_worker_pdb(queue, owner=owner)
+            if budget is not None:
+                wanted.add(budget["metadata"]["name"])
+                await api.apply_object(budget)
+        for found in await api.list_objects(
+            "PodDisruptionBudget",
+            namespace=owner.namespace,
+            selector=instance_labels(owner, "worker"),
+        ):
+            meta = found.get("metadata", {})
+            ours = any(ref.get("uid") == owner.uid for ref in meta.get("ownerReferences") or [])
+            if ours and meta.get("name") not in wanted:
+                await api.delete_object(
+                    "PodDisruptionBudget", namespace=owner.namespace, name=meta["name"]
+                )
+
+    async def crd_probe(self, logger: Logger) -> str:
+        """kopf's liveness probe: fail while the CRD is not served, or was not at start-up.
+
+        With scanning off, kopf discovers the resource once at start-up: an operator started
+        before its CRD was established never watches, so it must restart.
+        """
+        api = self.api(logger)
+        served = await api.served(group=API_GROUP, version=API_VERSION, plural=PLURAL)
+        if self.crd_served_at_start is None:
+            self.crd_served_at_start = served
+        if not self.crd_served_at_start:
+            raise kopf.PermanentError(
+                f"{PLURAL}.{API_GROUP} was not served when the operator started: "
+                "nothing is watched until it restarts"
+            )
+        if not served:
+            raise kopf.PermanentError(f"{PLURAL}.{API_GROUP} is not served (CRD missing)")
+        return "served"
 
     async def _shards(self, client: RedisClient, spec: OutboxDispatcherSpec) -> ShardDecision:
         try:
@@ -232,9 +346,18 @@ class Operator:
             raise Failure(Reason.REDIS_UNAVAILABLE, _redis_message(client, exc)) from None
 
     async def _apply(
-        self, api: KubeApi, spec: OutboxDispatcherSpec, *, owner: Owner, shards: int
+        self,
+        api: KubeApi,
+        spec: OutboxDispatcherSpec,
+        *,
+        owner: Owner,
+        shards: int,
+        enqueuer: bool = True,
     ) -> None:
-        manifests = [build_enqueuer_deployment(spec, owner=owner, shards=shards)]
+        """The Deployments; the enqueuer's only when ``enqueuer`` (its image is migrated)."""
+        manifests = (
+            [build_enqueuer_deployment(spec, owner=owner, shards=shards)] if enqueuer else []
+        )
         for queue in spec.queues:
             name = worker_name(owner, queue.name)
             live = await api.get_deployment(namespace=owner.namespace, name=name)
@@ -297,6 +420,15 @@ class Operator:
             if row is not None:
                 rows.append({**row, "pending": pending} if pending is not None else row)
         patch.status["queues"] = rows
+        self.metrics.autoscale_ticks.labels("ok" if problem is None else "redis_unavailable").inc()
+        for row in rows:
+            self.metrics.queue(
+                namespace=namespace, dispatcher=name, queue=row["name"],
+                backlog=row.get("backlog"), replicas=int(row.get("replicas") or 0),
+            )  # fmt: skip
+        self.metrics.forget(
+            namespace=namespace, dispatcher=name, keep=frozenset(q.name for q in parsed.queues)
+        )
         self._redis_condition(body, current, patch, problem=problem, now=now)
 
     async def _measure_target(
@@ -346,6 +478,7 @@ class Operator:
                 namespace=owner.namespace, name=name, replicas=decision.replicas
             )
             last_scale = now
+            self.metrics.scale_events.labels("up" if decision.replicas > replicas else "down").inc()
             message = (
                 f"scaled {name} from {replicas} to {decision.replicas} replicas "
                 f"(queue {queue}: backlog {backlog})"
@@ -388,6 +521,32 @@ class Operator:
                 reason=Reason.AS_EXPECTED, message="", now=now,
             )  # fmt: skip
             patch.status["conditions"] = condition_dicts(conditions)
+
+
+def _pod_secrets(spec: OutboxDispatcherSpec) -> list[SecretRef]:
+    """Every Secret key a pod or Job of ``spec`` reads (each checked once)."""
+    refs = [
+        spec.postgres.secret_ref,
+        spec.redis.secret_for("enqueuer"),
+        spec.redis.secret_for("worker"),
+    ]
+    if spec.migrate:
+        refs.append(spec.postgres.migration())
+    return list(dict.fromkeys(refs))
+
+
+def _migration_condition(
+    conditions: list[Condition],
+    migration: MigrationState,
+    *,
+    now: datetime.datetime,
+    generation: int | None,
+) -> list[Condition]:
+    status, reason, message = migration.condition()
+    return set_condition(
+        conditions, type_=MIGRATED, status=status, reason=reason, message=message, now=now,
+        generation=generation,
+    )  # fmt: skip
 
 
 def _policy(*, queue_spec: QueueSpec) -> ScalePolicy:

@@ -3,6 +3,9 @@
 ``KubeEmulator`` is kmock's ``KubernetesEmulator`` plus what a real API server
 adds and kopf relies on: ``uid``, ``resourceVersion``, ``generation`` (bumped
 when the spec changes), ``creationTimestamp`` and names from ``generateName``.
+It also stands in for the Job controller: a Job is stored as finished with
+``job_outcome`` ("Complete" by default, "Failed", or None to leave it running
+until the test writes its status).
 ``operator`` runs the real kopf operator (``controller.handlers.register``) in
 the test's event loop against it, with an injected clock for the autoscaler.
 """
@@ -32,6 +35,8 @@ from controller.operator import Operator, OperatorConfig
 NAMESPACE = "default"
 CR_RESOURCE = "dispatch.composer.dev/v1alpha1/outboxdispatchers"
 DEPLOYMENTS = "apps/v1/deployments"
+PDBS = "policy/v1/poddisruptionbudgets"
+JOBS = "batch/v1/jobs"
 SECRETS = "v1/secrets"
 EVENTS = "v1/events"
 VERBS = {"list", "watch", "get", "create", "patch", "update", "delete"}
@@ -41,6 +46,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     """kmock's emulator with metadata bookkeeping done before it stores a write."""
 
     _versions = itertools.count(1)
+    job_outcome: str | None = "Complete"
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         if request.resource is not None and isinstance(request.data, dict):
@@ -61,6 +67,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         meta["generation"] = 1
         now = datetime.datetime.now(datetime.UTC)
         meta["creationTimestamp"] = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        if request.resource == kmock.resource(JOBS) and self.job_outcome is not None:
+            request.data["status"] = job_status(self.job_outcome)
 
     def _on_update(self, request: rendering.Request) -> None:
         key = (request.resource, request.namespace, request.name)
@@ -116,6 +124,8 @@ def _declare_resources(kube: KubeEmulator) -> None:
     kube.resources[DEPLOYMENTS] = info(
         kind="Deployment", namespaced=True, verbs=VERBS, subresources={"status", "scale"}
     )
+    kube.resources[PDBS] = info(kind="PodDisruptionBudget", namespaced=True, verbs=VERBS)
+    kube.resources[JOBS] = info(kind="Job", namespaced=True, verbs=VERBS, subresources={"status"})
     kube.resources[SECRETS] = info(kind="Secret", namespaced=True, verbs=VERBS)
     kube.resources[EVENTS] = info(kind="Event", namespaced=True, verbs=VERBS)
     # kopf's backbone: looked up at startup even when scanning is disabled.
@@ -157,7 +167,12 @@ def clock() -> FakeClock:
 async def running_operator(kube: KubeEmulator, clock: FakeClock) -> AsyncIterator[Operator]:
     """The real kopf operator, running in this loop against ``kube``, until the block ends."""
     config = OperatorConfig(
-        autoscale_interval=0.2, retry_base=0.1, retry_cap=0.5, redis_timeout=2.0, clock=clock
+        autoscale_interval=0.2,
+        retry_base=0.1,
+        retry_cap=0.5,
+        redis_timeout=2.0,
+        migration_poll=0.1,
+        clock=clock,
     )
     registry = kopf.OperatorRegistry()
     running = register(registry, Operator(config))
@@ -208,3 +223,14 @@ def _spawned_by_kopf(task: asyncio.Task[Any]) -> bool:
 def secret(name: str, **data: str) -> dict[str, Any]:
     encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": encoded}
+
+
+def job_status(outcome: str) -> dict[str, Any]:
+    """A finished Job's status as the Job controller writes it ("Complete" or "Failed")."""
+    condition: dict[str, Any] = {"type": outcome, "status": "True"}
+    if outcome == "Failed":
+        condition.update(
+            reason="BackoffLimitExceeded", message="Job has reached the specified backoff limit"
+        )
+        return {"failed": 5, "conditions": [condition]}
+    return {"succeeded": 1, "conditions": [condition]}

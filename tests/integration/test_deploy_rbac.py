@@ -28,6 +28,7 @@ from kmock._internal import rendering
 
 from tests.fix_kube import (
     DEPLOYMENTS,
+    PDBS,
     NAMESPACE,
     FakeClock,
     KubeEmulator,
@@ -165,9 +166,18 @@ async def test_role_grants_exactly_what_the_operator_uses(
         await gate.send("post", CR_URL, _dispatcher([emails, invoices]))
 
         async def created() -> bool:
-            return _ready(gate) and gate.live(DEPLOYMENTS, "orders-worker-invoices") is not None
+            return (
+                _ready(gate)
+                and gate.live(DEPLOYMENTS, "orders-worker-invoices") is not None
+                and gate.live(DEPLOYMENTS, "orders-enqueuer") is not None
+            )
 
         await eventually(created, within=20)
+        # Someone loosens a budget by hand: the next reconcile patches it back.
+        budget_url = (
+            f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets/orders-worker-emails"
+        )
+        await gate.send("patch", budget_url, {"spec": {"maxUnavailable": 3}})
         changed = {**emails, "handler": "app.tasks:send_v2"}
         await gate.send("patch", f"{CR_URL}/orders", {"spec": {"queues": [changed]}})
 
@@ -179,6 +189,14 @@ async def test_role_grants_exactly_what_the_operator_uses(
             )
 
         await eventually(pruned, within=20)
+
+        async def budgets() -> bool:
+            emails_budget = gate.live(PDBS, "orders-worker-emails") or {}
+            return gate.live(PDBS, "orders-worker-invoices") is None and (
+                emails_budget.get("spec", {}).get("maxUnavailable") == 1
+            )
+
+        await eventually(budgets, within=20)
 
         async def posted() -> bool:  # kopf posts Events in the background
             return bool(gate.events())
