@@ -28,8 +28,8 @@ from kmock._internal import rendering
 
 from tests.fix_kube import (
     DEPLOYMENTS,
-    PDBS,
     NAMESPACE,
+    PDBS,
     FakeClock,
     KubeEmulator,
     _declare_resources,

@@ -376,7 +376,8 @@ def test_migration_job_runs_dispatcher_migrate_as_the_owner_with_the_enqueuer_im
     assert "livenessProbe" not in container
     assert job["metadata"]["name"] == migration_job_name(OWNER, spec.enqueuer.image)
     other = migration_job_name(OWNER, "reg.example.com/enq:2.0")
-    assert other != job["metadata"]["name"] and len(other) <= 63
+    assert other != job["metadata"]["name"]
+    assert len(other) <= 63
     plain = _spec()
     fallback = build_migration_job(plain, owner=OWNER)
     assert _env(fallback)["DATABASE_URL"] == {"secretKeyRef": {"name": "pg", "key": "dsn"}}
