@@ -50,6 +50,10 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> Operator:
     async def cleanup(**_: Any) -> None:
         await operator.redis.close()
 
+    @kopf.on.probe(registry=registry, id="crd")
+    async def crd(*, logger: Any, **_: Any) -> str:
+        return await operator.crd_probe(logger)
+
     @kopf.on.resume(*RESOURCE, registry=registry, id="reconcile")
     @kopf.on.create(*RESOURCE, registry=registry, id="reconcile")
     @kopf.on.update(*RESOURCE, registry=registry, id="reconcile")

@@ -164,8 +164,13 @@ def clock() -> FakeClock:
 
 
 @contextlib.asynccontextmanager
-async def running_operator(kube: KubeEmulator, clock: FakeClock) -> AsyncIterator[Operator]:
-    """The real kopf operator, running in this loop against ``kube``, until the block ends."""
+async def running_operator(
+    kube: KubeEmulator, clock: FakeClock, *, liveness: str | None = None
+) -> AsyncIterator[Operator]:
+    """The real kopf operator, running in this loop against ``kube``, until the block ends.
+
+    ``liveness``: serve kopf's liveness endpoint at this URL (its probes run on each GET).
+    """
     config = OperatorConfig(
         autoscale_interval=0.2,
         retry_base=0.1,
@@ -196,6 +201,7 @@ async def running_operator(kube: KubeEmulator, clock: FakeClock) -> AsyncIterato
         settings=settings,
         standalone=True,
         namespaces=[NAMESPACE],
+        liveness_endpoint=liveness,
         stop_flag=stop,
         ready_flag=ready,
     )
