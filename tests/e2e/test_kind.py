@@ -161,10 +161,10 @@ def wait_for(what: str, check: Any, *, within: float = 300) -> Any:
 
 
 def _get(kind: str, name: str, namespace: str = NAMESPACE) -> dict[str, Any] | None:
+    command = ["kubectl", "--context", f"kind-{CLUSTER}", "-n", namespace, "get", kind, name]
     done = subprocess.run(
-        ["kubectl", "--context", f"kind-{CLUSTER}", "-n", namespace, "get", kind, name, "-o", "json"],
-        capture_output=True, text=True, check=False, timeout=60,
-    )  # fmt: skip
+        [*command, "-o", "json"], capture_output=True, text=True, check=False, timeout=60
+    )
     return json.loads(done.stdout) if done.returncode == 0 else None
 
 
