@@ -146,3 +146,23 @@ def test_pod_settings_and_role_secrets_parse() -> None:
     assert spec.queues[0].resources.requests == {"cpu": "1"}
     assert spec.queues[0].resources.limits is None
     assert spec.postgres.migration().name == "db"
+
+
+def test_readme_pod_settings_example_is_a_valid_queue() -> None:
+    """The README's pod settings example is accepted by the model (so it stays true)."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("### Pod settings", 1)[1]
+    block = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert block is not None
+    queues = yaml.safe_load(block.group(1))["queues"]
+    spec = OutboxDispatcherSpec.model_validate({**SECRETS, "queues": queues})
+    queue = spec.queues[0]
+    assert queue.service_account_name == "invoice-renderer"
+    assert queue.affinity is not None
+    assert queue.topology_spread_constraints
+    assert queue.env_from
