@@ -60,6 +60,7 @@ QUEUE_LABEL = f"{API_GROUP}/queue"
 CONFIG_HASH_ANNOTATION = f"{API_GROUP}/config-hash"
 METRICS_PORT = 9090
 RUN_AS_USER = 10001
+MIGRATION_JOB_TTL = 86400  # a finished migration Job (and its pod's log) stays a day
 _MAX_NAME = 63
 
 
@@ -394,8 +395,9 @@ def build_migration_job(spec: OutboxDispatcherSpec, *, owner: Owner) -> dict[str
     """The Job running ``dispatcher migrate`` with the enqueuer's image and pod settings.
 
     ``dispatcher migrate`` takes an advisory lock, so a Job overlapping another migration (or a
-    manual run) waits instead of racing. The Job stays until deleted with the dispatcher or by
-    hand (deleting a failed one makes the operator try again).
+    manual run) waits instead of racing. A finished Job stays a day for its logs; the
+    dispatcher's ``status.migratedImage`` keeps a succeeded one from running again, and a
+    failed one deleted (by then, or by hand) is tried again.
     """
     enqueuer = spec.enqueuer
     env = [
@@ -427,6 +429,7 @@ def build_migration_job(spec: OutboxDispatcherSpec, *, owner: Owner) -> dict[str
         "spec": {
             "backoffLimit": 4,
             "activeDeadlineSeconds": 900,
+            "ttlSecondsAfterFinished": MIGRATION_JOB_TTL,
             "template": {"metadata": _pod_template_meta(labels, pod, enqueuer), "spec": pod},
         },
     }
