@@ -211,13 +211,35 @@ async def running_operator(
     finally:
         stop.set()
         ignored = before | {t for t in asyncio.all_tasks() if not _spawned_by_kopf(t)}
-        await asyncio.wait_for(kopf.run_tasks(tasks, ignored=ignored), 30)
+        await _stop_kopf(kopf.run_tasks(tasks, ignored=ignored), within=30)
+        await running.redis.close()
 
 
 @pytest.fixture
 async def operator(kube: KubeEmulator, clock: FakeClock) -> AsyncIterator[Operator]:
     async with running_operator(kube, clock) as running:
         yield running
+
+
+async def _stop_kopf(stopping: Any, *, within: float) -> None:
+    """Await kopf's shutdown, cancelling its timer runners again while they ignore it.
+
+    kopf stops a timer by cancelling its runner. Python 3.11's ``asyncio.wait_for`` (which
+    redis-py wraps around socket I/O) can swallow a cancellation that lands as the inner call
+    completes, and the timer then runs on; a second cancellation ends it.
+    """
+    loop = asyncio.get_running_loop()
+    done = asyncio.ensure_future(stopping)
+    deadline = loop.time() + within
+    while not done.done():
+        await asyncio.wait({done}, timeout=1.0)
+        if loop.time() > deadline:
+            done.cancel()
+            raise TimeoutError(f"kopf did not stop within {within}s")
+        for task in asyncio.all_tasks():
+            if task.get_name().startswith("runner of ") and task.cancelling():
+                task.cancel()
+    done.result()
 
 
 def _spawned_by_kopf(task: asyncio.Task[Any]) -> bool:

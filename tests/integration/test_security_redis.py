@@ -159,7 +159,11 @@ def test_enqueuer_and_worker_over_tls_with_acl_users(
     except (AssertionError, OSError):
         pytest.skip("this redis-server was built without TLS")
     try:
-        passwords = {"dispatcher-enqueuer": "tls-enq", "dispatcher-worker": "tls-wrk"}
+        passwords = {
+            "dispatcher-enqueuer": "tls-enq",
+            "dispatcher-worker": "tls-wrk",
+            "dispatcher-operator": "tls-op",
+        }
         admin = sync_redis.Redis(port=server.port)
         for args in documented_acl(passwords):
             admin.execute_command("ACL", "SETUSER", *args)
