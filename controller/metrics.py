@@ -23,17 +23,19 @@ class OperatorMetrics:
         self.registry = registry
         self.reconciles = Counter(
             _PREFIX + "reconciles",
-            "Reconciles of an OutboxDispatcher, by outcome "
-            "(applied, failed, blocked: shard decrease waits, migrating: enqueuer waits).",
+            "Passes over an OutboxDispatcher, by outcome (applied; failed: stopped before "
+            "applying; migrating: the enqueuer waits for its migration Job).",
             ["outcome"],
             registry=registry,
         )
         self.reconcile_seconds = Histogram(
-            _PREFIX + "reconcile_seconds", "Time of one reconcile.", registry=registry
+            _PREFIX + "reconcile_seconds",
+            "Time of one pass (reconcile and autoscale).",
+            registry=registry,
         )
         self.autoscale_ticks = Counter(
             _PREFIX + "autoscale_ticks",
-            "Autoscaler measurements, by outcome (ok, redis_unavailable).",
+            "Backlog measurements of passes that applied, by outcome (ok, redis_unavailable).",
             ["outcome"],
             registry=registry,
         )
