@@ -17,6 +17,10 @@ second: at 20k it drained in 0.2 s and its figure swung by a factor of 2.5.
 The load average before and after is recorded, since another process on the
 machine skews every variant. Prints a markdown table and writes
 ``benchmarks/results/worker_consume.md``.
+
+``--baseline DIR`` adds the same worker variants run from another checkout
+(say ``git worktree add /tmp/before <commit>``), interleaved with the others
+in every round: a before/after comparison under the same load.
 """
 
 from __future__ import annotations
@@ -47,7 +51,10 @@ RESULT = ROOT / "benchmarks" / "results" / "worker_consume.md"
 SHARDS = 4
 CONCURRENCY = 32
 
-Variant = Callable[[RedisClient, str, str, int], Awaitable[float]]
+# A variant drains a queue: its rate (msgs/s) and the CPU its worker processes
+# spent per message meanwhile (us; None when not measured).
+Sample = tuple[float, float | None]
+Variant = Callable[[RedisClient, str, str, int], Awaitable[Sample]]
 
 
 async def backlog(client: RedisClient, queue: str) -> int:
@@ -65,15 +72,33 @@ async def wait_backlog(client: RedisClient, queue: str, *, at_most: float) -> in
         await asyncio.sleep(0.005)
 
 
-async def drain_rate(client: RedisClient, queue: str, total: int) -> float:
-    """Messages/s from 5 % consumed until the backlog is empty."""
+async def drain_rate(
+    client: RedisClient, queue: str, total: int, *, pids: list[int] | None = None
+) -> Sample:
+    """Messages/s from 5 % consumed until the backlog is empty, and CPU us/msg of ``pids``.
+
+    CPU time (user + system, from /proc) is much less skewed than the rate
+    when other processes compete for the cores.
+    """
     left = await wait_backlog(client, queue, at_most=total * 0.95)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), cpu_seconds(pids or [])
     await wait_backlog(client, queue, at_most=0)
-    return left / (time.perf_counter() - started)
+    rate = left / (time.perf_counter() - started)
+    cpu = (cpu_seconds(pids) - cpu_started) / left * 1e6 if pids else None
+    return rate, cpu
 
 
-async def bare(client: RedisClient, url: str, queue: str, total: int) -> float:
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds of ``pids`` so far (Linux /proc)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+async def bare(client: RedisClient, url: str, queue: str, total: int) -> Sample:
     """The floor: XREADGROUP per shard, XACK+XDEL pipelined per batch."""
 
     async def loop(stream: str) -> None:
@@ -95,20 +120,22 @@ async def bare(client: RedisClient, url: str, queue: str, total: int) -> float:
         await asyncio.gather(*loops, return_exceptions=True)
 
 
-def workers(processes: int) -> Variant:
-    async def run(client: RedisClient, url: str, queue: str, total: int) -> float:
+def workers(processes: int, *, root: Path = ROOT) -> Variant:
+    """``processes`` worker processes of the checkout at ``root`` (``-m`` imports from there)."""
+
+    async def run(client: RedisClient, url: str, queue: str, total: int) -> Sample:
         procs = [
             await asyncio.create_subprocess_exec(
                 *(sys.executable, "-m", "dispatcher.cli", "worker", "--queue", queue),
                 *("--handler", "tests.handlers:noop", "--concurrency", str(CONCURRENCY)),
                 *("--consumer", f"bench-{i}", "--redis-url", url, "--log-level", "WARNING"),
-                cwd=ROOT,
+                cwd=root,
                 stdout=subprocess.DEVNULL,
             )
             for i in range(processes)
         ]
         try:
-            return await drain_rate(client, queue, total)
+            return await drain_rate(client, queue, total, pids=[p.pid for p in procs])
         finally:
             for proc in procs:
                 proc.send_signal(signal.SIGTERM)
@@ -124,23 +151,38 @@ VARIANTS: dict[str, Variant] = {
 }
 
 
-async def one_round(client: RedisClient, url: str, variant: Variant, messages: int) -> float:
+async def one_round(client: RedisClient, url: str, variant: Variant, messages: int) -> Sample:
     queue = f"bench{uuid.uuid4().hex[:8]}"
     await publish(client, tasks(queue, messages), shards=SHARDS)
-    rate = await variant(client, url, queue, messages)
+    sample = await variant(client, url, queue, messages)
     await client.delete(*queue_streams([queue], SHARDS))
-    return rate
+    return sample
 
 
-async def measure(url: str, *, messages: int, rounds: int) -> dict[str, list[float]]:
+def chosen_variants(baseline: Path | None, *, single: bool) -> dict[str, Variant]:
+    """The variants to run: with the baseline's beside ours, and maybe without 2 processes."""
+    found = dict(VARIANTS)
+    if baseline is not None:
+        found["baseline worker, 1 process"] = workers(1, root=baseline)
+        found["baseline worker, 2 processes"] = workers(2, root=baseline)
+    if single:
+        found = {name: v for name, v in found.items() if "2 processes" not in name}
+    return found
+
+
+async def measure(
+    url: str, *, messages: int, rounds: int, variants: dict[str, Variant]
+) -> dict[str, list[Sample]]:
     client = connect_redis(url)
     await publish_shard_count(client, SHARDS)
-    rates: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    rates: dict[str, list[Sample]] = {name: [] for name in variants}
     try:
         for r in range(rounds):
-            for name, variant in VARIANTS.items():
+            for name, variant in variants.items():
                 print(f"round {r + 1}/{rounds}: {name} ...", file=sys.stderr, flush=True)
                 rates[name].append(await one_round(client, url, variant, messages))
+                rate, cpu = rates[name][-1]
+                print(f"  {rate:,.0f} msgs/s, cpu {cpu or 0:.1f} us/msg", file=sys.stderr)
                 await client.flushdb()  # dedup keys of the round
                 await publish_shard_count(client, SHARDS)
     finally:
@@ -149,9 +191,9 @@ async def measure(url: str, *, messages: int, rounds: int) -> dict[str, list[flo
 
 
 def render(
-    rates: dict[str, list[float]], *, messages: int, rounds: int, load: tuple[str, str]
+    samples: dict[str, list[Sample]], *, messages: int, rounds: int, load: tuple[str, str]
 ) -> str:
-    floor = statistics.median(next(iter(rates.values())))
+    floor = statistics.median(rate for rate, _ in next(iter(samples.values())))
     redis_version = subprocess.run(
         ["redis-server", "--version"], capture_output=True, text=True, check=False
     ).stdout.split(" ")[2].removeprefix("v=")  # fmt: skip
@@ -163,18 +205,22 @@ def render(
         f"{platform.python_version()}; redis-server {redis_version} (own process, loopback)",
         f"- backlog: {messages} messages over {SHARDS} shards, no-op async handler, "
         f"worker --concurrency {CONCURRENCY}; rate from 5 % consumed to empty",
-        f"- {rounds} rounds, variants interleaved; median (min-max) msgs/s",
+        f"- {rounds} rounds, variants interleaved; median (min-max) msgs/s; worker CPU "
+        "(user + system of its processes over the same window) per message",
         f"- load average (1/5/15 min) before: {load[0]}; after: {load[1]}",
-        "- reproduce: `.venv/bin/python -m benchmarks.worker_consume`",
+        f"- reproduce: `.venv/bin/python -m benchmarks.worker_consume {' '.join(sys.argv[1:])}`",
         "",
-        "| variant | msgs/s (median) | min-max | vs bare |",
-        "|---|---:|---:|---:|",
+        "| variant | msgs/s (median) | min-max | vs bare | worker CPU us/msg (median, min-max) |",
+        "|---|---:|---:|---:|---:|",
     ]
-    for name, values in rates.items():
-        median = statistics.median(values)
+    for name, found in samples.items():
+        rates = [rate for rate, _ in found]
+        cpus = [cpu for _, cpu in found if cpu is not None]
+        median = statistics.median(rates)
+        cpu = f"{statistics.median(cpus):.1f} ({min(cpus):.1f}-{max(cpus):.1f})" if cpus else "-"
         lines.append(
-            f"| {name} | {median:,.0f} | {min(values):,.0f}-{max(values):,.0f} "
-            f"| {median / floor:.2f}x |"
+            f"| {name} | {median:,.0f} | {min(rates):,.0f}-{max(rates):,.0f} "
+            f"| {median / floor:.2f}x | {cpu} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -187,12 +233,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--baseline", type=Path, help="another checkout to run as well")
+    parser.add_argument("--single", action="store_true", help="1-process variants only")
     args = parser.parse_args()
+    variants = chosen_variants(args.baseline, single=args.single)
     workdir = Path(tempfile.mkdtemp(prefix="od-bench-worker-"))
     server = RedisProcess(workdir / "redis").start()
     before = load_average()
     try:
-        rates = asyncio.run(measure(server.url, messages=args.messages, rounds=args.rounds))
+        rates = asyncio.run(
+            measure(server.url, messages=args.messages, rounds=args.rounds, variants=variants)
+        )
     finally:
         server.kill()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -74,6 +74,8 @@ TMP_VOLUME = "tmp"
 # Label keys the operator sets on pods (its selectors rely on them).
 MANAGED_LABEL_PREFIXES = ("app.kubernetes.io/", f"{API_GROUP}/")
 MAX_QUEUES = 64
+MAX_RUNS = 5
+MAX_RUNS_CONFLICT = "maxDeliveries is the old name of maxRuns: set one, or both to the same value"
 # The resource name goes into Deployment names and label values (<= 63 characters).
 MAX_NAME = 50
 NAME_RULE = {
@@ -301,7 +303,12 @@ class QueueSpec(PodSettings):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                _rule("self.minReplicas <= self.maxReplicas", "minReplicas must be <= maxReplicas")
+                _rule("self.minReplicas <= self.maxReplicas", "minReplicas must be <= maxReplicas"),
+                _rule(
+                    "!has(self.maxRuns) || !has(self.maxDeliveries) || "
+                    "self.maxRuns == self.maxDeliveries",
+                    MAX_RUNS_CONFLICT,
+                ),
             ]
         }
     )
@@ -312,8 +319,21 @@ class QueueSpec(PodSettings):
     )
     handler: str = Field(pattern=HANDLER_PATTERN, max_length=512, description="module:function")
     concurrency: int = Field(default=8, ge=1, le=1024, description="handlers at once per pod")
-    max_deliveries: int = Field(default=5, ge=1, le=1000, description="then dead-letter")
+    # No schema default: an old resource sets only maxDeliveries, and a
+    # defaulted maxRuns would then contradict it.
+    max_runs: int | None = Field(
+        default=None,
+        ge=1,
+        le=1000,
+        description=f"handler runs of one task attempt, then dead-letter (default {MAX_RUNS})",
+    )
+    max_deliveries: int | None = Field(
+        default=None, ge=1, le=1000, description="the old name of maxRuns, same meaning"
+    )
     reclaim_idle_seconds: float = Field(default=30.0, ge=1, le=86400)
+    handler_timeout_seconds: float = Field(
+        default=0, ge=0, le=86400, description="seconds a run may take, then it fails; 0 = none"
+    )
     min_replicas: int = Field(default=1, ge=0, le=1000)
     max_replicas: int = Field(default=10, ge=1, le=1000)
     target_backlog_per_replica: int = Field(default=100, ge=1, le=1_000_000)
@@ -333,6 +353,18 @@ class QueueSpec(PodSettings):
         if self.min_replicas > self.max_replicas:
             raise ValueError("minReplicas must be <= maxReplicas")
         return self
+
+    @model_validator(mode="after")
+    def _one_run_limit(self) -> QueueSpec:
+        both = self.max_runs is not None and self.max_deliveries is not None
+        if both and self.max_runs != self.max_deliveries:
+            raise ValueError(MAX_RUNS_CONFLICT)
+        return self
+
+    @property
+    def runs_limit(self) -> int:
+        """``maxRuns``, or the old ``maxDeliveries``, or the default."""
+        return self.max_runs or self.max_deliveries or MAX_RUNS
 
 
 class OutboxDispatcherSpec(_Model):

@@ -381,14 +381,25 @@ def build_enqueuer_deployment(
     )
 
 
+# Every timing flag is passed, so the pods do not depend on the worker's
+# defaults: the grace period fits in the pod's termination grace (45 s) with
+# room to settle and exit; the lease TTL is how long the attempts of a worker
+# that died wait before they run again.
+WORKER_GRACE_SECONDS = 30
+WORKER_LEASE_TTL_SECONDS = 30
+
+
 def _worker_args(queue: QueueSpec) -> list[str]:
     return [
         "worker",
         f"--queue={queue.name}",
         f"--handler={queue.handler}",
         f"--concurrency={queue.concurrency}",
-        f"--max-deliveries={queue.max_deliveries}",
+        f"--max-runs={queue.runs_limit}",
         f"--reclaim-idle={queue.reclaim_idle_seconds:g}",
+        f"--handler-timeout={queue.handler_timeout_seconds:g}",
+        f"--lease-ttl={WORKER_LEASE_TTL_SECONDS}",
+        f"--grace-period={WORKER_GRACE_SECONDS}",
     ]
 
 

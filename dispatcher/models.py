@@ -123,6 +123,8 @@ class TaskMessage(BaseModel):
             data = {**fields, "input": json.loads(raw_input)}
         except ValueError as exc:
             raise MalformedMessage(f"field 'input' is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise MalformedMessage("field 'input' is nested too deeply to parse") from None
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
@@ -133,5 +135,12 @@ class TaskMessage(BaseModel):
 
     @property
     def dedup_key(self) -> str:
-        """Identity of one task attempt: duplicates of it share this key."""
-        return f"{self.task_id}:{self.attempt}"
+        """Identity of one task attempt, ``<run_id>:<task_id>:<attempt>``: duplicates share it.
+
+        ``%`` and ``:`` in the run id are escaped, so no two (run, task,
+        attempt) triples share a key (the attempt, an integer, ends it).
+        """
+        run_id = self.run_id
+        if "%" in run_id or ":" in run_id:
+            run_id = run_id.replace("%", "%25").replace(":", "%3A")
+        return f"{run_id}:{self.task_id}:{self.attempt}"

@@ -4,22 +4,26 @@
 id that is not in ``outbox_dlq`` replays nothing. ``replay_dead_stream``
 moves entries of ``workflow.dead.<queue>`` back to the queue, to the task's
 shard under the count in force (the shard they came from may have been
-removed since), as the enqueuer routes a replayed outbox row. XADD first, then
-XDEL: a crash in between duplicates, never loses.
+removed since), as the enqueuer routes a replayed outbox row, each attempt
+with a fresh run budget (its run count is deleted before the XADD). XADD
+first, then XDEL: a crash in between duplicates, never loses.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
+from dispatcher.models import MalformedMessage, TaskMessage
 from dispatcher.outbox.queries import QUERIES
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.naming import dead_letter_stream, shard_for, task_stream
 from dispatcher.worker.dead_letter import original_fields
+from dispatcher.worker.dedup import attempt_key
 
 __all__ = ["ReplayError", "replay_dead_stream", "replay_outbox_dlq"]
 
@@ -67,6 +71,9 @@ async def replay_dead_stream(
         return Replayed([i for i, _ in chosen], dry_run=True)
     for entry_id, fields in chosen:
         target = task_stream(queue, shard_for(fields.get("task_id", ""), shards))
-        await client.xadd(target, original_fields(fields))  # type: ignore[arg-type]
+        original = original_fields(fields)
+        with contextlib.suppress(MalformedMessage):  # never claimed, so never counted
+            await client.delete(attempt_key(TaskMessage.from_fields(original).dedup_key))
+        await client.xadd(target, original)  # type: ignore[arg-type]
         await client.xdel(dead, entry_id)
     return Replayed([i for i, _ in chosen], dry_run=False)

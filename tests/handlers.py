@@ -79,3 +79,33 @@ def slow(message: TaskMessage) -> None:
 
 async def noop(message: TaskMessage) -> None:
     """Do nothing (the benchmark's handler)."""
+
+
+def exclusive(message: TaskMessage) -> None:
+    """Record a run, and ``overlap:<task>`` if another run of the task is still alive.
+
+    A run marks the task with its process id while it runs. A mark left by a
+    process that is gone (killed mid-run) is not an overlap. The first run of
+    a task sleeps ``input["first_sleep"]`` seconds; later runs return at once.
+    """
+    client, key = _log()
+    mark = f"{key}:running:{message.task_id}"
+    holder = client.get(mark)
+    if holder is not None and _alive(int(holder)):
+        client.rpush(key, f"overlap:{message.task_id}")
+    client.set(mark, os.getpid())
+    run = client.incr(f"{key}:runs:{message.task_id}")
+    client.rpush(key, f"started:{message.task_id}")
+    if run == 1 and isinstance(message.input, dict):
+        time.sleep(float(message.input.get("first_sleep", 0)))
+    client.delete(mark)
+    client.rpush(key, f"done:{message.task_id}")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False

@@ -97,8 +97,12 @@ async def _dlq_list(args: argparse.Namespace, settings: Settings) -> int:
         async with redis_client(settings) as redis:
             entries: list[Any] = await redis.xrevrange(dead_letter_stream(queue), count=args.limit)  # type: ignore[assignment]
         for entry_id, fields in entries:
-            task, count = fields.get("task_id", "?"), fields.get("delivery_count", "?")
-            print(f"{entry_id}  task={task}  deliveries={count}  error={fields.get('error', '')}")
+            task, runs = fields.get("task_id", "?"), fields.get("runs", "?")
+            count = fields.get("delivery_count", "?")
+            print(
+                f"{entry_id}  task={task}  runs={runs}  deliveries={count}  "
+                f"error={fields.get('error', '')}"
+            )
         print(f"({len(entries)} shown)")
         return 0
     async with await psycopg.AsyncConnection.connect(settings.require_database_url()) as conn:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from typing import Any
@@ -25,6 +26,8 @@ from dispatcher.worker import (
 
 __all__ = ["register"]
 
+log = logging.getLogger(__name__)
+
 
 def register(sub: Any, common: Common) -> None:
     p = sub.add_parser(
@@ -46,7 +49,15 @@ def register(sub: Any, common: Common) -> None:
     g.add_argument("--concurrency", type=int, default=8, help="handlers at once (8)")
     g.add_argument("--group", default="workers", help="consumer group (workers)")
     g.add_argument("--consumer", default=None, help="consumer name (hostname-pid)")
-    g.add_argument("--max-deliveries", type=int, default=5, help="then dead-letter (5)")
+    g.add_argument(
+        "--max-runs",
+        "--max-deliveries",
+        dest="max_runs",
+        type=int,
+        default=5,
+        help="handler runs of one task attempt, then dead-letter (5); --max-deliveries is "
+        "its old name, same meaning",
+    )
     g.add_argument(
         "--reclaim-idle", type=seconds, default=30.0, help="seconds before reclaiming an entry (30)"
     )
@@ -54,6 +65,12 @@ def register(sub: Any, common: Common) -> None:
     g.add_argument("--metrics-port", type=int, default=None, help="env METRICS_PORT; 0 = off")
     g.add_argument("--grace-period", type=seconds, default=30.0, help="seconds on stop (30)")
     g.add_argument("--lease-ttl", type=seconds, default=30.0, help="attempt lease seconds (30)")
+    g.add_argument(
+        "--handler-timeout",
+        type=seconds,
+        default=0.0,
+        help="seconds a run may take, then it counts as failed (0 = no limit)",
+    )
     g.add_argument(
         "--dedup-window", type=seconds, default=86400.0, help="seconds a done attempt is remembered"
     )
@@ -70,9 +87,10 @@ def _run(args: argparse.Namespace, settings: Settings) -> Any:
             group=args.group,
             consumer=args.consumer or default_consumer_name(),
             concurrency=args.concurrency,
-            max_deliveries=args.max_deliveries,
+            max_runs=args.max_runs,
             reclaim_idle=args.reclaim_idle,
             lease_ttl=args.lease_ttl,
+            handler_timeout=args.handler_timeout,
             dedup_window=args.dedup_window,
             shards=settings.stream_shards,
             grace_period=args.grace_period,
@@ -104,7 +122,22 @@ async def _serve(settings: Settings, handler: Handler, config: WorkerConfig) -> 
         try:
             await run_until_signalled(worker.run, worker.request_stop)
         finally:
+            if worker.abandoned:
+                _exit_now(worker.abandoned)
             await server.stop()
     finally:
         await client.aclose()
     return 0
+
+
+def _exit_now(threads: int) -> None:
+    """End the process without waiting for handler threads that outlived the grace period.
+
+    The interpreter would join them at exit while their leases lapse, and
+    another worker would run the same attempt beside them; ending now keeps
+    the leases until the process is gone (they then expire, and the attempt
+    runs again as a run whose worker died).
+    """
+    log.warning("exiting without waiting for %d handler threads", threads)
+    logging.shutdown()
+    os._exit(0)

@@ -2,12 +2,13 @@
 
 ``read_new`` hands each new entry to exactly one consumer of the group; an
 entry stays in the group's pending entries list (PEL) until ``ack``.
-``reclaim_orphaned`` takes over entries another consumer left idle (it
-crashed, or its handler failed) and reports exact delivery counts, so callers
-can dead-letter poison messages. One consumer object reads one stream, so on
-Redis Cluster every read is single-key and never CROSSSLOT. ``ack_many``
-settles many entries of the stream in one round trip; ``add_ack`` queues the
-same commands on a caller's pipeline, so they can travel with other writes.
+``reclaim_orphaned`` takes over entries left idle (their consumer crashed or
+hung, or their handler failed) and reports exact delivery counts;
+``keep_fresh`` keeps entries whose handler still runs from looking idle.
+One consumer object reads one stream, so on Redis Cluster every read is
+single-key and never CROSSSLOT. ``ack_many`` settles many entries of the
+stream in one round trip; ``add_ack`` queues the same commands on a caller's
+pipeline, so they can travel with other writes.
 """
 
 from __future__ import annotations
@@ -88,6 +89,16 @@ class RedisStreamConsumer:
             Message(stream=self.stream, id=eid, fields=fields, delivery_count=counts.get(eid, 1))
             for eid, fields in claimed
         ]
+
+    async def keep_fresh(self, entry_ids: Sequence[str]) -> None:
+        """Reset the idle time of our pending ``entry_ids``: nobody reclaims them for a while.
+
+        ``XCLAIM <group> <self> 0 <ids> JUSTID`` neither raises their delivery
+        counts nor returns their bodies; ids no longer pending are skipped.
+        """
+        await self.client.xclaim(
+            self.stream, self.group, self.consumer, 0, list(entry_ids), justid=True
+        )
 
     async def ack(self, message_id: str) -> None:
         await self.ack_many([message_id])

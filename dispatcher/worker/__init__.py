@@ -9,7 +9,7 @@ the shared handler slots (``slots.py``), what happens to one delivery
 
 from dispatcher.worker.config import WorkerConfig, default_consumer_name
 from dispatcher.worker.dead_letter import dead_letter_fields
-from dispatcher.worker.dedup import AttemptGuard, Claim, done_key, lease_key
+from dispatcher.worker.dedup import AttemptGuard, Claim, attempt_key, lease_key
 from dispatcher.worker.delivery import Outcome
 from dispatcher.worker.handler import Handler, HandlerImportError, load_handler
 from dispatcher.worker.runtime import Worker
@@ -22,9 +22,9 @@ __all__ = [
     "Outcome",
     "Worker",
     "WorkerConfig",
+    "attempt_key",
     "dead_letter_fields",
     "default_consumer_name",
-    "done_key",
     "lease_key",
     "load_handler",
 ]

@@ -20,17 +20,19 @@ def default_consumer_name() -> str:
 class WorkerConfig:
     """What one worker process reads and how it treats each delivery.
 
-    Times are in seconds. ``shards`` is the fallback when
-    ``composer:stream_shards`` is not set yet.
+    Times are in seconds. ``max_runs`` is how many handler runs one task
+    attempt gets before it is dead-lettered; ``handler_timeout`` 0 means none.
+    ``shards`` is the fallback when ``composer:stream_shards`` is not set yet.
     """
 
     queues: tuple[str, ...]
     group: str = "workers"
     consumer: str = field(default_factory=default_consumer_name)
     concurrency: int = 8
-    max_deliveries: int = 5
+    max_runs: int = 5
     reclaim_idle: float = 30.0
     lease_ttl: float = 30.0
+    handler_timeout: float = 0.0  # 0: none
     dedup_window: float = 24 * 3600.0
     shards: int | None = None
     shard_poll_interval: float = 2.0
@@ -44,26 +46,17 @@ class WorkerConfig:
         for queue in self.queues:
             validate_queue(queue)
         _at_least("concurrency", self.concurrency, 1)
-        _at_least("max deliveries", self.max_deliveries, 1)
+        _at_least("max runs", self.max_runs, 1)
         _at_least("block ms", self.block_ms, 1)
         for name in ("reclaim_idle", "lease_ttl", "dedup_window", "shard_poll_interval"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name.replace('_', ' ')} must be > 0")
         if self.grace_period < 0:
             raise ValueError("grace period must be >= 0")
+        if self.handler_timeout < 0:
+            raise ValueError("handler timeout must be >= 0 (0 = none)")
         if not self.group or not self.consumer:
             raise ValueError("group and consumer names must not be empty")
-
-    def caveats(self) -> list[str]:
-        """Valid but risky combinations, worth a warning at start-up."""
-        found = []
-        if self.lease_ttl >= self.reclaim_idle * self.max_deliveries:
-            found.append(
-                f"lease ttl ({self.lease_ttl:g}s) >= reclaim idle x max deliveries "
-                f"({self.reclaim_idle:g}s x {self.max_deliveries}): entries of a crashed worker "
-                "may be dead-lettered before its leases expire; lower --lease-ttl"
-            )
-        return found
 
     @property
     def reclaim_idle_ms(self) -> int:

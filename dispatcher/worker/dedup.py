@@ -1,24 +1,26 @@
-"""Duplicate suppression for task attempts: a lease while running, a done mark after.
+"""Task attempts in Redis: a lease while a run goes on, a run count, then a done mark.
 
-Delivery is at-least-once (the outbox may publish a row twice, a reclaim may
-hand out an entry whose first run is still going). Two Redis keys per task
-attempt (``TaskMessage.dedup_key`` = ``<task_id>:<attempt>``) turn most
-duplicates into no-ops:
+Delivery is at-least-once (the outbox may publish a row twice, a worker may
+die with entries in hand). Two Redis keys per task attempt
+(``TaskMessage.dedup_key`` = ``<run_id>:<task_id>:<attempt>``) turn
+duplicates into no-ops and count the attempt's runs:
 
-- ``dispatcher:lease:<task_id>:<attempt>`` — SET NX PX with this worker's
-  token before the handler runs, renewed while a run lasts longer than a
-  third of its TTL (``leases.py``), deleted (only if still ours) when the
-  handler fails. While it exists, no other delivery of the attempt runs: that
-  delivery stays pending and is reclaimed later.
-- ``dispatcher:done:<task_id>:<attempt>`` — written after the handler
-  succeeded, kept for the dedup window (default 24 h), and always before the
-  entry is acked (``settle.py``). A delivery of a done attempt is acked
-  without running.
+- ``dispatcher:lease:<key>`` — SET NX PX with this worker's token before the
+  handler runs, renewed while the run lasts (``leases.py``), deleted (only if
+  still ours) when the run ends without success. While it exists, no other
+  delivery of the attempt runs: that delivery stays pending, is not counted,
+  and is reclaimed later.
+- ``dispatcher:attempt:<key>`` — the number of runs started (a run is a
+  handler start; taking the lease starts one), then ``done`` once a run
+  succeeded, kept for the dedup window (default 24 h) and always written
+  before the entry is acked (``settle.py``). A delivery of a done attempt is
+  acked without running. A run whose worker died still counts: its lease
+  expires, its count stays.
 
-``claim_many`` takes the leases and reads the done marks of a whole read
-batch in one round trip: on standalone Redis one script call (``_CLAIM``,
-which reads the done mark first and takes no lease for a done attempt), on
-Redis Cluster one pipeline of single-key commands.
+``claim_many`` takes the leases, counts the runs and reads the done marks of
+a whole read batch in one round trip: on standalone Redis one script call
+(``_CLAIM``), on Redis Cluster one pipeline of single-key commands, then a
+second one that counts the runs of the leases it took.
 
 After a success the lease is left to expire rather than deleted, so a
 duplicate that read "not done" just before the done mark was written cannot
@@ -27,21 +29,21 @@ take the lease until long after the mark exists.
 What this does *not* guarantee (be honest with handler authors):
 
 - Effectively-once only within the dedup window; an attempt re-delivered
-  after its done key expired runs again.
+  after its mark expired runs again.
 - A crash (or a lost connection) between the handler's success and the done
   write re-runs the attempt: handlers must still be idempotent.
 - A lease that expires while the handler is still running (the process is
   stalled longer than the TTL, or Redis is unreachable for that long) lets
   another worker run the same attempt concurrently.
-- Different attempts of one task (``attempt`` 1, 2...) are different
-  identities by design: a retry is meant to run.
+- Different attempts of one task (``attempt`` 1, 2...) and the same task in
+  different runs are different identities by design: they are meant to run.
 - On Redis Cluster the two keys live in different slots; every operation is
   a single-key command (or a single-key script), pipelined but never a
   multi-key transaction, so there is no atomicity across them beyond the
   ordering above. (On standalone Redis the batch scripts are atomic, which
   the guarantees above do not rely on.)
 - The keys are independent of the stream: a failover that loses recent
-  writes on a replica-less primary can lose a done mark too.
+  writes on a replica-less primary can lose a done mark or a count too.
 """
 
 from __future__ import annotations
@@ -57,12 +59,14 @@ from redis.asyncio import RedisCluster
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.consumer import RedisPipeline
 
-__all__ = ["AttemptGuard", "Claim", "done_key", "lease_key"]
+__all__ = ["DONE", "AttemptGuard", "Claim", "attempt_key", "lease_key"]
 
 log = logging.getLogger(__name__)
 
 LEASE_PREFIX = "dispatcher:lease:"
-DONE_PREFIX = "dispatcher:done:"
+ATTEMPT_PREFIX = "dispatcher:attempt:"
+# The attempt key's value once a run succeeded; before that, the runs started.
+DONE = "done"
 
 _RENEW = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
@@ -70,20 +74,29 @@ if redis.call('get', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
-# KEYS: lease and done key of each attempt, in pairs; ARGV: token, lease TTL ms.
-# One character per attempt: D done, A lease acquired, B busy (held by a run).
+# KEYS: lease and attempt key of each attempt, in pairs; ARGV: token, lease TTL
+# ms, attempt TTL ms. One integer per attempt: 0 done, -1 busy (a run holds the
+# lease), n > 0 the lease is ours and this is run n.
 _CLAIM = """
 local found = {}
 for i = 1, #KEYS, 2 do
-  if redis.call('exists', KEYS[i + 1]) == 1 then
-    found[#found + 1] = 'D'
+  local runs = redis.call('get', KEYS[i + 1])
+  if runs == 'done' then
+    found[#found + 1] = 0
   elseif redis.call('set', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    found[#found + 1] = 'A'
+    if runs then
+      runs = (tonumber(runs) or 0) + 1
+      redis.call('set', KEYS[i + 1], runs, 'KEEPTTL')
+    else
+      runs = 1
+      redis.call('set', KEYS[i + 1], 1, 'PX', ARGV[3])
+    end
+    found[#found + 1] = runs
   else
-    found[#found + 1] = 'B'
+    found[#found + 1] = -1
   end
 end
-return table.concat(found)
+return found
 """
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
@@ -97,20 +110,23 @@ def lease_key(dedup_key: str) -> str:
     return f"{LEASE_PREFIX}{dedup_key}"
 
 
-def done_key(dedup_key: str) -> str:
-    return f"{DONE_PREFIX}{dedup_key}"
+def attempt_key(dedup_key: str) -> str:
+    return f"{ATTEMPT_PREFIX}{dedup_key}"
 
 
-class Claim(enum.Enum):
-    """What ``AttemptGuard.claim`` found for one delivery."""
+class Claim(enum.IntEnum):
+    """What ``AttemptGuard.claim`` found, when it did not start a run.
 
-    ACQUIRED = "acquired"  # the lease is ours: run the handler
-    DONE = "done"  # the attempt already succeeded: ack without running
-    BUSY = "busy"  # another run holds the lease: leave the entry pending
+    A claim is an ``int``: these two values, or the number (>= 1) of the run
+    it started (the lease is ours: run the handler).
+    """
+
+    DONE = 0  # the attempt already succeeded: ack without running
+    BUSY = -1  # another run holds the lease: leave the entry pending, count nothing
 
 
 class AttemptGuard:
-    """Lease and done keys of task attempts, for one worker process."""
+    """Lease and attempt keys of task attempts, for one worker process."""
 
     def __init__(
         self, client: RedisClient, *, owner: str, lease_ttl_ms: int, done_ttl_ms: int
@@ -124,12 +140,12 @@ class AttemptGuard:
         self._claim = client.register_script(_CLAIM)
         self._cluster = isinstance(client, RedisCluster)
 
-    async def claim(self, dedup_key: str) -> Claim:
-        """Try to take the lease and read the done mark in one round trip."""
+    async def claim(self, dedup_key: str) -> int:
+        """Try to take the lease (and count the run) and read the done mark in one round trip."""
         (claim,) = await self.claim_many([dedup_key])
         return claim
 
-    async def claim_many(self, dedup_keys: Sequence[str]) -> list[Claim]:
+    async def claim_many(self, dedup_keys: Sequence[str]) -> list[int]:
         """``claim`` for many attempts in one round trip, in order.
 
         A key given twice is acquired at most once (SET NX): the later copy is
@@ -140,22 +156,40 @@ class AttemptGuard:
         if self._cluster:
             return await self._claim_pipelined(dedup_keys)
         # As bytes: redis-py packs bytes at half the cost of str, on the hot path.
-        keys = [k.encode() for key in dedup_keys for k in (lease_key(key), done_key(key))]
-        found = await self._claim(keys=keys, args=[self._token, self.lease_ttl_ms])
-        return [_CLAIMS[c] for c in found]
+        keys = [k.encode() for key in dedup_keys for k in (lease_key(key), attempt_key(key))]
+        found: list[int] = await self._claim(
+            keys=keys, args=[self._token, self.lease_ttl_ms, self.done_ttl_ms]
+        )
+        return found
 
-    async def _claim_pipelined(self, dedup_keys: Sequence[str]) -> list[Claim]:
-        """Per key: SET NX the lease, EXISTS the done mark; let go of leases of done attempts."""
+    async def _claim_pipelined(self, dedup_keys: Sequence[str]) -> list[int]:
+        """Per key: SET NX the lease, GET the attempt; then count runs, let go of done ones."""
         pipe = self._client.pipeline(transaction=False)
         for key in dedup_keys:
             pipe.set(lease_key(key), self._token, nx=True, px=self.lease_ttl_ms)
-            pipe.exists(done_key(key))
+            pipe.get(attempt_key(key))
         replies = await pipe.execute()
-        acquired, done = replies[0::2], replies[1::2]
-        taken_but_done = [k for k, a, d in zip(dedup_keys, acquired, done, strict=True) if a and d]
+        claims: list[int] = []
+        count = self._client.pipeline(transaction=False)
+        taken_but_done = []
+        for key, acquired, runs in zip(dedup_keys, replies[0::2], replies[1::2], strict=True):
+            if runs == DONE:
+                claims.append(Claim.DONE)
+                if acquired:
+                    taken_but_done.append(key)
+            elif not acquired:
+                claims.append(Claim.BUSY)
+            elif runs is None:
+                claims.append(1)
+                count.set(attempt_key(key), 1, px=self.done_ttl_ms)
+            else:
+                claims.append(_as_int(runs) + 1)
+                count.set(attempt_key(key), claims[-1], keepttl=True)
+        if len(count):
+            await count.execute()
         if taken_but_done:
             await asyncio.gather(*(self.release(key) for key in taken_but_done))
-        return [_claim_of(bool(a), bool(d)) for a, d in zip(acquired, done, strict=True)]
+        return claims
 
     async def mark_done(self, dedup_key: str) -> None:
         await self.mark_done_many([dedup_key])
@@ -171,7 +205,7 @@ class AttemptGuard:
     def add_done_marks(self, pipe: RedisPipeline, dedup_keys: Sequence[str]) -> None:
         """Queue the done marks of ``dedup_keys`` on ``pipe``; the caller executes it."""
         for key in dedup_keys:
-            pipe.set(done_key(key), "1", px=self.done_ttl_ms)
+            pipe.set(attempt_key(key), DONE, px=self.done_ttl_ms)
 
     async def renew(self, dedup_key: str) -> bool:
         """Push the lease's expiry a full TTL ahead; False if it is no longer ours."""
@@ -182,11 +216,16 @@ class AttemptGuard:
         """Delete the lease if it is still ours (a failed run: let a retry take it)."""
         await self._release(keys=[lease_key(dedup_key)], args=[self._token])
 
+    async def forget(self, dedup_key: str) -> None:
+        """Drop the attempt's run count and our lease: it was dead-lettered.
 
-_CLAIMS = {"A": Claim.ACQUIRED, "D": Claim.DONE, "B": Claim.BUSY}
+        A replay of the dead letter then starts with a fresh run budget.
+        """
+        await asyncio.gather(self._client.delete(attempt_key(dedup_key)), self.release(dedup_key))
 
 
-def _claim_of(acquired: bool, done: bool) -> Claim:
-    if done:
-        return Claim.DONE
-    return Claim.ACQUIRED if acquired else Claim.BUSY
+def _as_int(value: object) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0

@@ -19,13 +19,27 @@ from typing import Any
 
 from dispatcher.models import TaskMessage
 
-__all__ = ["Handler", "HandlerImportError", "Invoke", "invoke", "invoker", "load_handler"]
+__all__ = [
+    "Handler",
+    "HandlerImportError",
+    "HandlerTimeout",
+    "Invoke",
+    "invoke",
+    "invoker",
+    "is_async",
+    "load_handler",
+    "thread_call",
+]
 
 Handler = Callable[[TaskMessage], Any] | Callable[[TaskMessage], Awaitable[Any]]
 
 
 class HandlerImportError(ValueError):
     """The handler path does not name an importable callable; the message says why."""
+
+
+class HandlerTimeout(Exception):
+    """A run outlived ``--handler-timeout``: it counts as a failed run."""
 
 
 def load_handler(path: str) -> Handler:
@@ -65,13 +79,17 @@ def invoker(handler: Handler, *, executor: Executor | None) -> Invoke:
         return handler  # an async handler is its own invoker
 
     async def run_in_thread(message: TaskMessage) -> None:
-        # Run in a copy of this context, so the handler's thread sees the current span.
-        call = functools.partial(contextvars.copy_context().run, handler, message)
+        call = thread_call(handler, message)
         result = await asyncio.get_running_loop().run_in_executor(executor, call)
         if inspect.isawaitable(result):  # a sync factory that returned a coroutine
             await result
 
     return run_in_thread
+
+
+def thread_call(handler: Handler, message: TaskMessage) -> Callable[[], Any]:
+    """``handler(message)`` for a thread, run in a copy of this context (it sees the span)."""
+    return functools.partial(contextvars.copy_context().run, handler, message)
 
 
 async def invoke(handler: Handler, message: TaskMessage, *, executor: Executor | None) -> None:

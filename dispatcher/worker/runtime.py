@@ -12,7 +12,11 @@ queues that still hold entries or pending entries (a decrease made before it
 started, a writer that still had the old count) and reads those too
 (``stream/discovery.py``). ``request_stop()`` stops reading; handlers in hand finish
 within the grace period, the rest stay pending for another worker; a consumer
-with nothing pending is then removed from its group.
+with nothing pending is then removed from its group. Until ``run()`` returns,
+every handler still running keeps its lease and its entry fresh; a sync
+handler's thread cannot be stopped, so ``abandoned`` counts the threads still
+running when ``run()`` returns, and the process should then end at once (the
+CLI exits hard) before their leases can lapse.
 """
 
 from __future__ import annotations
@@ -37,7 +41,6 @@ from dispatcher.stream.shards import read_shard_count
 from dispatcher.stream.stats import stream_stats
 from dispatcher.worker.coalesce import Coalescer
 from dispatcher.worker.config import WorkerConfig
-from dispatcher.worker.dead_letter import ErrorMemory
 from dispatcher.worker.dedup import AttemptGuard
 from dispatcher.worker.delivery import Deliveries
 from dispatcher.worker.handler import Handler
@@ -97,6 +100,11 @@ class Worker:
     def streams(self) -> list[str]:
         return list(self._readers)
 
+    @property
+    def abandoned(self) -> int:
+        """Sync handler threads still running (after ``run()``: left behind by the grace period)."""
+        return len(self._deliveries.threads)
+
     def request_stop(self) -> None:
         """Stop reading; ``run()`` returns once handlers in hand are settled."""
         self._stopping.set()
@@ -137,7 +145,8 @@ class Worker:
             await self._deliveries.claims.aclose()
             await self._deliveries.settler.aclose()
             # A sync handler still running past the grace period cannot be
-            # interrupted; we stop waiting for it, its entry stays pending.
+            # interrupted: we stop waiting for it, its entry stays pending, and
+            # the caller ends the process (``abandoned``).
             self._executor.shutdown(wait=False, cancel_futures=True)
             log.info("worker stopped", extra={"consumer": self.config.consumer})
 
@@ -155,17 +164,15 @@ class Worker:
             handler=self._handler,
             guard=guard,
             claims=Coalescer(guard.claim_many, name="claim"),
-            leases=LeaseKeeper(guard),
+            leases=LeaseKeeper(guard, reclaim_idle=self.config.reclaim_idle),
             settler=Settler(self.client, guard),
             metrics=self.metrics,
-            errors=ErrorMemory(),
-            max_deliveries=self.config.max_deliveries,
+            max_runs=self.config.max_runs,
+            handler_timeout=self.config.handler_timeout,
             executor=self._executor,
         )
 
     async def _start(self) -> None:
-        for caveat in self.config.caveats():
-            log.warning("%s", caveat)
         shards = await read_shard_count(self.client, fallback=self.config.shards)
         await self._grow_to(shards)
         await self._discover()
@@ -325,6 +332,12 @@ class Worker:
                 len(self._in_flight),
             )
             await self._cancel(self._handlers)
+        if self.abandoned:
+            log.warning(
+                "%d sync handlers still running after the grace period: their leases are "
+                "kept until the process exits",
+                self.abandoned,
+            )
 
     async def _leave_groups(self) -> None:
         """XGROUP DELCONSUMER on every stream where this consumer holds nothing."""

@@ -32,18 +32,18 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.consumer import RedisStreamConsumer
 from dispatcher.worker.coalesce import Coalescer
-from dispatcher.worker.dedup import AttemptGuard, done_key
+from dispatcher.worker.dedup import AttemptGuard, attempt_key
 
 __all__ = ["Settler"]
 
 log = logging.getLogger(__name__)
 
-# KEYS: the done keys, then the streams; ARGV: done TTL ms, number of done
+# KEYS: the attempt keys to mark done, then the streams; ARGV: done TTL ms, number of done
 # keys, then per stream its group, its id count and the ids.
 _SETTLE = """
 local done = tonumber(ARGV[2])
 for i = 1, done do
-  redis.call('set', KEYS[i], '1', 'PX', ARGV[1])
+  redis.call('set', KEYS[i], 'done', 'PX', ARGV[1])
 end
 local first_error = nil
 local function run(...)
@@ -120,7 +120,7 @@ class Settler:
             await pipe.execute()
         else:
             # As bytes: redis-py packs bytes at half the cost of str, on the hot path.
-            keys = [done_key(k).encode() for k in done]
+            keys = [attempt_key(k).encode() for k in done]
             keys += [consumer.stream.encode() for consumer, _ in streams]
             args: list[bytes | str | int] = [self._guard.done_ttl_ms, len(done)]
             for consumer, ids in streams:

@@ -40,7 +40,7 @@ ENQUEUER_FLAGS = (
 )  # fmt: skip
 WORKER_FLAGS = (
     "--handler", "tests.faults.handlers:record", "--concurrency", "8", "--reclaim-idle", "1",
-    "--lease-ttl", "2", "--max-deliveries", "10", "--grace-period", "2",
+    "--lease-ttl", "2", "--max-runs", "10", "--grace-period", "2",
 )  # fmt: skip
 
 

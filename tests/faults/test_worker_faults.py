@@ -2,7 +2,7 @@
 
 Worker processes SIGKILLed in the middle of their handlers (their entries are
 reclaimed by the others), and poison tasks mixed into normal ones (dead-
-lettered after ``--max-deliveries``; every normal task still handled).
+lettered after ``--max-runs`` runs; every normal task still handled).
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ def test_poison_tasks_among_normal_ones(
     s = scale()
     p = pipeline(own_redis().url)
     p.enqueuer()
-    p.worker("--max-deliveries", "3", "--reclaim-idle", "0.5")
+    p.worker("--max-runs", "3", "--reclaim-idle", "0.5")
     load = p.start_load(LoadSpec(tasks=s.tasks, rate=s.rate, poison_every=25))
     report = p.verify(within=s.drain_within)
     dead = {f["task_id"] for _id, f in p.redis.xrange(dead_letter_stream(p.queue))}
     assert dead == load.poison, "exactly the poison tasks are dead-lettered"
     assert report.handled == report.committed - len(load.poison)
     errors = [f["error"] for _id, f in p.redis.xrange(dead_letter_stream(p.queue))]
-    assert all("PoisonTask" in e or "max deliveries" in e for e in errors), errors[:3]
+    assert all("PoisonTask" in e or "max runs" in e for e in errors), errors[:3]

@@ -19,7 +19,7 @@ from dispatcher.stream import (
     publish_shard_count,
     task_stream,
 )
-from dispatcher.worker import Worker, WorkerConfig
+from dispatcher.worker import Worker, WorkerConfig, attempt_key
 from tests.fix_outbox import insert_rows, make_enqueuer, outbox_status, published
 from tests.handlers import publish, tasks
 from tests.helpers import eventually
@@ -108,9 +108,11 @@ async def test_worker_dead_letter_stream_replay(
     source = task_stream(queue, 0)
     dead = dead_letter_stream(queue)
     for entry_id, fields in await redis_standalone.xrange(source):
-        extra = {"error": "boom", "delivery_count": "6", "source_id": entry_id}
+        extra = {"error": "boom", "delivery_count": "6", "runs": "5", "source_id": entry_id}
         await redis_standalone.xadd(dead, {**fields, **extra, "source_stream": source})
         await redis_standalone.xdel(source, entry_id)
+    for d in dispatches:  # run budgets used up (the worker died before it reset them)
+        await redis_standalone.set(attempt_key(f"{d.run_id}:{d.task_id}:{d.attempt}"), "5")
 
     listing = cli("dlq", "list", "--queue", queue, db_url=db_url, redis_url=redis_url)
     assert listing.stdout.count("error=boom") == 3
@@ -118,7 +120,7 @@ async def test_worker_dead_letter_stream_replay(
     assert replay.returncode == 0, replay.stderr
     assert await redis_standalone.xlen(dead) == 0
     entries = await published(redis_standalone, queue, shards=1)
-    assert all("error" not in e and "source_id" not in e for e in entries)
+    assert all("error" not in e and "source_id" not in e and "runs" not in e for e in entries)
 
     handled = await _handle_all(redis_standalone, queue, 3, by="task_id")
     assert sorted(handled) == sorted(d.task_id for d in dispatches)

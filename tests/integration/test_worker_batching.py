@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import RedisStreamConsumer, RedisStreamPublisher, task_stream
 from dispatcher.stream.protocol import Message
-from dispatcher.worker import AttemptGuard, Claim, done_key, lease_key
+from dispatcher.worker import AttemptGuard, Claim, attempt_key, lease_key
 from dispatcher.worker.leases import LeaseKeeper
 from dispatcher.worker.reader import StreamReader
 from dispatcher.worker.settle import Settler
@@ -60,10 +60,12 @@ async def test_claim_many_takes_each_attempt_once_and_sees_done_marks(
 
     claims = await mine.claim_many([a, b, a, done])
 
-    assert claims == [Claim.ACQUIRED, Claim.ACQUIRED, Claim.BUSY, Claim.DONE]
+    assert claims == [1, 1, Claim.BUSY, Claim.DONE]  # runs 1 of a and b
     assert await guard(any_redis, owner="w2").claim_many([a, b]) == [Claim.BUSY, Claim.BUSY]
     assert not await any_redis.exists(lease_key(done))  # taken, then let go: it is done
-    await any_redis.delete(lease_key(a), lease_key(b), done_key(done))
+    await mine.release(a)
+    assert await guard(any_redis, owner="w2").claim_many([a, b]) == [2, Claim.BUSY]
+    await any_redis.delete(*(k(key) for key in (a, b, done) for k in (lease_key, attempt_key)))
 
 
 async def test_settle_writes_done_marks_then_acks_entries_of_many_streams(
@@ -83,7 +85,7 @@ async def test_settle_writes_done_marks_then_acks_entries_of_many_streams(
         assert await any_redis.xlen(consumer.stream) == 0
         assert await consumer.pending_count() == 0
     # Keyed by stream too: two streams can hand out the same entry id.
-    marks = [done_key(f"{c.stream}-{m.id}:1") for c, m in read]
+    marks = [attempt_key(f"{c.stream}-{m.id}:1") for c, m in read]
     assert [bool(await any_redis.exists(k)) for k in marks] == [True] * 4 + [False] * 2
     await any_redis.delete(*marks[:4])
 
@@ -108,7 +110,7 @@ async def test_a_failed_group_fails_every_waiter_and_the_next_group_is_fresh(
     await settler.settle(consumer, second.id)
 
     assert [type(r).__name__ for r in results] == ["ResponseError", "ResponseError"]
-    assert await redis_standalone.exists(done_key(f"{queue}:1"))  # written before its ack
+    assert await redis_standalone.exists(attempt_key(f"{queue}:1"))  # written before its ack
     assert await consumer.pending_count() == 0
 
 
@@ -116,7 +118,7 @@ async def test_the_keeper_renews_only_leases_held_a_third_of_the_ttl(
     any_redis: RedisClient, queue: str
 ) -> None:
     mine = guard(any_redis)
-    keeper = LeaseKeeper(mine)
+    keeper = LeaseKeeper(mine, reclaim_idle=30.0)
     old, new, lost = (f"{queue}-{name}:1" for name in ("old", "new", "lost"))
     await mine.claim_many([old, new, lost])
     loop = asyncio.get_running_loop()

@@ -20,7 +20,7 @@ import redis as sync_redis
 
 from dispatcher.models import TaskDispatch
 from dispatcher.redis_client import RedisClient
-from dispatcher.stream import publish_shard_count, queue_streams
+from dispatcher.stream import dead_letter_stream, publish_shard_count, queue_streams
 from dispatcher.worker import Worker, WorkerConfig
 from tests.fix_servers import wait_until
 from tests.handlers import GROUP, publish, slow, tasks
@@ -181,6 +181,78 @@ async def test_sigterm_past_the_grace_period_keeps_work_pending(
     consumers = await redis_standalone.xinfo_consumers(stream, GROUP)
     assert [(c["name"], c["pending"]) for c in consumers] == [("hasty", 1)]  # kept, not lost
     assert await redis_standalone.xlen(stream) == 1
+
+
+async def test_a_killed_workers_entries_are_run_again_not_dead_lettered(
+    redis_standalone: RedisClient,
+    redis_url: str,
+    tmp_path: Path,
+    queue: str,
+    spawn: list[WorkerProcess],
+    log: sync_redis.Redis,
+) -> None:
+    """Reclaim-idle 2 s, a limit of 3, the lease TTL at its default (30 s): one worker SIGKILLed.
+
+    The survivor reclaims the victim's entries many times while their leases
+    still live; those reclaims run nothing and count nothing, so every entry
+    runs again once the leases expire.
+    """
+    await publish_shard_count(redis_standalone, 4)
+    common = ("--handler", "tests.handlers:slow", "--reclaim-idle", "2", "--max-deliveries", "3")
+    victim = WorkerProcess(redis_url, tmp_path, "--queue", queue, "--consumer", "victim", *common)
+    survivor = WorkerProcess(redis_url, tmp_path, "--queue", queue, "--consumer", "other", *common)
+    spawn.extend([victim, survivor])
+    published = tasks(queue, 200, input={"sleep": 0.3})
+    await publish(redis_standalone, published, shards=4)
+    wait_until(lambda: sum(events(log, "started").values()) >= 24, timeout=30)
+    victim.kill()  # SIGKILL with handlers in hand
+
+    await eventually(lambda: _all_done(log, published), within=120)
+
+    assert await redis_standalone.xlen(dead_letter_stream(queue)) == 0
+    for stream in queue_streams([queue], 4):
+        assert await redis_standalone.xlen(stream) == 0
+
+
+async def test_sigterm_past_the_grace_period_never_lets_a_sync_run_overlap_another(
+    redis_standalone: RedisClient,
+    redis_url: str,
+    tmp_path: Path,
+    queue: str,
+    spawn: list[WorkerProcess],
+    log: sync_redis.Redis,
+) -> None:
+    """A sync handler hangs 20 s; SIGTERM with a 1 s grace period; a second worker is running.
+
+    The stopping worker keeps the run's lease until the process is gone, and
+    goes (a hard exit) without waiting for the thread; only then may the other
+    worker run the attempt.
+    """
+    await publish_shard_count(redis_standalone, 1)
+    common = (
+        "--queue", queue, "--handler", "tests.handlers:exclusive", "--shards", "1",
+        "--reclaim-idle", "1", "--lease-ttl", "3", "--grace-period", "1",
+    )  # fmt: skip
+    first = WorkerProcess(redis_url, tmp_path, "--consumer", "first", *common)
+    spawn.append(first)
+    (task,) = tasks(queue, 1, input={"first_sleep": 20})
+    await publish(redis_standalone, [task], shards=1)
+    wait_until(lambda: events(log, "started"), timeout=30)
+    second = WorkerProcess(redis_url, tmp_path, "--consumer", "second", *common)
+    spawn.append(second)
+
+    first.proc.send_signal(signal.SIGTERM)
+    await eventually(lambda: _runs_done(log, task.task_id, 1), within=60)
+
+    assert not events(log, "overlap"), "the attempt ran twice at once"
+    assert first.proc.poll() == 0, first.stderr  # gone, before its 20 s run returned
+    assert events(log, "started") == {task.task_id: 2}
+    (stream,) = queue_streams([queue], 1)
+    assert await redis_standalone.xlen(stream) == 0
+
+
+async def _runs_done(log: sync_redis.Redis, task_id: str, count: int) -> bool:
+    return events(log, "done").get(task_id, 0) >= count
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from dispatcher.models import TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import dead_letter_stream, publish_shard_count, queue_streams, task_stream
 from dispatcher.stream.stats import stream_stats
-from dispatcher.worker import Handler, Worker, WorkerConfig, done_key
+from dispatcher.worker import Handler, Worker, WorkerConfig, attempt_key
 from tests.handlers import GROUP, publish, tasks
 from tests.helpers import eventually, poll
 
@@ -29,7 +29,7 @@ FAST = WorkerConfig(
     reclaim_idle=1.0,
     lease_ttl=2.0,
     dedup_window=120.0,
-    max_deliveries=3,
+    max_runs=3,
     shard_poll_interval=0.2,
     stats_interval=0.2,
     grace_period=10.0,
@@ -122,15 +122,16 @@ async def test_a_failing_task_is_dead_lettered_and_others_flow(
     assert fields["task_id"] == poison.task_id
     assert fields["source_stream"] == task_stream(queue, _shard_of(poison.task_id))
     assert fields["source_id"] == poison_id
-    assert fields["delivery_count"] == "4"  # max_deliveries=3, given up on the 4th
-    assert fields["error"].startswith("exceeded max deliveries (3)")
+    assert fields["runs"] == "3"  # max_runs=3: given up after the third failed run
+    assert fields["delivery_count"] == "3"
+    assert fields["error"].startswith("failed 3 runs (max runs 3); last error: ")
     assert "RuntimeError: boom: cannot handle this one" in fields["error"]
     assert fields["outbox_id"] == "1"
     assert await any_redis.xlen(fields["source_stream"]) == 0  # acked and deleted
     assert await metric(worker, "dispatcher_worker_failed_total", queue=queue) == 3
     assert (
         await metric(
-            worker, "dispatcher_worker_dead_lettered_total", queue=queue, reason="max_deliveries"
+            worker, "dispatcher_worker_dead_lettered_total", queue=queue, reason="max_runs"
         )
         == 1
     )
@@ -179,7 +180,8 @@ async def test_the_same_task_published_twice_runs_once(any_redis: RedisClient, q
         await eventually(lambda: _settled(seen, 11))
 
     assert sorted(seen) == sorted(t.task_id for t in [*twice, *marker])
-    assert await any_redis.exists(done_key(f"{twice[0].task_id}:1"))
+    (first, *_) = twice
+    assert await any_redis.get(attempt_key(f"{first.run_id}:{first.task_id}:1")) == "done"
     for stream in queue_streams([queue], 4):
         assert await any_redis.xlen(stream) == 0
 

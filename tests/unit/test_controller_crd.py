@@ -145,6 +145,16 @@ BAD = [
         id="min-above-max",
     ),
     pytest.param(
+        {"queues": [{"name": "a", "handler": "m:f", "maxRuns": 3, "maxDeliveries": 4}]},
+        "spec.queues[0]: maxDeliveries is the old name of maxRuns",
+        id="two-run-limits",
+    ),
+    pytest.param(
+        {"queues": [{"name": "a", "handler": "m:f", "handlerTimeoutSeconds": -1}]},
+        "handlerTimeoutSeconds: -1 is less than the minimum of 0",
+        id="negative-timeout",
+    ),
+    pytest.param(
         {"queues": [{"name": "a", "handler": "m:f"}, {"name": "a", "handler": "m:g"}]},
         "spec: queue names must be unique",
         id="duplicate-queue",
@@ -204,6 +214,24 @@ def test_a_long_name_is_rejected() -> None:
 
 def test_unknown_spec_fields_are_rejected() -> None:
     assert any("Additional properties" in e for e in validate_cr(_cr(replicas=3)))
+
+
+@pytest.mark.parametrize(
+    ("limits", "runs"),
+    [
+        ({}, 5),
+        ({"maxRuns": 3}, 3),
+        ({"maxDeliveries": 4}, 4),
+        ({"maxRuns": 2, "maxDeliveries": 2}, 2),
+    ],
+)
+def test_max_deliveries_is_still_accepted_as_the_old_name_of_max_runs(
+    limits: dict[str, int], runs: int
+) -> None:
+    cr = _cr(queues=[{"name": "a", "handler": "m:f", **limits}])
+    assert validate_cr(cr) == []
+    spec = OutboxDispatcherSpec.model_validate(cr["spec"])
+    assert spec.queues[0].runs_limit == runs
 
 
 def test_images_have_no_default_so_they_follow_the_operator() -> None:

@@ -35,6 +35,7 @@ def test_defaults_and_camel_case_aliases() -> None:
     [
         ([{"name": "q", "handler": "m:f", "minReplicas": 4, "maxReplicas": 2}], "minReplicas"),
         ([{"name": "q", "handler": "m:f"}, {"name": "q", "handler": "m:g"}], "unique"),
+        ([{"name": "q", "handler": "m:f", "maxRuns": 1, "maxDeliveries": 2}], "old name"),
     ],
 )
 def test_model_mirrors_the_cel_rules(queues: list[dict[str, object]], message: str) -> None:

@@ -82,8 +82,11 @@ def test_worker_runs_dispatcher_worker_for_its_queue() -> None:
         "--queue=emails",
         "--handler=app.tasks:send",
         "--concurrency=16",
-        "--max-deliveries=5",
+        "--max-runs=5",
         "--reclaim-idle=30",
+        "--handler-timeout=0",
+        "--lease-ttl=30",
+        "--grace-period=30",
     ]
     assert manifest["spec"]["replicas"] == 3
     assert manifest["metadata"]["name"] == "orders-worker-emails"

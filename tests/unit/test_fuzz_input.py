@@ -130,8 +130,8 @@ ENQUEUER_NUMBERS = [
     "--shards", "--metrics-port",
 ]  # fmt: skip
 WORKER_NUMBERS = [
-    "--concurrency", "--max-deliveries", "--reclaim-idle", "--shards", "--grace-period",
-    "--lease-ttl", "--dedup-window", "--metrics-port",
+    "--concurrency", "--max-runs", "--max-deliveries", "--reclaim-idle", "--shards",
+    "--grace-period", "--lease-ttl", "--dedup-window", "--handler-timeout", "--metrics-port",
 ]  # fmt: skip
 flag_values = st.one_of(
     st.text(max_size=12),
@@ -169,7 +169,7 @@ def test_worker_flags_are_finite_numbers_or_exit_2_with_one_error_line(
     args = _parse_or_exit(argv)
     if args is None:
         return
-    for name in ("reclaim_idle", "grace_period", "lease_ttl", "dedup_window"):
+    for name in ("reclaim_idle", "grace_period", "lease_ttl", "dedup_window", "handler_timeout"):
         assert math.isfinite(getattr(args, name)), (flag, value)
 
 

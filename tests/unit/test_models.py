@@ -29,7 +29,7 @@ def test_round_trip_dispatch_to_message() -> None:
     msg = TaskMessage.from_fields(fields)
     assert msg.input == {"url": "https://example.test", "n": [1, 2]}
     assert (msg.task_id, msg.attempt, msg.workflow_version) == ("t8", 2, 3)
-    assert msg.dedup_key == "t8:2"
+    assert msg.dedup_key == "r1:t8:2"
 
 
 @pytest.mark.parametrize(

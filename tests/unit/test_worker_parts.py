@@ -13,12 +13,12 @@ from dispatcher.stream.protocol import Message
 from dispatcher.worker import (
     HandlerImportError,
     WorkerConfig,
+    attempt_key,
     dead_letter_fields,
-    done_key,
     lease_key,
     load_handler,
 )
-from dispatcher.worker.dead_letter import MAX_ERROR_CHARS, ErrorMemory, describe_error
+from dispatcher.worker.dead_letter import MAX_ERROR_CHARS, describe_error
 from dispatcher.worker.handler import invoke
 from dispatcher.worker.slots import SlotPool
 
@@ -92,7 +92,8 @@ async def test_invoke_supports_objects_with_async_call() -> None:
 
 def test_config_defaults_follow_the_cli_contract() -> None:
     config = WorkerConfig(queues=("q",))
-    assert (config.group, config.concurrency, config.max_deliveries) == ("workers", 8, 5)
+    assert (config.group, config.concurrency, config.max_runs) == ("workers", 8, 5)
+    assert config.handler_timeout == 0  # none
     assert config.reclaim_idle_ms == 30_000
     assert config.consumer  # hostname-pid
 
@@ -103,7 +104,8 @@ def test_config_defaults_follow_the_cli_contract() -> None:
         ({"queues": ()}, "at least one queue"),
         ({"queues": ("a.b",)}, "invalid queue name"),
         ({"concurrency": 0}, "concurrency must be >= 1"),
-        ({"max_deliveries": 0}, "max deliveries must be >= 1"),
+        ({"max_runs": 0}, "max runs must be >= 1"),
+        ({"handler_timeout": -1}, "handler timeout must be >= 0"),
         ({"reclaim_idle": 0}, "reclaim idle must be > 0"),
         ({"grace_period": -1}, "grace period must be >= 0"),
     ],
@@ -113,17 +115,26 @@ def test_config_rejects_unusable_values(changes: dict[str, object], message: str
         WorkerConfig(**{"queues": ("q",), **changes})  # type: ignore[arg-type]
 
 
-def test_config_warns_when_leases_outlive_the_delivery_budget() -> None:
-    assert WorkerConfig(queues=("q",)).caveats() == []
-    (caveat,) = WorkerConfig(
-        queues=("q",), lease_ttl=10, reclaim_idle=1, max_deliveries=5
-    ).caveats()
-    assert "lower --lease-ttl" in caveat
-
-
 def test_dedup_keys_name_the_task_attempt() -> None:
-    assert lease_key(MESSAGE.dedup_key) == "dispatcher:lease:t1:2"
-    assert done_key(MESSAGE.dedup_key) == "dispatcher:done:t1:2"
+    assert lease_key(MESSAGE.dedup_key) == "dispatcher:lease:r:t1:2"
+    assert attempt_key(MESSAGE.dedup_key) == "dispatcher:attempt:r:t1:2"
+
+
+@pytest.mark.parametrize(
+    ("run_id", "task_id", "key"),
+    [
+        ("r1", "t8", "r1:t8:1"),
+        ("a:b", "c", "a%3Ab:c:1"),  # not the key of run "a", task "b:c"
+        ("a", "b:c", "a:b:c:1"),
+        ("50%", "t", "50%25:t:1"),
+        ("", "t", ":t:1"),
+    ],
+)
+def test_the_dedup_key_is_run_task_and_attempt_unambiguously(
+    run_id: str, task_id: str, key: str
+) -> None:
+    message = MESSAGE.model_copy(update={"run_id": run_id, "task_id": task_id, "attempt": 1})
+    assert message.dedup_key == key
 
 
 def test_dead_letter_carries_the_original_fields_and_where_from() -> None:
@@ -135,6 +146,7 @@ def test_dead_letter_carries_the_original_fields_and_where_from() -> None:
         "x": "1",
         "error": "boom",
         "delivery_count": "6",
+        "runs": "0",
         "source_stream": "workflow.tasks.q.3",
         "source_id": "5-1",
     }
@@ -145,18 +157,6 @@ def test_describe_error_is_bounded() -> None:
     long = describe_error(RuntimeError("x" * 10_000))
     assert len(long) == MAX_ERROR_CHARS
     assert long.endswith("...")
-
-
-def test_error_memory_forgets_the_oldest_first() -> None:
-    memory = ErrorMemory(capacity=2)
-    a, b, c = (Message(stream="s", id=f"{i}-0", fields={}) for i in range(3))
-    memory.remember(a, "ea")
-    memory.remember(b, "eb")
-    memory.remember(a, "ea2")  # refreshed: now the newest
-    memory.remember(c, "ec")
-    assert (memory.recall(a), memory.recall(b), memory.recall(c)) == ("ea2", None, "ec")
-    memory.forget(a)
-    assert len(memory) == 1
 
 
 async def test_slot_pool_bounds_and_reports_free_slots() -> None:
@@ -176,3 +176,26 @@ async def test_slot_pool_bounds_and_reports_free_slots() -> None:
     pool.release()
     await third
     assert pool.held == 2
+
+
+@pytest.mark.parametrize(
+    ("flags", "max_runs"),
+    [([], 5), (["--max-runs", "4"], 4), (["--max-deliveries", "3"], 3)],
+)
+def test_max_deliveries_is_the_old_name_of_max_runs(flags: list[str], max_runs: int) -> None:
+    from dispatcher.cli.main import build_parser
+
+    argv = ["worker", "--queue", "q", "--handler", "m:f", *flags, "--handler-timeout", "2.5"]
+    args = build_parser().parse_args(argv)
+    assert (args.max_runs, args.handler_timeout) == (max_runs, 2.5)
+
+
+def test_worker_help_names_the_alias_and_the_timeout(capsys: pytest.CaptureFixture[str]) -> None:
+    from dispatcher.cli.main import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["worker", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--max-runs MAX_RUNS, --max-deliveries MAX_RUNS" in text
+    assert "--max-deliveries is its old name, same meaning" in text
+    assert "--handler-timeout HANDLER_TIMEOUT" in text
