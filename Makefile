@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint test test-quick demo faults bench soak clean
+.PHONY: install lint test test-quick demo faults bench soak e2e clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -29,6 +29,11 @@ demo: $(STAMP)
 
 faults: $(STAMP)
 	FAULTS_LONG=1 $(PY) -m pytest tests/faults -v
+
+# kind end to end (needs docker, kind, helm, kubectl; skips with the reason otherwise).
+# E2E_KEEP_CLUSTER=1 keeps the cluster for a look afterwards.
+e2e: $(STAMP)
+	$(PY) -m pytest tests/e2e -v -rs
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run

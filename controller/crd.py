@@ -5,6 +5,9 @@ Pydantic's JSON Schema is turned into a Kubernetes *structural* schema:
 reduced to ``{}`` (the API server then fills nested defaults), CEL rules kept.
 ``python -m controller.crd`` prints the CRD; ``crds/outboxdispatchers.yaml``
 is that output, and ``tests/unit/test_controller_crd.py`` fails if they differ.
+``--write`` also regenerates ``controller/schemas/core-v1.json`` (the core/v1
+pod-setting types, from the Kubernetes OpenAPI that ``kubernetes-validate``
+ships) before the CRD that embeds them.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from controller.coretypes import CORE_SCHEMAS_PATH, K8S_VERSION, build_core_schemas
 from controller.model import (
     API_GROUP,
     API_VERSION,
@@ -27,7 +31,7 @@ from controller.model import (
     OutboxDispatcherStatus,
 )
 
-__all__ = ["CRD_PATH", "build_crd", "crd_yaml", "structural"]
+__all__ = ["CRD_PATH", "build_crd", "core_schemas_json", "crd_yaml", "structural"]
 
 _ROOT = Path(__file__).resolve().parent.parent
 CRD_PATH = _ROOT / "crds" / "outboxdispatchers.yaml"
@@ -180,8 +184,25 @@ def crd_yaml() -> str:
     return header + body
 
 
+def core_schemas_json() -> str:
+    """``controller/schemas/core-v1.json`` as generated from the official OpenAPI (dev only)."""
+    import json
+
+    import kubernetes_validate  # type: ignore[import-untyped]
+
+    root = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
+    openapi = json.loads((root / f"v{K8S_VERSION}-local" / "_definitions.json").read_text())
+    return json.dumps(build_core_schemas(openapi["$defs"]), indent=1, sort_keys=True) + "\n"
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["--write"]:
+        CORE_SCHEMAS_PATH.write_text(core_schemas_json())
+        # The model read the old file at import: regenerate the CRD in a fresh interpreter.
+        import subprocess
+
+        subprocess.run([sys.executable, "-m", "controller.crd", "--write-crd"], check=True)
+    elif sys.argv[1:] == ["--write-crd"]:
         for path in (CRD_PATH, *CRD_COPIES):
             if path.parent.is_dir():
                 path.write_text(crd_yaml())

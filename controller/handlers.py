@@ -55,6 +55,10 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> Operator:
     async def cleanup(**_: Any) -> None:
         await operator.close()
 
+    @kopf.on.probe(registry=registry, id="crd")
+    async def crd(*, logger: Any, **_: Any) -> str:
+        return await operator.crd_probe(logger)
+
     @kopf.on.event(*RESOURCE, registry=registry, id="dispatchers")
     async def dispatchers(*, body: kopf.Body, type: str | None, **_: Any) -> None:
         await operator.dispatcher_seen(body, deleted=type == "DELETED")

@@ -21,8 +21,8 @@ import contextlib
 import datetime
 import logging
 from collections.abc import Mapping
-from typing import Any
-from urllib.parse import quote
+from typing import Any, Literal
+from urllib.parse import quote, urlencode
 
 import kopf
 from kopf._cogs.clients import api as kopf_api
@@ -31,7 +31,7 @@ from kopf._cogs.clients import errors as kopf_errors
 from controller.model import API_GROUP, API_VERSION, KIND, PLURAL, SecretRef
 from controller.quantity import same_quantity
 
-__all__ = ["APIConflictError", "APIError", "KubeApi", "SecretMissing", "contains"]
+__all__ = ["APIConflictError", "APIError", "KubeApi", "SecretMissing", "contains", "object_url"]
 
 APIError = kopf_errors.APIError
 APIConflictError = kopf_errors.APIConflictError
@@ -64,6 +64,20 @@ def contains(live: Any, wanted: Any, *, quantities: bool = False) -> bool:
     if quantities and same_quantity(live, wanted):
         return True
     return bool(live == wanted)
+
+
+# The namespaced kinds the operator owns besides Deployments: API path prefix and plural.
+_KINDS = {
+    "Deployment": ("/apis/apps/v1", "deployments"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    "Job": ("/apis/batch/v1", "jobs"),
+}
+
+
+def object_url(kind: str, namespace: str, name: str | None = None) -> str:
+    prefix, plural = _KINDS[kind]
+    url = f"{prefix}/namespaces/{quote(namespace)}/{plural}"
+    return url if name is None else f"{url}/{quote(name)}"
 
 
 def _deployments(namespace: str, name: str | None = None) -> str:
@@ -167,3 +181,58 @@ class KubeApi:
             await self._call("post", f"/api/v1/namespaces/{quote(namespace)}/events", event)
         except APIError as exc:
             self._logger.warning("cannot post Event %s: %s", reason, exc)
+
+    # -- any owned kind (PodDisruptionBudgets, Jobs) -------------------------------------------
+
+    async def get_object(self, kind: str, *, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = await self._call("get", object_url(kind, namespace, name))
+        except kopf_errors.APINotFoundError:
+            return None
+        return found
+
+    async def create_object(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        namespace = manifest["metadata"]["namespace"]
+        created: dict[str, Any] = await self._call(
+            "post", object_url(manifest["kind"], namespace), manifest
+        )
+        return created
+
+    async def apply_object(
+        self, manifest: dict[str, Any]
+    ) -> Literal["created", "updated", "unchanged"]:
+        """Create the object, or merge-patch it if it differs from ``manifest``."""
+        kind, meta = manifest["kind"], manifest["metadata"]
+        live = await self.get_object(kind, namespace=meta["namespace"], name=meta["name"])
+        if live is None:
+            await self.create_object(manifest)
+            return "created"
+        if contains(live, manifest):
+            return "unchanged"
+        await self._call("patch", object_url(kind, meta["namespace"], meta["name"]), manifest)
+        return "updated"
+
+    async def list_objects(
+        self, kind: str, *, namespace: str, selector: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        """Objects of ``kind`` carrying every label of ``selector`` (checked here too)."""
+        query = urlencode({"labelSelector": ",".join(f"{k}={v}" for k, v in selector.items())})
+        listing = await self._call("get", f"{object_url(kind, namespace)}?{query}")
+        items: list[dict[str, Any]] = listing.get("items") or []
+        return [
+            o
+            for o in items
+            if selector.items() <= (o.get("metadata", {}).get("labels") or {}).items()
+        ]
+
+    async def delete_object(self, kind: str, *, namespace: str, name: str) -> None:
+        with contextlib.suppress(kopf_errors.APINotFoundError):
+            await self._call("delete", object_url(kind, namespace, name))
+
+    async def served(self, *, group: str, version: str, plural: str) -> bool:
+        """Whether API discovery lists ``plural`` in ``group/version`` (a CRD established)."""
+        try:
+            found = await self._call("get", f"/apis/{quote(group)}/{quote(version)}")
+        except (kopf_errors.APINotFoundError, kopf_errors.APIForbiddenError):
+            return False
+        return any(r.get("name") == plural for r in (found or {}).get("resources") or [])

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
+from controller.coretypes import core_json_schema, core_validator
 from dispatcher.stream.naming import DEFAULT_SHARDS
 
 __all__ = [
@@ -36,11 +37,13 @@ __all__ = [
     "EnqueuerSpec",
     "OutboxDispatcherSpec",
     "OutboxDispatcherStatus",
+    "PodSettings",
     "PostgresSpec",
     "QueueSpec",
     "QueueStatus",
     "RedisSpec",
     "Resources",
+    "Role",
     "SecretRef",
     "cel_rules",
 ]
@@ -60,6 +63,16 @@ HANDLER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$"
 # A DNS-1123 subdomain (Secret names) and a Secret data key.
 SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]{1,253}$"
+DNS_SUBDOMAIN_PATTERN = SECRET_NAME_PATTERN
+# Environment the operator sets itself: a pod setting may not shadow it.
+MANAGED_ENV = frozenset(
+    {"DATABASE_URL", "REDIS_URL", "REDIS_CLUSTER", "STREAM_SHARDS", "LOG_LEVEL", "LOG_FORMAT",
+     "METRICS_PORT"}
+)  # fmt: skip
+# The emptyDir every pod mounts on /tmp (the root filesystem is read-only).
+TMP_VOLUME = "tmp"
+# Label keys the operator sets on pods (its selectors rely on them).
+MANAGED_LABEL_PREFIXES = ("app.kubernetes.io/", f"{API_GROUP}/")
 MAX_QUEUES = 64
 MAX_RUNS = 5
 MAX_RUNS_CONFLICT = "maxDeliveries is the old name of maxRuns: set one, or both to the same value"
@@ -98,17 +111,69 @@ class SecretRef(_Model):
     key: str = Field(pattern=SECRET_KEY_PATTERN, max_length=253, description="key in the Secret")
 
 
+Role = Literal["enqueuer", "worker", "operator"]
+
+
 class PostgresSpec(_Model):
-    """Where the outbox lives: DATABASE_URL of the enqueuer."""
+    """Where the outbox lives: DATABASE_URL of the enqueuer (and of the migration Job)."""
 
     secret_ref: SecretRef
+    migration_secret_ref: SecretRef | None = Field(
+        default=None,
+        description="DATABASE_URL of the migration Job (the tables' owner); default secretRef",
+    )
+
+    def migration(self) -> SecretRef:
+        return self.migration_secret_ref or self.secret_ref
 
 
 class RedisSpec(_Model):
-    """Where the streams live: REDIS_URL (and REDIS_CLUSTER) of every process."""
+    """Where the streams live: REDIS_URL (and REDIS_CLUSTER) of every process.
 
-    secret_ref: SecretRef
+    One URL for all, or one per role so each process logs in as its own ACL user; a role
+    without its own reference uses ``secretRef``.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _rule(
+                    "has(self.secretRef) || (has(self.enqueuerSecretRef) && "
+                    "has(self.workerSecretRef) && has(self.operatorSecretRef))",
+                    "set secretRef, or all of enqueuerSecretRef, workerSecretRef and "
+                    "operatorSecretRef",
+                )
+            ]
+        }
+    )
+
+    secret_ref: SecretRef | None = Field(default=None, description="URL of every role by default")
+    enqueuer_secret_ref: SecretRef | None = Field(default=None, description="URL of the enqueuer")
+    worker_secret_ref: SecretRef | None = Field(default=None, description="URL of the workers")
+    operator_secret_ref: SecretRef | None = Field(
+        default=None, description="URL the operator uses (shard count, backlog)"
+    )
     cluster: bool = Field(default=False, description="the URL points at a Redis Cluster")
+
+    @model_validator(mode="after")
+    def _every_role_has_a_url(self) -> RedisSpec:
+        roles = (self.enqueuer_secret_ref, self.worker_secret_ref, self.operator_secret_ref)
+        if self.secret_ref is None and any(ref is None for ref in roles):
+            raise ValueError(
+                "set secretRef, or all of enqueuerSecretRef, workerSecretRef and operatorSecretRef"
+            )
+        return self
+
+    def secret_for(self, role: Role) -> SecretRef:
+        """The Secret key holding the URL ``role`` connects with."""
+        own = {
+            "enqueuer": self.enqueuer_secret_ref,
+            "worker": self.worker_secret_ref,
+            "operator": self.operator_secret_ref,
+        }[role]
+        found = own or self.secret_ref
+        assert found is not None  # the validator guarantees one
+        return found
 
 
 class Resources(_Model):
@@ -124,7 +189,98 @@ IMAGE_DESCRIPTION = (
 )
 
 
-class EnqueuerSpec(_Model):
+def _default_resources(memory_limit: str) -> Any:
+    """Requests so pods are Burstable (not BestEffort) and fit quotas that demand requests."""
+    return lambda: Resources(
+        requests={"cpu": "100m", "memory": "128Mi"}, limits={"memory": memory_limit}
+    )
+
+
+StringMap = Annotated[dict[str, str], Field(max_length=64)]
+_Objects = list[dict[str, Any]]
+EnvVars = Annotated[
+    _Objects, core_validator("EnvVar", many=True), core_json_schema("EnvVar", many=True)
+]
+EnvFromSources = Annotated[
+    _Objects,
+    core_validator("EnvFromSource", many=True),
+    core_json_schema("EnvFromSource", many=True),
+]
+Volumes = Annotated[
+    _Objects, core_validator("Volume", many=True), core_json_schema("Volume", many=True)
+]
+VolumeMounts = Annotated[
+    _Objects, core_validator("VolumeMount", many=True), core_json_schema("VolumeMount", many=True)
+]
+ObjectReferences = Annotated[
+    _Objects,
+    core_validator("LocalObjectReference", many=True),
+    core_json_schema("LocalObjectReference", many=True),
+]
+Tolerations = Annotated[
+    _Objects, core_validator("Toleration", many=True), core_json_schema("Toleration", many=True)
+]
+TopologySpread = Annotated[
+    _Objects,
+    core_validator("TopologySpreadConstraint", many=True),
+    core_json_schema("TopologySpreadConstraint", many=True),
+]
+Affinity = Annotated[
+    dict[str, Any], core_validator("Affinity", many=False), core_json_schema("Affinity", many=False)
+]
+
+
+class PodSettings(_Model):
+    """What a platform sets on every pod of a Deployment: config, identity, placement.
+
+    Core types (``env``, ``volumes``, ``tolerations``, ...) are the Kubernetes API's own, with
+    their official schemas. The operator's own environment, the ``tmp`` volume and the labels
+    its selectors use are reserved.
+    """
+
+    env: EnvVars = Field(default_factory=list)
+    env_from: EnvFromSources = Field(default_factory=list)
+    volumes: Volumes = Field(default_factory=list)
+    volume_mounts: VolumeMounts = Field(default_factory=list)
+    service_account_name: str | None = Field(
+        default=None, pattern=DNS_SUBDOMAIN_PATTERN, max_length=253,
+        description="the pods' ServiceAccount (workload identity); its token is not mounted",
+    )  # fmt: skip
+    image_pull_secrets: ObjectReferences = Field(default_factory=list)
+    node_selector: StringMap | None = None
+    tolerations: Tolerations = Field(default_factory=list)
+    affinity: Affinity | None = None
+    topology_spread_constraints: TopologySpread = Field(default_factory=list)
+    priority_class_name: str | None = Field(
+        default=None, pattern=DNS_SUBDOMAIN_PATTERN, max_length=253
+    )
+    pod_annotations: StringMap | None = None
+    pod_labels: StringMap | None = None
+
+    @model_validator(mode="after")
+    def _reserved(self) -> PodSettings:
+        problems = [
+            f"env {e['name']} is set by the operator"
+            for e in self.env
+            if e.get("name") in MANAGED_ENV
+        ]
+        volumes = {v.get("name") for v in self.volumes}
+        if TMP_VOLUME in volumes:
+            problems.append(f"volume name {TMP_VOLUME!r} is reserved (the /tmp emptyDir)")
+        for mount in self.volume_mounts:
+            if mount.get("name") not in volumes:
+                problems.append(f"volumeMount {mount.get('name')!r} names no volume in volumes")
+            if str(mount.get("mountPath", "")).rstrip("/") == "/tmp":
+                problems.append("mountPath /tmp is reserved (an emptyDir)")
+        for key in self.pod_labels or {}:
+            if key.startswith(MANAGED_LABEL_PREFIXES):
+                problems.append(f"pod label {key} is set by the operator")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+class EnqueuerSpec(PodSettings):
     """The enqueuer Deployment: `dispatcher enqueuer`."""
 
     image: str | None = Field(
@@ -135,10 +291,13 @@ class EnqueuerSpec(_Model):
     concurrency: int = Field(default=4, ge=1, le=256, description="batches in flight")
     poll_interval: float = Field(default=1.0, ge=0.01, le=3600, description="seconds")
     wait_replicas: int = Field(default=0, ge=0, le=16, description="Redis WAIT replicas")
-    resources: Resources | None = None
+    resources: Resources = Field(
+        default_factory=_default_resources("256Mi"),
+        description="default: requests cpu 100m, memory 128Mi; limits memory 256Mi; {} for none",
+    )
 
 
-class QueueSpec(_Model):
+class QueueSpec(PodSettings):
     """One queue and its worker Deployment (`dispatcher worker`), autoscaled on backlog."""
 
     model_config = ConfigDict(
@@ -184,7 +343,10 @@ class QueueSpec(_Model):
         description="builtin: the operator sets replicas from the backlog; external: an HPA or "
         "KEDA ScaledObject you own does, and the operator leaves replicas alone",
     )
-    resources: Resources | None = None
+    resources: Resources = Field(
+        default_factory=_default_resources("512Mi"),
+        description="default: requests cpu 100m, memory 128Mi; limits memory 512Mi; {} for none",
+    )
 
     @model_validator(mode="after")
     def _replica_bounds(self) -> QueueSpec:
@@ -235,6 +397,10 @@ class OutboxDispatcherSpec(_Model):
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
+    migrate: bool = Field(
+        default=True,
+        description="run `dispatcher migrate` (a Job per enqueuer image) before the enqueuer",
+    )
 
     @model_validator(mode="after")
     def _unique_queues(self) -> OutboxDispatcherSpec:
@@ -286,6 +452,9 @@ class OutboxDispatcherStatus(_Model):
 
     observed_generation: int | None = None
     shards: int | None = Field(default=None, description="the shard count published to Redis")
+    migrated_image: str | None = Field(
+        default=None, description="the enqueuer image whose `dispatcher migrate` succeeded"
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=16,
@@ -303,7 +472,11 @@ class OutboxDispatcherStatus(_Model):
 def cel_rules() -> list[tuple[str, dict[str, str]]]:
     """Every CEL rule with its JSON path in the spec (for tests and docs)."""
     found: list[tuple[str, dict[str, str]]] = [("", NAME_RULE)]
-    for path, model in (("spec", OutboxDispatcherSpec), ("spec.queues[*]", QueueSpec)):
+    for path, model in (
+        ("spec", OutboxDispatcherSpec),
+        ("spec.redis", RedisSpec),
+        ("spec.queues[*]", QueueSpec),
+    ):
         extra: Any = model.model_config.get("json_schema_extra") or {}
         found.extend((path, rule) for rule in extra.get("x-kubernetes-validations", []))
     return found

@@ -31,10 +31,13 @@ from typing import Any
 
 import kopf
 import psycopg
+from prometheus_client import CollectorRegistry
 from psycopg.conninfo import conninfo_to_dict
 
 from controller.k8s import KubeApi
-from controller.model import KIND, OutboxDispatcherStatus
+from controller.metrics import OperatorMetrics
+from controller.migration import MIGRATED
+from controller.model import API_GROUP, API_VERSION, KIND, PLURAL, OutboxDispatcherStatus
 from controller.reconcile import (
     Cache,
     Context,
@@ -95,6 +98,7 @@ class OperatorConfig:
     redis_timeout: float = 5.0
     postgres_timeout: float = 5.0
     postgres_interval: float = 30.0  # between two connection checks of one unchanged URL
+    migration_poll: float = 5.0  # how often to look at a running migration Job
     clock: Callable[[], datetime.datetime] = utcnow
     enqueuer_image: str | None = None  # None: default_workloads()
     worker_image: str | None = None
@@ -135,11 +139,18 @@ class Operator:
     _tasks: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
     _probes: dict[Key, _Probe] = field(default_factory=dict)
     _locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
+    _migrating: set[Key] = field(default_factory=set)
     _closing: bool = False
+    # Where the operator's metrics go (the process registry in `dispatcher operator`).
+    registry: CollectorRegistry | None = None
+    crd_served_at_start: bool | None = None  # None: not checked yet
 
     def __post_init__(self) -> None:
         self.redis = RedisPool(timeout=self.config.redis_timeout)
         self.workloads = self.config.workloads()
+        self.metrics = OperatorMetrics(
+            self.registry if self.registry is not None else CollectorRegistry()
+        )
 
     def api(self, logger: logging.Logger | logging.LoggerAdapter[Any] = log) -> KubeApi:
         return KubeApi(settings=self.settings, logger=logger)
@@ -158,6 +169,8 @@ class Operator:
             if task is not None:
                 task.cancel()
             self._wakes.pop(key, None)
+            self._migrating.discard(key)
+            self.metrics.forget(namespace=key[0], dispatcher=key[1])
             await self.redis.drop(key)
             return
         old = self.dispatchers.get(key)
@@ -211,6 +224,8 @@ class Operator:
                 log.exception("%s/%s: reconcile failed", *key)
                 healthy = False
             delay = self.config.autoscale_interval if healthy else self.config.backoff(retry)
+            if healthy and key in self._migrating:
+                delay = min(delay, self.config.migration_poll)
             retry = 0 if healthy else retry + 1
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
             # arrives as the event is set, and the loop would outlive the operator.
@@ -254,7 +269,9 @@ class Operator:
                 redis=lambda url: self.redis.client(key, url=url, cluster=spec.redis.cluster),
                 postgres_problem=lambda url: self._postgres_problem(key, url),
             )
-            result = await reconcile_once(ctx)
+            with self.metrics.reconcile_seconds.time():
+                result = await reconcile_once(ctx)
+        self._count(key, result)
         after = _status(status, result, now=now, generation=generation)
         if "queues" not in after and "queues" in before:  # nothing measured: keep what was
             after["queues"] = before["queues"]
@@ -265,6 +282,53 @@ class Operator:
             await api.patch_status(namespace=owner.namespace, name=owner.name, status=after)
             self._written[key] = after
         return result.problem is None
+
+    def _count(self, key: Key, result: Pass) -> None:
+        """The pass in the operator's metrics: it both reconciles and autoscales."""
+        migration = result.migration
+        if migration is not None and migration.phase == "running":
+            self._migrating.add(key)
+        else:
+            self._migrating.discard(key)
+        if not result.applied:
+            outcome = "failed"
+        elif migration is not None and not migration.done:
+            outcome = "migrating"
+        else:
+            outcome = "applied"
+        self.metrics.reconciles.labels(outcome).inc()
+        if not result.applied:
+            return
+        self.metrics.autoscale_ticks.labels("ok" if result.measured else "redis_unavailable").inc()
+        for direction in result.scaled:
+            self.metrics.scale_events.labels(direction).inc()
+        namespace, name = key
+        for row in result.queues:
+            self.metrics.queue(
+                namespace=namespace, dispatcher=name, queue=row["name"],
+                backlog=row.get("backlog"), replicas=int(row.get("replicas") or 0),
+            )  # fmt: skip
+        self.metrics.forget(
+            namespace=namespace, dispatcher=name, keep=frozenset(r["name"] for r in result.queues)
+        )
+
+    async def crd_probe(self, logger: logging.Logger | logging.LoggerAdapter[Any]) -> str:
+        """kopf's liveness probe: fail while the CRD is not served, or was not at start-up.
+
+        With scanning off, kopf discovers the resource once at start-up: an operator started
+        before its CRD was established never watches, so it must restart.
+        """
+        served = await self.api(logger).served(group=API_GROUP, version=API_VERSION, plural=PLURAL)
+        if self.crd_served_at_start is None:
+            self.crd_served_at_start = served
+        if not self.crd_served_at_start:
+            raise kopf.PermanentError(
+                f"{PLURAL}.{API_GROUP} was not served when the operator started: "
+                "nothing is watched until it restarts"
+            )
+        if not served:
+            raise kopf.PermanentError(f"{PLURAL}.{API_GROUP} is not served (CRD missing)")
+        return "served"
 
     async def _postgres_problem(self, key: Key, url: str) -> str | None:
         """Why PostgreSQL does not answer at ``url``, or None; asked at most once every
@@ -316,7 +380,7 @@ def conditions(
     now: datetime.datetime,
     generation: int | None,
 ) -> list[dict[str, Any]]:
-    """The five conditions after a pass (see ``controller.status`` for what each means)."""
+    """The conditions after a pass (see ``controller.status`` for what each means)."""
     found = status.conditions
 
     def put(type_: str, value: bool, reason: str, message: str = "") -> None:
@@ -329,6 +393,8 @@ def conditions(
     problem, decision = result.problem, result.decision
     if problem is not None:
         put(READY, False, problem.reason, problem.message)
+    elif result.migration is not None and not result.migration.done:
+        put(READY, False, Reason.MIGRATING, result.migration.condition()[2])
     elif result.rollout.unavailable:
         put(READY, False, Reason.DEPLOYMENTS_UNAVAILABLE,
             "not available yet: " + ", ".join(result.rollout.unavailable))  # fmt: skip
@@ -352,6 +418,12 @@ def conditions(
         put(QUEUES_DRAINING, True, Reason.DRAINING, f"removed queues still hold work: {left}")
     elif problem is None:
         put(QUEUES_DRAINING, False, Reason.DRAINED)
+    if result.migration is not None:
+        migrated, reason, message = result.migration.condition()
+        found = set_condition(
+            found, type_=MIGRATED, status=migrated, reason=reason, message=message, now=now,
+            generation=generation,
+        )  # fmt: skip
     return condition_dicts(found)
 
 
@@ -372,4 +444,9 @@ def _status(
         written["shards"] = shards
     if result.queues or result.problem is None:
         written["queues"] = result.queues
+    migration = result.migration
+    if migration is not None and migration.phase == "succeeded":
+        written["migratedImage"] = migration.image
+    elif status.migrated_image is not None:
+        written["migratedImage"] = status.migrated_image
     return written

@@ -1,14 +1,20 @@
 """One pass over one dispatcher: observe, decide, apply; the result as a ``Pass``.
 
 ``reconcile_once`` is the whole job of the operator for one ``OutboxDispatcher``:
-read its Secrets, check PostgreSQL, measure Redis in one round trip, publish
-the shard count, render and apply the enqueuer and worker Deployments (with
-the autoscaler's replica counts), drain the workers of removed queues, and
-read the Deployments' rollout state. It never raises for anything a user can
+read its Secrets (every one a pod or Job references must exist, so a missing
+one is a condition rather than pods stuck in ``CreateContainerConfigError``),
+check PostgreSQL, measure Redis in one round trip (with the operator's own
+credentials), publish the shard count, run the migration Job for the
+enqueuer's image, render and apply the enqueuer (once migrated) and worker
+Deployments (with the autoscaler's replica counts) and their
+PodDisruptionBudgets, drain the workers of removed queues, and read the
+Deployments' rollout state. It never raises for anything a user can
 fix: problems come back in ``Pass.problem`` and become conditions.
 
 Live Deployments come from the operator's watch cache (``Cache``), not from
-GETs; every write puts the API's answer back into the cache.
+GETs; every write puts the API's answer back into the cache. Jobs and
+PodDisruptionBudgets are few and written rarely: they are read with GETs (a
+Job only while its image is not migrated).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import pydantic
 
 from controller.autoscale import autoscale_queue
 from controller.k8s import APIConflictError, APIError, KubeApi, SecretMissing, contains
+from controller.migration import MigrationState, migration_state
 from controller.model import (
     MAX_NAME,
     OutboxDispatcherSpec,
@@ -36,9 +43,13 @@ from controller.render import (
     Owner,
     WorkloadDefaults,
     build_enqueuer_deployment,
+    build_enqueuer_pdb,
+    build_migration_job,
     build_worker_deployment,
+    build_worker_pdb,
     controller_uid,
     instance_labels,
+    migration_job_name,
     worker_name,
 )
 from controller.shards import ShardDecision, decide_shards, draining_shards
@@ -121,6 +132,10 @@ class Pass:
     rollout: Rollout = field(default_factory=lambda: Rollout(unavailable=(), rolling=()))
     draining: dict[str, str] = field(default_factory=dict)  # queue -> what is left
     events: list[tuple[str, str, bool]] = field(default_factory=list)  # reason, message, warning
+    migration: MigrationState | None = None
+    applied: bool = False  # the Deployments were applied (the pass got that far)
+    measured: bool = False  # Redis answered the backlog measurement
+    scaled: list[str] = field(default_factory=list)  # "up"/"down", one per rescaled queue
 
 
 def parse_spec(spec: Mapping[str, Any], *, name: str) -> OutboxDispatcherSpec:
@@ -165,39 +180,51 @@ class Context:
     redis: Callable[[str], RedisClient]  # the pooled client for a URL
     postgres_problem: Callable[[str], Any]  # awaitable: None or why PostgreSQL does not answer
     events: list[tuple[str, str, bool]] = field(default_factory=list)
+    scaled: list[str] = field(default_factory=list)
 
 
 async def reconcile_once(ctx: Context) -> Pass:
     """One pass; problems in the result, never raised."""
     spec, owner = ctx.spec, ctx.owner
     try:
-        postgres_url = await ctx.api.secret_value(
-            namespace=owner.namespace, ref=spec.postgres.secret_ref
-        )
-        redis_url = await ctx.api.secret_value(namespace=owner.namespace, ref=spec.redis.secret_ref)
+        values = await _secret_values(ctx)
     except SecretMissing as exc:
         return Pass(problem=Failure(Reason.SECRET_MISSING, str(exc)))
     except APIError as exc:
         return Pass(problem=Failure(Reason.API_ERROR, f"Kubernetes API: {exc}"))
     problem: Failure | None = None
-    pg = await ctx.postgres_problem(postgres_url)
+    pg = await ctx.postgres_problem(values[spec.postgres.secret_ref])
     if pg is not None:
         problem = Failure(Reason.POSTGRES_UNAVAILABLE, pg)
+    redis_url = values[spec.redis.secret_for("operator")]
     draining_queues = _draining_queues(ctx)
     measured, redis_problem = await _measure(ctx, redis_url, draining_queues)
     problem = redis_problem or problem
     decision = await _shards(ctx, redis_url, measured) if measured is not None else None
     shards = decision.shards if decision is not None else (ctx.status.shards or spec.shards)
-    manifests, rows = _desired(ctx, measured, postgres_url=postgres_url, redis_url=redis_url)
+    try:
+        migration = await _migrate(ctx)
+    except APIError as exc:
+        api_failure = Failure(Reason.API_ERROR, f"Kubernetes API: {exc}")
+        return Pass(problem=api_failure, decision=decision, shards=shards)
+    manifests, rows = _desired(ctx, measured, values=values, enqueuer=migration.done)
     try:
         for manifest in manifests:
             await _apply(ctx, manifest)
+        await _budgets(ctx)
         draining = await _drain(ctx, draining_queues, measured)
     except Failure as failure:
-        return Pass(problem=failure, decision=decision, shards=shards, queues=rows)
+        return Pass(
+            problem=failure, decision=decision, shards=shards, queues=rows, migration=migration
+        )
     except APIError as exc:
         api_failure = Failure(Reason.API_ERROR, f"Kubernetes API: {exc}")
-        return Pass(problem=api_failure, decision=decision, shards=shards, queues=rows)
+        return Pass(
+            problem=api_failure, decision=decision, shards=shards, queues=rows, migration=migration
+        )
+    if migration.phase == "failed":
+        _, reason, message = migration.condition()
+        problem = Failure(reason, message)  # the one a user must act on first
     owned = ctx.cache.owned(owner, "enqueuer") + ctx.cache.owned(owner, "worker")
     return Pass(
         problem=problem,
@@ -207,27 +234,94 @@ async def reconcile_once(ctx: Context) -> Pass:
         rollout=rollout(owned),
         draining=draining,
         events=ctx.events,
+        migration=migration,
+        applied=True,
+        measured=measured is not None,
+        scaled=ctx.scaled,
     )
+
+
+async def _secret_values(ctx: Context) -> dict[SecretRef, str]:
+    """The value of every Secret key a pod, the migration Job or the operator reads."""
+    spec = ctx.spec
+    refs = [
+        spec.postgres.secret_ref,
+        spec.redis.secret_for("operator"),
+        spec.redis.secret_for("enqueuer"),
+        spec.redis.secret_for("worker"),
+    ]
+    if spec.migrate:
+        refs.append(spec.postgres.migration())
+    values = {}
+    for ref in dict.fromkeys(refs):
+        values[ref] = await ctx.api.secret_value(namespace=ctx.owner.namespace, ref=ref)
+    return values
+
+
+async def _migrate(ctx: Context) -> MigrationState:
+    """Where the migration of the enqueuer's image stands; creates its Job when there is none."""
+    spec, owner = ctx.spec, ctx.owner
+    image = spec.enqueuer.image or ctx.defaults.enqueuer_image
+    name = migration_job_name(owner, image)
+    needed = spec.migrate and ctx.status.migrated_image != image
+    job = await ctx.api.get_object("Job", namespace=owner.namespace, name=name) if needed else None
+    if needed and job is None:
+        job = await ctx.api.create_object(
+            build_migration_job(spec, owner=owner, defaults=ctx.defaults)
+        )
+        log.info("%s/%s: created Job %s (dispatcher migrate)", owner.namespace, owner.name, name)
+    return migration_state(
+        enabled=spec.migrate,
+        image=image,
+        migrated_image=ctx.status.migrated_image,
+        job_name=name,
+        job=job,
+    )
+
+
+async def _budgets(ctx: Context) -> None:
+    """The enqueuer's PodDisruptionBudget, one per queue that can run several workers; and
+    none for a queue that left the spec or can run only one (a drain must be able to move it)."""
+    spec, owner = ctx.spec, ctx.owner
+    await ctx.api.apply_object(build_enqueuer_pdb(owner))
+    wanted = set()
+    for queue in spec.queues:
+        budget = build_worker_pdb(queue, owner=owner)
+        if budget is not None:
+            wanted.add(budget["metadata"]["name"])
+            await ctx.api.apply_object(budget)
+    for found in await ctx.api.list_objects(
+        "PodDisruptionBudget", namespace=owner.namespace, selector=instance_labels(owner, "worker")
+    ):
+        meta = found.get("metadata", {})
+        if controller_uid(found) == owner.uid and meta.get("name") not in wanted:
+            await ctx.api.delete_object(
+                "PodDisruptionBudget", namespace=owner.namespace, name=meta["name"]
+            )
 
 
 def _desired(
     ctx: Context,
     measured: Measurement | None,
     *,
-    postgres_url: str,
-    redis_url: str,
+    values: Mapping[SecretRef, str],
+    enqueuer: bool,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The Deployments to apply (with the autoscaler's replicas) and the queues' status rows."""
+    """The Deployments to apply (with the autoscaler's replicas) and the queues' status rows;
+    the enqueuer's only when ``enqueuer`` (its image is migrated): one already running keeps
+    its old image until then."""
     spec, owner = ctx.spec, ctx.owner
-    redis_digest = secrets_digest((spec.redis.secret_ref, redis_url))
-    both_digest = secrets_digest(
-        (spec.postgres.secret_ref, postgres_url), (spec.redis.secret_ref, redis_url)
-    )
-    manifests = [
-        build_enqueuer_deployment(
-            spec, owner=owner, defaults=ctx.defaults, secrets_hash=both_digest
+    worker_ref = spec.redis.secret_for("worker")
+    redis_digest = secrets_digest((worker_ref, values[worker_ref]))
+    enqueuer_refs = (spec.postgres.secret_ref, spec.redis.secret_for("enqueuer"))
+    both_digest = secrets_digest(*((ref, values[ref]) for ref in enqueuer_refs))
+    manifests = []
+    if enqueuer:
+        manifests.append(
+            build_enqueuer_deployment(
+                spec, owner=owner, defaults=ctx.defaults, secrets_hash=both_digest
+            )
         )
-    ]
     rows = []
     for queue in spec.queues:
         backlog = measured.queue(queue.name) if measured is not None else None
@@ -240,6 +334,8 @@ def _desired(
             now=ctx.now,
         )
         if step.event is not None:
+            was = int((live or {}).get("spec", {}).get("replicas") or 0)
+            ctx.scaled.append("up" if (step.replicas or 0) > was else "down")
             name = worker_name(owner, queue.name)
             ctx.events.append(("Scaled", f"{name} (queue {queue.name}) {step.event}", False))
         rows.append(step.row)

@@ -8,7 +8,11 @@ pods read, so a change of either (a Secret rotation too: ``secretKeyRef``
 values are read only at pod start) rolls the pods. The shard count is not part
 of it: processes read it live from Redis, so changing it restarts nothing (a
 restart in the middle of a decrease is exactly when readers of the old shards
-are needed).
+are needed). Besides the Deployments: a PodDisruptionBudget per Deployment
+that can lose a pod to a drain without stopping, and the Job that runs
+``dispatcher migrate`` for an enqueuer image. The spec's pod settings (env,
+volumes, placement, identity) go into every pod the component runs, the
+migration Job's included.
 
 Pods follow Pod Security "restricted": non-root, no privilege escalation,
 every capability dropped, RuntimeDefault seccomp, a read-only root filesystem
@@ -33,8 +37,10 @@ from controller.model import (
     KIND,
     EnqueuerSpec,
     OutboxDispatcherSpec,
+    PodSettings,
     QueueSpec,
     Resources,
+    Role,
     SecretRef,
 )
 from dispatcher.stream.naming import fnv1a_32
@@ -48,11 +54,15 @@ __all__ = [
     "Owner",
     "WorkloadDefaults",
     "build_enqueuer_deployment",
+    "build_enqueuer_pdb",
+    "build_migration_job",
     "build_worker_deployment",
+    "build_worker_pdb",
     "config_hash",
     "controller_uid",
     "enqueuer_name",
     "instance_labels",
+    "migration_job_name",
     "worker_name",
     "worker_selector",
 ]
@@ -63,6 +73,7 @@ QUEUE_LABEL = f"{API_GROUP}/queue"
 CONFIG_HASH_ANNOTATION = f"{API_GROUP}/config-hash"
 SECRETS_HASH_ANNOTATION = f"{API_GROUP}/secrets-hash"
 METRICS_PORT = 9090
+MIGRATION_JOB_TTL = 86400  # a finished migration Job (and its pod's log) stays a day
 _MAX_NAME = 63
 
 
@@ -165,9 +176,9 @@ def _secret_env(name: str, ref: SecretRef) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
 
 
-def _common_env(spec: OutboxDispatcherSpec) -> list[dict[str, Any]]:
+def _common_env(spec: OutboxDispatcherSpec, *, role: Role) -> list[dict[str, Any]]:
     return [
-        _secret_env("REDIS_URL", spec.redis.secret_ref),
+        _secret_env("REDIS_URL", spec.redis.secret_for(role)),
         {"name": "REDIS_CLUSTER", "value": "1" if spec.redis.cluster else "0"},
         {"name": "LOG_LEVEL", "value": spec.log_level},
         {"name": "LOG_FORMAT", "value": spec.log_format},
@@ -238,6 +249,60 @@ def _pod_spec(
     }
 
 
+def _with_container_settings(container: dict[str, Any], settings: PodSettings) -> dict[str, Any]:
+    """The container with the spec's env, envFrom and volume mounts after the operator's own."""
+    out = {**container, "env": [*container["env"], *settings.env]}
+    if settings.env_from:
+        out["envFrom"] = list(settings.env_from)
+    out["volumeMounts"] = [*container.get("volumeMounts", []), *settings.volume_mounts]
+    return out
+
+
+def _with_pod_settings(pod: dict[str, Any], settings: PodSettings) -> dict[str, Any]:
+    """The pod spec with the spec's identity, placement and volumes."""
+    out = {**pod, "volumes": [*pod.get("volumes", []), *settings.volumes]}
+    optional = {
+        "serviceAccountName": settings.service_account_name,
+        "imagePullSecrets": settings.image_pull_secrets,
+        "nodeSelector": settings.node_selector,
+        "tolerations": settings.tolerations,
+        "affinity": settings.affinity,
+        "topologySpreadConstraints": settings.topology_spread_constraints,
+        "priorityClassName": settings.priority_class_name,
+    }
+    out.update({key: value for key, value in optional.items() if value})
+    return out
+
+
+def _startup_probe(container: dict[str, Any]) -> dict[str, Any]:
+    """Up to five minutes to import handlers and reach Redis before liveness counts."""
+    startup = {
+        "httpGet": {"path": "/healthz", "port": "metrics"},
+        "periodSeconds": 5,
+        "timeoutSeconds": 3,
+        "failureThreshold": 60,
+    }
+    live = {k: v for k, v in container["livenessProbe"].items() if k != "initialDelaySeconds"}
+    return {**container, "startupProbe": startup, "livenessProbe": live}
+
+
+def _pod_template_meta(
+    labels: dict[str, str],
+    pod: dict[str, Any],
+    settings: PodSettings | None,
+    *,
+    secrets_hash: str = "",
+) -> dict[str, Any]:
+    extra_labels = settings.pod_labels if settings is not None else None
+    annotations = {
+        **((settings.pod_annotations if settings is not None else None) or {}),
+        CONFIG_HASH_ANNOTATION: config_hash(pod),
+    }
+    if secrets_hash:
+        annotations[SECRETS_HASH_ANNOTATION] = secrets_hash
+    return {"labels": {**(extra_labels or {}), **labels}, "annotations": annotations}
+
+
 def _deployment(
     *,
     owner: Owner,
@@ -246,11 +311,9 @@ def _deployment(
     replicas: int | None,
     pod: dict[str, Any],
     secrets_hash: str,
+    settings: PodSettings | None = None,
 ) -> dict[str, Any]:
     labels = _labels(selector)
-    annotations = {CONFIG_HASH_ANNOTATION: config_hash(pod)}
-    if secrets_hash:
-        annotations[SECRETS_HASH_ANNOTATION] = secrets_hash
     manifest: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -265,7 +328,7 @@ def _deployment(
             "revisionHistoryLimit": 3,
             "selector": {"matchLabels": selector},
             "template": {
-                "metadata": {"labels": labels, "annotations": annotations},
+                "metadata": _pod_template_meta(labels, pod, settings, secrets_hash=secrets_hash),
                 "spec": pod,
             },
         },
@@ -294,7 +357,10 @@ def build_enqueuer_deployment(
 ) -> dict[str, Any]:
     """The enqueuer Deployment; ``secrets_hash`` is a digest of the values of the Secrets it
     reads (``DATABASE_URL``, ``REDIS_URL``)."""
-    env = [_secret_env("DATABASE_URL", spec.postgres.secret_ref), *_common_env(spec)]
+    env = [
+        _secret_env("DATABASE_URL", spec.postgres.secret_ref),
+        *_common_env(spec, role="enqueuer"),
+    ]
     container = _container(
         name="enqueuer",
         image=spec.enqueuer.image or defaults.enqueuer_image,
@@ -303,13 +369,15 @@ def build_enqueuer_deployment(
         resources=spec.enqueuer.resources,
         defaults=defaults,
     )
+    container = _startup_probe(_with_container_settings(container, spec.enqueuer))
     return _deployment(
         owner=owner,
         name=enqueuer_name(owner),
         selector=instance_labels(owner, "enqueuer"),
         replicas=spec.enqueuer.replicas,
-        pod=_pod_spec(container, grace=45, defaults=defaults),
+        pod=_with_pod_settings(_pod_spec(container, grace=45, defaults=defaults), spec.enqueuer),
         secrets_hash=secrets_hash,
+        settings=spec.enqueuer,
     )
 
 
@@ -350,15 +418,109 @@ def build_worker_deployment(
         name="worker",
         image=queue.image or defaults.worker_image,
         args=_worker_args(queue),
-        env=_common_env(spec),
+        env=_common_env(spec, role="worker"),
         resources=queue.resources,
         defaults=defaults,
     )
+    container = _startup_probe(_with_container_settings(container, queue))
     return _deployment(
         owner=owner,
         name=worker_name(owner, queue.name),
         selector=worker_selector(owner, queue.name),
         replicas=replicas,
-        pod=_pod_spec(container, grace=45, defaults=defaults),
+        pod=_with_pod_settings(_pod_spec(container, grace=45, defaults=defaults), queue),
         secrets_hash=secrets_hash,
+        settings=queue,
     )
+
+
+def _pdb(*, owner: Owner, name: str, selector: dict[str, str]) -> dict[str, Any]:
+    """At most one pod of ``selector`` evicted at a time; crash-looping pods never block a drain."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": name,
+            "namespace": owner.namespace,
+            "labels": _labels(selector),
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def build_enqueuer_pdb(owner: Owner) -> dict[str, Any]:
+    """The enqueuer's budget: a drain takes its replicas one at a time."""
+    return _pdb(owner=owner, name=enqueuer_name(owner), selector=instance_labels(owner, "enqueuer"))
+
+
+def build_worker_pdb(queue: QueueSpec, *, owner: Owner) -> dict[str, Any] | None:
+    """A queue's budget, for a queue that may run more than one worker (else None)."""
+    if queue.max_replicas <= 1:
+        return None
+    return _pdb(
+        owner=owner,
+        name=worker_name(owner, queue.name),
+        selector=worker_selector(owner, queue.name),
+    )
+
+
+def migration_job_name(owner: Owner, image: str) -> str:
+    """One Job per enqueuer image: a new image (a new schema version) migrates again."""
+    digest = f"{fnv1a_32(image.encode()):08x}"
+    return f"{_dns_name(f'{owner.name}-migrate')[: _MAX_NAME - 9]}-{digest}"
+
+
+def build_migration_job(
+    spec: OutboxDispatcherSpec, *, owner: Owner, defaults: WorkloadDefaults = DEFAULT_WORKLOADS
+) -> dict[str, Any]:
+    """The Job running ``dispatcher migrate`` with the enqueuer's image and pod settings.
+
+    ``dispatcher migrate`` takes an advisory lock, so a Job overlapping another migration (or a
+    manual run) waits instead of racing. A finished Job stays a day for its logs; the
+    dispatcher's ``status.migratedImage`` keeps a succeeded one from running again, and a
+    failed one deleted (by then, or by hand) is tried again.
+    """
+    enqueuer = spec.enqueuer
+    image = enqueuer.image or defaults.enqueuer_image
+    env = [
+        _secret_env("DATABASE_URL", spec.postgres.migration()),
+        {"name": "LOG_LEVEL", "value": spec.log_level},
+        {"name": "LOG_FORMAT", "value": spec.log_format},
+    ]
+    container = _container(
+        name="migrate",
+        image=image,
+        args=["migrate"],
+        env=env,
+        resources=enqueuer.resources,
+        defaults=defaults,
+    )
+    for key in ("ports", "livenessProbe", "readinessProbe"):
+        container.pop(key)
+    container = _with_container_settings(container, enqueuer)
+    pod = {
+        **_with_pod_settings(_pod_spec(container, grace=30, defaults=defaults), enqueuer),
+        "restartPolicy": "Never",
+    }
+    labels = _labels(instance_labels(owner, "migrate"))
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": migration_job_name(owner, image),
+            "namespace": owner.namespace,
+            "labels": labels,
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": {
+            "backoffLimit": 4,
+            "activeDeadlineSeconds": 900,
+            "ttlSecondsAfterFinished": MIGRATION_JOB_TTL,
+            "template": {"metadata": _pod_template_meta(labels, pod, enqueuer), "spec": pod},
+        },
+    }

@@ -64,6 +64,7 @@ class Reason:
     ROLLOUT_COMPLETE = "RolloutComplete"
     DRAINING = "Draining"
     DRAINED = "Drained"
+    MIGRATING = "Migrating"
 
 
 @dataclass(frozen=True, slots=True)

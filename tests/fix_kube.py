@@ -6,7 +6,9 @@ when the spec changes), ``creationTimestamp`` and names from ``generateName``; a
 for Deployments, what the API server and the Deployment controller do: quantities
 written in canonical form (``1024Mi`` is stored as ``1Gi``) and, unless a test
 stalls it, a rollout that completes at once (``status`` at the new generation,
-every replica available).
+every replica available). It also stands in for the Job controller: a Job is
+stored as finished with ``job_outcome`` ("Complete" by default, "Failed", or None
+to leave it running until the test writes its status).
 ``operator`` runs the real kopf operator (``controller.handlers.register``) in
 the test's event loop against it, with an injected clock for the autoscaler.
 """
@@ -36,6 +38,8 @@ from controller.operator import Operator, OperatorConfig
 NAMESPACE = "default"
 CR_RESOURCE = "dispatch.composer.dev/v1alpha1/outboxdispatchers"
 DEPLOYMENTS = "apps/v1/deployments"
+PDBS = "policy/v1/poddisruptionbudgets"
+JOBS = "batch/v1/jobs"
 SECRETS = "v1/secrets"
 EVENTS = "v1/events"
 VERBS = {"list", "watch", "get", "create", "patch", "update", "delete"}
@@ -47,6 +51,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _versions = itertools.count(1)
     # Deployments whose rollouts never finish (a pull error, a crash loop): a test adds names.
     stalled: set[str]
+    job_outcome: str | None = "Complete"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -74,6 +79,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         if request.resource == kmock.resource(DEPLOYMENTS):
             _canonical_quantities(request.data)
             self._roll_out(request.data, request.data)
+        if request.resource == kmock.resource(JOBS) and self.job_outcome is not None:
+            request.data["status"] = job_status(self.job_outcome)
 
     def _on_update(self, request: rendering.Request) -> None:
         key = (request.resource, request.namespace, request.name)
@@ -170,6 +177,8 @@ def _declare_resources(kube: KubeEmulator) -> None:
     kube.resources[DEPLOYMENTS] = info(
         kind="Deployment", namespaced=True, verbs=VERBS, subresources={"status", "scale"}
     )
+    kube.resources[PDBS] = info(kind="PodDisruptionBudget", namespaced=True, verbs=VERBS)
+    kube.resources[JOBS] = info(kind="Job", namespaced=True, verbs=VERBS, subresources={"status"})
     kube.resources[SECRETS] = info(kind="Secret", namespaced=True, verbs=VERBS)
     kube.resources[EVENTS] = info(kind="Event", namespaced=True, verbs=VERBS)
     # kopf's backbone: looked up at startup even when scanning is disabled.
@@ -209,12 +218,15 @@ def clock() -> FakeClock:
 
 @contextlib.asynccontextmanager
 async def running_operator(
-    kube: KubeEmulator, clock: FakeClock, **config_: Any
+    kube: KubeEmulator, clock: FakeClock, *, liveness: str | None = None, **config_: Any
 ) -> AsyncIterator[Operator]:
-    """The real kopf operator, running in this loop against ``kube``, until the block ends."""
+    """The real kopf operator, running in this loop against ``kube``, until the block ends.
+
+    ``liveness``: serve kopf's liveness endpoint at this URL (its probes run on each GET).
+    """
     config = OperatorConfig(
-        autoscale_interval=0.2, retry_base=0.1, retry_cap=0.5, redis_timeout=2.0, clock=clock,
-        **config_,
+        autoscale_interval=0.2, retry_base=0.1, retry_cap=0.5, redis_timeout=2.0,
+        migration_poll=0.1, clock=clock, **config_,
     )  # fmt: skip
     registry = kopf.OperatorRegistry()
     running = register(registry, Operator(config))
@@ -238,6 +250,7 @@ async def running_operator(
         settings=settings,
         standalone=True,
         namespaces=[NAMESPACE],
+        liveness_endpoint=liveness,
         stop_flag=stop,
         ready_flag=ready,
     )
@@ -265,3 +278,14 @@ def _spawned_by_kopf(task: asyncio.Task[Any]) -> bool:
 def secret(name: str, **data: str) -> dict[str, Any]:
     encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": encoded}
+
+
+def job_status(outcome: str) -> dict[str, Any]:
+    """A finished Job's status as the Job controller writes it ("Complete" or "Failed")."""
+    condition: dict[str, Any] = {"type": outcome, "status": "True"}
+    if outcome == "Failed":
+        condition.update(
+            reason="BackoffLimitExceeded", message="Job has reached the specified backoff limit"
+        )
+        return {"failed": 5, "conditions": [condition]}
+    return {"succeeded": 1, "conditions": [condition]}

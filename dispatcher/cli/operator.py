@@ -2,7 +2,9 @@
 
 The same handlers as ``kopf run -m controller.handlers``, with the scope
 (``--namespace`` or ``--all-namespaces``), kopf's liveness endpoint and the
-autoscaler interval as flags. kopf handles SIGTERM/SIGINT itself.
+autoscaler interval as flags. kopf handles SIGTERM/SIGINT itself. With
+``--metrics-port`` (env ``METRICS_PORT``) the operator's own Prometheus
+metrics are served on ``/metrics`` there.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ def register(sub: Any, common: Common) -> None:
         default=15.0,
         help="seconds between backlog measurements per resource (15)",
     )
+    g.add_argument("--metrics-port", type=int, default=None, help="env METRICS_PORT; 0 = off")
     g.add_argument(
         "--enqueuer-image",
         default=None,
@@ -73,7 +76,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> Any:
         raise UsageError("pass --namespace NS (repeatable) or --all-namespaces")
     if args.autoscale_interval <= 0:
         raise UsageError(f"--autoscale-interval must be > 0, got {args.autoscale_interval}")
-    return _serve(args)
+    return _serve(args, settings)
 
 
 def operator_settings(namespaces: Sequence[str], *, all_namespaces: bool) -> Any:
@@ -90,12 +93,14 @@ def operator_settings(namespaces: Sequence[str], *, all_namespaces: bool) -> Any
     return settings
 
 
-async def _serve(args: argparse.Namespace) -> int:
+async def _serve(args: argparse.Namespace, settings: Settings) -> int:
     import kopf
+    from prometheus_client import REGISTRY
 
     from controller.handlers import register as register_handlers
     from controller.handlers import register_login
     from controller.operator import Operator, OperatorConfig
+    from dispatcher.observability import ObservabilityServer
 
     registry = kopf.OperatorRegistry()
     register_login(registry)
@@ -104,7 +109,17 @@ async def _serve(args: argparse.Namespace) -> int:
         enqueuer_image=args.enqueuer_image,
         worker_image=args.worker_image,
     )
-    register_handlers(registry, Operator(config))
+    register_handlers(registry, Operator(config, registry=REGISTRY))
+    # Liveness stays kopf's (--liveness); this server is for /metrics.
+    server = ObservabilityServer(port=settings.metrics_port)
+    await server.start()
+    try:
+        return await _operate(kopf, registry, args)
+    finally:
+        await server.stop()
+
+
+async def _operate(kopf: Any, registry: Any, args: argparse.Namespace) -> int:
     await kopf.operator(
         registry=registry,
         settings=operator_settings(args.namespaces or (), all_namespaces=args.all_namespaces),

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -54,8 +54,11 @@ __all__ = ["Worker"]
 
 log = logging.getLogger(__name__)
 
-# /healthz fails when no Redis call has succeeded for this long.
-REDIS_STALE_AFTER = 60.0
+# Without an answer from Redis for this long a worker leaves rotation (readiness), ...
+REDIS_UNREADY_AFTER = 15.0
+# ... and only after this long is it presumed stuck (liveness): a Redis failover can take
+# minutes, and restarting every worker for it only adds a storm of reconnects.
+REDIS_DEAD_AFTER = 600.0
 # Look for left-over shard streams (a keyspace SCAN) every this many shard-count polls, and
 # whenever the count drops.
 DISCOVER_EVERY_POLLS = 6
@@ -71,8 +74,10 @@ class Worker:
         config: WorkerConfig,
         *,
         registry: CollectorRegistry | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.client = client
+        self._clock = clock
         self.config = config
         self.metrics = WorkerMetrics(registry if registry is not None else CollectorRegistry())
         self.shards = 0
@@ -105,14 +110,26 @@ class Worker:
         self._stopping.set()
 
     def live(self) -> bool:
-        """Started, no loop died, and Redis answered recently (always true while stopping)."""
+        """Started, no loop died, and Redis answered within ``REDIS_DEAD_AFTER`` (always true
+        while stopping)."""
         if not self._started or self._stopping.is_set():
             return self._started
-        crashed = any(t.done() for t in self._loops) or bool(self._keeper and self._keeper.done())
-        return not crashed and time.monotonic() - self._last_redis_ok < REDIS_STALE_AFTER
+        return not self._crashed() and self._redis_silent_for() < REDIS_DEAD_AFTER
 
     def ready(self) -> bool:
-        return self._started and not self._stopping.is_set() and self.live()
+        """Live, not stopping, and Redis answered within ``REDIS_UNREADY_AFTER``."""
+        return (
+            self._started
+            and not self._stopping.is_set()
+            and not self._crashed()
+            and self._redis_silent_for() < REDIS_UNREADY_AFTER
+        )
+
+    def _crashed(self) -> bool:
+        return any(t.done() for t in self._loops) or bool(self._keeper and self._keeper.done())
+
+    def _redis_silent_for(self) -> float:
+        return self._clock() - self._last_redis_ok
 
     async def run(self) -> None:
         """Read and handle until ``request_stop()``; then drain and leave the groups."""
@@ -159,7 +176,7 @@ class Worker:
         shards = await read_shard_count(self.client, fallback=self.config.shards)
         await self._grow_to(shards)
         await self._discover()
-        self._last_redis_ok = time.monotonic()
+        self._last_redis_ok = self._clock()
         # Not a loop of its own: it renews leases of handlers still draining.
         self._keeper = asyncio.create_task(self._deliveries.leases.run(), name="lease keeper")
         self._keeper.add_done_callback(_log_crash)
@@ -345,7 +362,7 @@ class Worker:
         task.add_done_callback(_log_crash)
 
     def _redis_ok(self) -> None:
-        self._last_redis_ok = time.monotonic()
+        self._last_redis_ok = self._clock()
 
     async def _stopped_within(self, seconds: float) -> bool:
         with contextlib.suppress(TimeoutError):

@@ -35,6 +35,7 @@ from tests.fix_db import ADMIN_URL
 from tests.fix_kube import (
     DEPLOYMENTS,
     NAMESPACE,
+    PDBS,
     FakeClock,
     KubeEmulator,
     _declare_resources,
@@ -200,10 +201,16 @@ async def test_role_grants_exactly_what_the_operator_uses(
             return (
                 _ready(gate)
                 and gate.live(DEPLOYMENTS, "orders-worker-invoices") is not None
+                and gate.live(DEPLOYMENTS, "orders-enqueuer") is not None
                 and not cr["metadata"].get("finalizers")
             )
 
         await eventually(created, within=20)
+        # Someone loosens a budget by hand: the next reconcile patches it back.
+        budget_url = (
+            f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets/orders-worker-emails"
+        )
+        await gate.send("patch", budget_url, {"spec": {"maxUnavailable": 3}})
         changed = {**emails, "handler": "app.tasks:send_v2"}
         await gate.send("patch", f"{CR_URL}/orders", {"spec": {"queues": [changed]}})
 
@@ -215,6 +222,14 @@ async def test_role_grants_exactly_what_the_operator_uses(
             )
 
         await eventually(pruned, within=20)
+
+        async def budgets() -> bool:
+            emails_budget = gate.live(PDBS, "orders-worker-emails") or {}
+            return gate.live(PDBS, "orders-worker-invoices") is None and (
+                emails_budget.get("spec", {}).get("maxUnavailable") == 1
+            )
+
+        await eventually(budgets, within=20)
 
         async def posted() -> bool:  # kopf posts Events in the background
             return bool(gate.events())

@@ -105,8 +105,10 @@ async def _has_event(kube: KubeEmulator, reason: str) -> None:
 
 async def _ready(kube: KubeEmulator) -> None:
     async def check() -> bool:
-        return _condition(kube, "Ready") == ("True", "Reconciled") and bool(
-            kube.live(DEPLOYMENTS, "orders-worker-invoices")
+        return (
+            _condition(kube, "Ready") == ("True", "Reconciled")
+            and bool(kube.live(DEPLOYMENTS, "orders-worker-invoices"))
+            and bool(kube.live(DEPLOYMENTS, "orders-enqueuer"))
         )
 
     await eventually(check, within=20)

@@ -16,6 +16,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
@@ -25,8 +26,11 @@ from redis.exceptions import NoPermissionError, ResponseError
 
 from tests.faults.harness import ROOT, Pipeline
 from tests.faults.load import LoadSpec
+from tests.fix_kube import CR_RESOURCE, NAMESPACE, FakeClock, KubeEmulator, running_operator
+from tests.fix_kube import secret as k8s_secret
 from tests.fix_pg import PostgresProcess
 from tests.fix_servers import RedisProcess
+from tests.helpers import eventually
 
 DOC = ROOT / "docs" / "security.md"
 
@@ -45,6 +49,7 @@ def acl_redis(tmp_path: Path) -> Iterator[tuple[RedisProcess, dict[str, str]]]:
     passwords = {
         "dispatcher-enqueuer": f"enq-{uuid.uuid4().hex}",
         "dispatcher-worker": f"wrk-{uuid.uuid4().hex}",
+        "dispatcher-operator": f"op-{uuid.uuid4().hex}",
     }
     server = RedisProcess(tmp_path / "acl-redis").start()
     admin = sync_redis.Redis(port=server.port)
@@ -155,7 +160,11 @@ def test_enqueuer_and_worker_over_tls_with_acl_users(
     except (AssertionError, OSError):
         pytest.skip("this redis-server was built without TLS")
     try:
-        passwords = {"dispatcher-enqueuer": "tls-enq", "dispatcher-worker": "tls-wrk"}
+        passwords = {
+            "dispatcher-enqueuer": "tls-enq",
+            "dispatcher-worker": "tls-wrk",
+            "dispatcher-operator": "tls-op",
+        }
         admin = sync_redis.Redis(port=server.port)
         for args in documented_acl(passwords):
             admin.execute_command("ACL", "SETUSER", *args)
@@ -240,6 +249,78 @@ def _run(command: str, *, database_url: str, redis_url: str) -> tuple[int, str]:
 def test_documented_acl_lines_parse(acl_redis: tuple[RedisProcess, dict[str, str]]) -> None:
     server, _ = acl_redis
     users = server.cli("ACL", "USERS").split()
-    assert {"dispatcher-enqueuer", "dispatcher-worker"} <= set(users)
+    assert {"dispatcher-enqueuer", "dispatcher-worker", "dispatcher-operator"} <= set(users)
     with pytest.raises(ResponseError):
         sync_redis.Redis(port=server.port).execute_command("ACL", "SETUSER", "x", "+nosuchcmd")
+
+
+async def test_operator_runs_as_the_documented_acl_user(
+    acl_redis: tuple[RedisProcess, dict[str, str]], kube: KubeEmulator, clock: FakeClock
+) -> None:
+    """The real operator (kmock API) with one Redis Secret per role: it publishes and lowers
+    the shard count and measures backlog as ``dispatcher-operator``, with nothing denied."""
+    server, passwords = acl_redis
+    urls = {user: user_url(server.port, user, password) for user, password in passwords.items()}
+    admin = sync_redis.Redis(port=server.port, decode_responses=True)
+    for shard in range(4):
+        admin.xgroup_create(f"workflow.tasks.emails.{shard}", "workers", id="0", mkstream=True)
+    admin.xadd("workflow.tasks.emails.1", {"task_id": "t1"})
+    secrets_url = f"/api/v1/namespaces/{NAMESPACE}/secrets"
+    await kube.send("post", secrets_url, k8s_secret("pg", url="postgresql://app@db/app"))
+    for role in ("enqueuer", "worker", "operator"):
+        await kube.send(
+            "post", secrets_url, k8s_secret(f"rd-{role}", url=urls[f"dispatcher-{role}"])
+        )
+    refs = {
+        f"{r}SecretRef": {"name": f"rd-{r}", "key": "url"}
+        for r in ("enqueuer", "worker", "operator")
+    }
+    cr = {
+        "apiVersion": "dispatch.composer.dev/v1alpha1",
+        "kind": "OutboxDispatcher",
+        "metadata": {"name": "acl", "namespace": NAMESPACE},
+        "spec": {
+            "shards": 4,
+            "migrate": False,
+            "postgres": {"secretRef": {"name": "pg", "key": "url"}},
+            "redis": refs,
+            "queues": [{"name": "emails", "handler": "app.tasks:send"}],
+        },
+    }
+    cr_url = f"/apis/dispatch.composer.dev/v1alpha1/namespaces/{NAMESPACE}/outboxdispatchers"
+
+    def status() -> dict[str, Any]:
+        return dict((kube.live(CR_RESOURCE, "acl") or {}).get("status") or {})
+
+    async with running_operator(kube, clock):
+        await kube.send("post", cr_url, cr)
+
+        async def measured() -> bool:
+            rows = status().get("queues") or []
+            return status().get("shards") == 4 and bool(rows) and rows[0].get("backlog") == 1
+
+        await eventually(measured, within=30)
+        admin.xdel(
+            "workflow.tasks.emails.1", *[e[0] for e in admin.xrange("workflow.tasks.emails.1")]
+        )
+        await kube.send("patch", f"{cr_url}/acl", {"spec": {"shards": 2}})  # checks XLEN first
+
+        async def lowered() -> bool:
+            return status().get("shards") == 2
+
+        await eventually(lowered, within=30)
+    assert admin.get("composer:stream_shards") == "2"
+    assert server.cli("ACL", "LOG") == "", "no command or key was denied"
+    as_operator = sync_redis.Redis.from_url(urls["dispatcher-operator"], decode_responses=True)
+    for command in (
+        ("XADD", "workflow.tasks.emails.0", "*", "a", "b"),
+        ("XREADGROUP", "GROUP", "workers", "x", "STREAMS", "workflow.tasks.emails.0", ">"),
+        ("SET", "dispatcher:done:x", "1"),
+        ("GET", "app:secret"),
+        ("KEYS", "*"),
+        ("FLUSHALL",),
+    ):
+        with pytest.raises(NoPermissionError):
+            as_operator.execute_command(*command)
+    as_operator.close()
+    admin.close()

@@ -8,6 +8,7 @@ first, then the OpenAPI schema (jsonschema), then every CEL rule
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from controller.crd import CRD_PATH, build_crd, crd_yaml
+from controller.coretypes import CORE_SCHEMAS_PATH, core_schema
+from controller.crd import CRD_PATH, build_crd, core_schemas_json, crd_yaml
 from controller.model import OutboxDispatcherSpec
 
 K8S_VERSION = "1.37.0"
@@ -169,6 +171,26 @@ BAD = [
     ),
     pytest.param({"logFormat": "xml"}, "logFormat: 'xml' is not one of", id="bad-log-format"),
     pytest.param(
+        {"redis": {"enqueuerSecretRef": {"name": "r", "key": "url"}}},
+        "spec.redis: set secretRef, or all of enqueuerSecretRef",
+        id="a-role-without-url",
+    ),
+    pytest.param(
+        {"queues": [{"name": "a", "handler": "m:f", "env": [{"value": "x"}]}]},
+        "'name' is a required property",
+        id="env-without-name",
+    ),
+    pytest.param(
+        {"enqueuer": {"tolerations": [{"key": "k", "operator": "Equal", "bogus": 1}]}},
+        "Additional properties are not allowed ('bogus'",
+        id="toleration-unknown-field",
+    ),
+    pytest.param(
+        {"enqueuer": {"affinity": {"nodeAffinity": "everywhere"}}},
+        "'everywhere' is not of type 'object'",
+        id="affinity-not-an-object",
+    ),
+    pytest.param(
         {"queues": [{"name": "a", "handler": "m:f", "targetBacklogPerReplica": 0}]},
         "targetBacklogPerReplica: 0 is less than the minimum of 1",
         id="zero-target",
@@ -223,3 +245,26 @@ def test_images_have_no_default_so_they_follow_the_operator() -> None:
     )
     assert "image" not in stored["enqueuer"]
     assert "image" not in stored["queues"][0]
+
+
+def test_core_type_schemas_are_the_official_kubernetes_ones() -> None:
+    """``controller/schemas/core-v1.json`` is generated from kubernetes-validate's OpenAPI."""
+    assert CORE_SCHEMAS_PATH.read_text() == core_schemas_json(), (
+        "run: python -m controller.crd --write"
+    )
+    spec = _schema()["properties"]["spec"]["properties"]
+    for owner in (spec["enqueuer"], spec["queues"]["items"]):
+        props = owner["properties"]
+        assert props["env"]["items"] == core_schema("EnvVar")
+        assert props["volumes"]["items"] == core_schema("Volume")
+        assert props["tolerations"]["items"] == core_schema("Toleration")
+        assert props["affinity"]["properties"] == core_schema("Affinity")["properties"]
+        assert props["topologySpreadConstraints"]["items"] == core_schema(
+            "TopologySpreadConstraint"
+        )
+
+
+def test_crd_fits_a_client_side_apply_annotation() -> None:
+    """``kubectl apply`` (client side) stores the object in a 256 KiB annotation."""
+    compact = json.dumps(build_crd(), separators=(",", ":"))
+    assert len(compact) < 200 * 1024, len(compact)

@@ -7,6 +7,7 @@ from decimal import Decimal
 from typing import Any
 
 from controller.k8s import contains
+from controller.migration import MigrationState
 from controller.model import OutboxDispatcherStatus
 from controller.operator import conditions
 from controller.quantity import parse_quantity, same_quantity
@@ -78,3 +79,19 @@ def test_unavailable_deployments_make_ready_false_and_draining_is_reported() -> 
         "Degraded": ("False", "AsExpected"),
         "QueuesDraining": ("True", "Draining"),
     }
+
+
+def test_a_running_migration_keeps_ready_false_until_the_enqueuer_may_start() -> None:
+    running = MigrationState(phase="running", image="enq:2", job="orders-migrate-1")
+    found = _types(
+        conditions(OutboxDispatcherStatus(), Pass(migration=running), now=NOW, generation=1)
+    )
+    assert found["Ready"] == ("False", "Migrating")
+    assert found["Migrated"] == ("False", "Running")
+    assert found["Degraded"] == ("False", "AsExpected")
+    done = MigrationState(phase="succeeded", image="enq:2")
+    found = _types(
+        conditions(OutboxDispatcherStatus(), Pass(migration=done), now=NOW, generation=1)
+    )
+    assert found["Ready"] == ("True", "Reconciled")
+    assert found["Migrated"] == ("True", "Succeeded")

@@ -86,3 +86,91 @@ def test_condition_transition_time_moves_only_on_a_status_flip() -> None:
     assert same[0].reason == "R2"
     flipped = set_condition(same, type_=READY, status="False", reason="X", message="", now=t1)
     assert flipped[0].last_transition_time == t1
+
+
+def _queue(**fields: object) -> dict[str, object]:
+    return {**SECRETS, "queues": [{"name": "q", "handler": "m:f", **fields}]}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            _queue(env=[{"name": "REDIS_URL", "value": "redis://x"}]),
+            "REDIS_URL is set by the operator",
+        ),
+        (_queue(env=[{"name": "A", "valu": "x"}]), "[0].valu: unknown field"),
+        (
+            _queue(tolerations=[{"key": "k", "tolerationSeconds": "soon"}]),
+            "tolerationSeconds: must be of type integer",
+        ),
+        (_queue(volumeMounts=[{"name": "cfg", "mountPath": "/etc/x"}]), "'cfg' names no volume"),
+        (_queue(volumes=[{"name": "tmp", "emptyDir": {}}]), "'tmp' is reserved"),
+        (_queue(podLabels={"app.kubernetes.io/instance": "x"}), "is set by the operator"),
+        (_queue(serviceAccountName="Not_DNS"), "serviceAccountName"),
+        (_queue(affinity={"nodeAffinity": []}), "nodeAffinity: must be of type object"),
+        (
+            {**SECRETS, "redis": {"workerSecretRef": {"name": "w", "key": "url"}}},
+            "set secretRef, or all of",
+        ),
+    ],
+)
+def test_model_refuses_bad_pod_settings_with_a_clear_message(
+    spec: dict[str, object], message: str
+) -> None:
+    with pytest.raises(pydantic.ValidationError) as caught:
+        OutboxDispatcherSpec.model_validate(spec)
+    assert message in str(caught.value)
+
+
+def test_pod_settings_and_role_secrets_parse() -> None:
+    spec = OutboxDispatcherSpec.model_validate(
+        {
+            "postgres": {"secretRef": {"name": "db", "key": "url"}},
+            "redis": {
+                "enqueuerSecretRef": {"name": "e", "key": "url"},
+                "workerSecretRef": {"name": "w", "key": "url"},
+                "operatorSecretRef": {"name": "o", "key": "url"},
+            },
+            "migrate": False,
+            "enqueuer": {"nodeSelector": {"pool": "a"}, "priorityClassName": "high"},
+            "queues": [
+                {
+                    "name": "q",
+                    "handler": "m:f",
+                    "resources": {"requests": {"cpu": "1"}},
+                    "tolerations": [{"operator": "Exists"}],
+                }
+            ],
+        }
+    )
+    assert spec.migrate is False
+    assert [spec.redis.secret_for(r).name for r in ("enqueuer", "worker", "operator")] == [
+        "e",
+        "w",
+        "o",
+    ]
+    assert spec.enqueuer.node_selector == {"pool": "a"}
+    assert spec.queues[0].resources.requests == {"cpu": "1"}
+    assert spec.queues[0].resources.limits is None
+    assert spec.postgres.migration().name == "db"
+
+
+def test_readme_pod_settings_example_is_a_valid_queue() -> None:
+    """The README's pod settings example is accepted by the model (so it stays true)."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("### Pod settings", 1)[1]
+    block = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert block is not None
+    queues = yaml.safe_load(block.group(1))["queues"]
+    spec = OutboxDispatcherSpec.model_validate({**SECRETS, "queues": queues})
+    queue = spec.queues[0]
+    assert queue.service_account_name == "invoice-renderer"
+    assert queue.affinity is not None
+    assert queue.topology_spread_constraints
+    assert queue.env_from

@@ -14,7 +14,11 @@ from controller.render import (
     Owner,
     WorkloadDefaults,
     build_enqueuer_deployment,
+    build_enqueuer_pdb,
+    build_migration_job,
     build_worker_deployment,
+    build_worker_pdb,
+    migration_job_name,
     worker_name,
 )
 
@@ -225,3 +229,210 @@ def test_secrets_hash_is_an_annotation_and_none_means_replicas_are_left_alone() 
     )
     assert "replicas" not in worker["spec"]
     assert kubernetes_validate.validate(worker, K8S_VERSION, strict=True)
+
+
+POD_SETTINGS: dict[str, Any] = {
+    "env": [
+        {"name": "APP_MODE", "value": "prod"},
+        {"name": "API_TOKEN", "valueFrom": {"secretKeyRef": {"name": "api", "key": "token"}}},
+    ],
+    "envFrom": [{"configMapRef": {"name": "handler-config"}}],
+    "volumes": [
+        {"name": "certs", "secret": {"secretName": "pg-ca", "defaultMode": 288}},
+        {"name": "cfg", "configMap": {"name": "handler-config"}},
+    ],
+    "volumeMounts": [
+        {"name": "certs", "mountPath": "/etc/pg-ca", "readOnly": True},
+        {"name": "cfg", "mountPath": "/etc/handler"},
+    ],
+    "serviceAccountName": "orders-handlers",
+    "imagePullSecrets": [{"name": "regcred"}],
+    "nodeSelector": {"kubernetes.io/os": "linux", "pool": "workers"},
+    "tolerations": [
+        {"key": "dedicated", "operator": "Equal", "value": "q", "effect": "NoSchedule"}
+    ],
+    "affinity": {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "orders"}},
+                    },
+                }
+            ]
+        }
+    },
+    "topologySpreadConstraints": [
+        {
+            "maxSkew": 1,
+            "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "orders"}},
+        }
+    ],
+    "priorityClassName": "dispatch-high",
+    "podAnnotations": {"example.com/team": "billing"},
+    "podLabels": {"team": "billing"},
+    "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+}
+
+
+def _full_spec() -> OutboxDispatcherSpec:
+    return _spec(
+        enqueuer={"replicas": 2, **POD_SETTINGS},
+        queues=[{"name": "emails", "handler": "app.tasks:send", "maxReplicas": 4, **POD_SETTINGS}],
+        postgres={
+            "secretRef": {"name": "pg", "key": "dsn"},
+            "migrationSecretRef": {"name": "pg-owner", "key": "dsn"},
+        },
+    )
+
+
+def _pod(manifest: dict[str, Any]) -> dict[str, Any]:
+    pod: dict[str, Any] = manifest["spec"]["template"]["spec"]
+    return pod
+
+
+def _full_manifests() -> list[dict[str, Any]]:
+    spec = _full_spec()
+    pdb = build_worker_pdb(spec.queues[0], owner=OWNER)
+    assert pdb is not None
+    return [
+        build_enqueuer_deployment(spec, owner=OWNER),
+        build_worker_deployment(spec, spec.queues[0], owner=OWNER, replicas=2),
+        build_migration_job(spec, owner=OWNER),
+        build_enqueuer_pdb(OWNER),
+        pdb,
+    ]
+
+
+def test_every_pod_setting_reaches_the_enqueuer_worker_and_migration_pods() -> None:
+    for manifest in _full_manifests():
+        if manifest["kind"] == "PodDisruptionBudget":
+            continue
+        pod, container = _pod(manifest), _container(manifest)
+        env = {e["name"]: e for e in container["env"]}
+        assert env["APP_MODE"] == {"name": "APP_MODE", "value": "prod"}
+        assert env["API_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "api", "key": "token"}}
+        assert container["envFrom"] == POD_SETTINGS["envFrom"]
+        assert container["volumeMounts"] == [
+            {"name": "tmp", "mountPath": "/tmp"},
+            *POD_SETTINGS["volumeMounts"],
+        ]
+        assert pod["volumes"] == [
+            {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+            *POD_SETTINGS["volumes"],
+        ]
+        assert pod["serviceAccountName"] == "orders-handlers"
+        assert pod["automountServiceAccountToken"] is False
+        assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+        assert pod["nodeSelector"] == POD_SETTINGS["nodeSelector"]
+        assert pod["tolerations"] == POD_SETTINGS["tolerations"]
+        assert pod["affinity"] == POD_SETTINGS["affinity"]
+        assert pod["topologySpreadConstraints"] == POD_SETTINGS["topologySpreadConstraints"]
+        assert pod["priorityClassName"] == "dispatch-high"
+        assert container["resources"] == POD_SETTINGS["resources"]
+        meta = manifest["spec"]["template"]["metadata"]
+        assert meta["annotations"]["example.com/team"] == "billing"
+        assert CONFIG_HASH_ANNOTATION in meta["annotations"]
+        assert meta["labels"]["team"] == "billing"
+        assert meta["labels"]["app.kubernetes.io/instance"] == "orders"
+
+
+def test_new_manifests_pass_kubernetes_validate_strict() -> None:
+    for manifest in _full_manifests():
+        assert kubernetes_validate.validate(manifest, K8S_VERSION, strict=True), manifest["kind"]
+
+
+def test_pods_get_default_requests_so_they_are_not_best_effort() -> None:
+    spec = _spec(enqueuer={}, queues=[{"name": "emails", "handler": "app.tasks:send"}])
+    enqueuer = _container(build_enqueuer_deployment(spec, owner=OWNER))
+    worker = _container(build_worker_deployment(spec, spec.queues[0], owner=OWNER, replicas=1))
+    for container in (enqueuer, worker):
+        assert container["resources"]["requests"] == {"cpu": "100m", "memory": "128Mi"}
+        assert "memory" in container["resources"]["limits"]
+    none = _spec(queues=[{"name": "emails", "handler": "app.tasks:send", "resources": {}}])
+    bare = build_worker_deployment(none, none.queues[0], owner=OWNER, replicas=1)
+    assert _container(bare)["resources"] == {}  # {} asks for none
+
+
+def test_each_role_gets_its_own_redis_secret_falling_back_to_the_shared_one() -> None:
+    spec = _spec(
+        redis={
+            "secretRef": {"name": "rd", "key": "url"},
+            "enqueuerSecretRef": {"name": "rd-enqueuer", "key": "url"},
+        }
+    )
+    enqueuer, worker, _ = _all_manifests(spec)
+    assert _env(enqueuer)["REDIS_URL"] == {"secretKeyRef": {"name": "rd-enqueuer", "key": "url"}}
+    assert _env(worker)["REDIS_URL"] == {"secretKeyRef": {"name": "rd", "key": "url"}}
+    roles = _spec(
+        redis={
+            "enqueuerSecretRef": {"name": "rd-enqueuer", "key": "url"},
+            "workerSecretRef": {"name": "rd-worker", "key": "url"},
+            "operatorSecretRef": {"name": "rd-operator", "key": "url"},
+        }
+    )
+    enqueuer, worker, _ = _all_manifests(roles)
+    assert _env(worker)["REDIS_URL"] == {"secretKeyRef": {"name": "rd-worker", "key": "url"}}
+    assert roles.redis.secret_for("operator").name == "rd-operator"
+
+
+def test_pdbs_take_one_pod_at_a_time_and_only_where_a_queue_can_run_several() -> None:
+    spec = _spec(
+        queues=[
+            {"name": "emails", "handler": "app.tasks:send", "maxReplicas": 4},
+            {"name": "single", "handler": "app.tasks:send", "minReplicas": 1, "maxReplicas": 1},
+        ]
+    )
+    enqueuer = build_enqueuer_pdb(OWNER)
+    assert enqueuer["spec"]["maxUnavailable"] == 1
+    assert (
+        enqueuer["spec"]["selector"]["matchLabels"]
+        == build_enqueuer_deployment(spec, owner=OWNER)["spec"]["selector"]["matchLabels"]
+    )
+    emails = build_worker_pdb(spec.queues[0], owner=OWNER)
+    assert emails is not None
+    assert emails["metadata"]["name"] == worker_name(OWNER, "emails")
+    assert emails["spec"]["selector"]["matchLabels"]["dispatch.composer.dev/queue"] == "emails"
+    assert emails["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert emails["metadata"]["ownerReferences"][0]["uid"] == OWNER.uid
+    assert build_worker_pdb(spec.queues[1], owner=OWNER) is None
+
+
+def test_migration_job_runs_dispatcher_migrate_as_the_owner_with_the_enqueuer_image() -> None:
+    spec = _full_spec()
+    defaults = WorkloadDefaults(enqueuer_image="reg/enq:2", worker_image="reg/w:2")
+    job = build_migration_job(spec, owner=OWNER, defaults=defaults)
+    container = _container(job)
+    assert container["command"] == ["dispatcher"]
+    assert container["args"] == ["migrate"]
+    # The enqueuer's image, which (named in no spec) is the operator's own version.
+    assert spec.enqueuer.image is None
+    assert container["image"] == "reg/enq:2"
+    assert _env(job)["DATABASE_URL"] == {"secretKeyRef": {"name": "pg-owner", "key": "dsn"}}
+    assert "REDIS_URL" not in _env(job)
+    assert _pod(job)["restartPolicy"] == "Never"
+    assert "livenessProbe" not in container
+    assert job["metadata"]["name"] == migration_job_name(OWNER, "reg/enq:2")
+    pinned = _spec(enqueuer={"image": "reg.example.com/enq:1.0"})
+    assert _container(build_migration_job(pinned, owner=OWNER))["image"] == (
+        "reg.example.com/enq:1.0"
+    )
+    other = migration_job_name(OWNER, "reg.example.com/enq:2.0")
+    assert other != job["metadata"]["name"]
+    assert len(other) <= 63
+    plain = _spec()
+    fallback = build_migration_job(plain, owner=OWNER)
+    assert _env(fallback)["DATABASE_URL"] == {"secretKeyRef": {"name": "pg", "key": "dsn"}}
+
+
+def test_startup_probe_gives_slow_handler_imports_time_before_liveness() -> None:
+    for manifest in _all_manifests(_spec()):
+        container = _container(manifest)
+        startup = container["startupProbe"]
+        assert startup["httpGet"] == {"path": "/healthz", "port": "metrics"}
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
+        assert "initialDelaySeconds" not in container["livenessProbe"]

@@ -63,6 +63,47 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "serviceAccount": {"annotations": {"example.com/role": "dispatcher"}},
         "rbac": {"secretNames": ["dispatcher-postgres", "dispatcher-redis"]},
     },
+    "monitoring": {
+        "operator": {"watchNamespaces": ["team-a", "team-b"]},
+        "monitoring": {
+            "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prom"}},
+            "podMonitor": {"enabled": True, "labels": {"release": "prom"}},
+        },
+    },
+    "per-role-credentials": {
+        "dispatcher": {
+            "enabled": True,
+            "spec": {
+                "migrate": False,
+                "postgres": {
+                    "secretRef": {"name": "pg-enqueuer", "key": "url"},
+                    "migrationSecretRef": {"name": "pg-owner", "key": "url"},
+                },
+                "redis": {
+                    "secretRef": None,
+                    "enqueuerSecretRef": {"name": "redis-enqueuer", "key": "url"},
+                    "workerSecretRef": {"name": "redis-worker", "key": "url"},
+                    "operatorSecretRef": {"name": "redis-operator", "key": "url"},
+                },
+                "enqueuer": {
+                    "nodeSelector": {"pool": "system"},
+                    "tolerations": [{"key": "pool", "operator": "Exists"}],
+                },
+                "queues": [
+                    {
+                        "name": "emails",
+                        "handler": "myapp.tasks:send_email",
+                        "serviceAccountName": "emails",
+                        "envFrom": [{"secretRef": {"name": "smtp"}}],
+                    }
+                ],
+            },
+        }
+    },
+    # The chart as a subchart: Helm passes the parent's `global` down.
+    "subchart": {"global": {"imageRegistry": "reg.example.com", "storageClass": "fast"}},
+    # A numeric-looking tag (a build number, a short commit hash of digits) from --set.
+    "numeric-tag": helm.parse_set_string("operator.image.tag=1234567"),
     # What `skaffold dev -p kind` passes (skaffold.yaml: setValueTemplates + the kind patch).
     "skaffold-kind": helm.parse_set_string(
         "operator.image.repository=outbox-dispatcher-operator,operator.image.tag=abc1234,"
@@ -109,6 +150,9 @@ def test_render_passes_kubernetes_validate_strict(values: dict[str, Any]) -> Non
         if obj["kind"] == "OutboxDispatcher":
             jsonschema.validate(obj, _crd_schema())
             OutboxDispatcherSpec.model_validate(obj["spec"])  # what the operator accepts
+        elif obj["apiVersion"].startswith("monitoring.coreos.com/"):
+            # kubernetes-validate knows no CRD kinds: checked by test_monitoring_objects
+            assert obj["kind"] in ("ServiceMonitor", "PodMonitor")
         else:
             assert kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
@@ -172,6 +216,127 @@ def test_operator_image_defaults_to_the_app_version_everywhere() -> None:
     assert env["DISPATCHER_WORKER_IMAGE"] == f"outbox-dispatcher-worker:{DEFAULT_VERSION_TAG}"
 
 
+# The fields of monitoring.coreos.com/v1 the chart writes, as the Prometheus Operator's CRDs
+# type them (unknown fields refused, so a typo fails here rather than being pruned silently).
+_LABEL_SELECTOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "matchExpressions": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["key", "operator"],
+                "properties": {
+                    "key": {"type": "string"},
+                    "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                    "values": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+        },
+    },
+}
+_ENDPOINT = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["port"],
+    "properties": {
+        "port": {"type": "string"},
+        "path": {"type": "string"},
+        "interval": {
+            "type": "string",
+            "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
+            "(([0-9]+)s)?(([0-9]+)ms)?)$",
+        },
+    },
+}
+_MONITOR_SPEC = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["selector"],
+    "properties": {
+        "selector": _LABEL_SELECTOR,
+        "namespaceSelector": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "any": {"type": "boolean"},
+                "matchNames": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+        "endpoints": {"type": "array", "items": _ENDPOINT},
+        "podMetricsEndpoints": {"type": "array", "items": _ENDPOINT},
+    },
+}
+
+
+def test_monitoring_objects() -> None:
+    assert not [o for o in render({}) if o["kind"] in ("ServiceMonitor", "PodMonitor")]
+    objects = render(VALUE_SETS["monitoring"])
+    (service,) = (o for o in objects if o["kind"] == "Service")
+    (monitor,) = (o for o in objects if o["kind"] == "ServiceMonitor")
+    (pods,) = (o for o in objects if o["kind"] == "PodMonitor")
+    (operator,) = (o for o in objects if o["kind"] == "Deployment")
+    for obj in (monitor, pods):
+        assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+        jsonschema.validate(obj["spec"], _MONITOR_SPEC)
+        assert obj["metadata"]["labels"]["release"] == "prom"
+    assert kubernetes_validate.validate(service, K8S_VERSION, strict=True)
+    # The Service selects the operator pod, on the port its container exposes as "metrics".
+    pod_labels = operator["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    container = operator["spec"]["template"]["spec"]["containers"][0]
+    metrics = next(p for p in container["ports"] if p["name"] == "metrics")
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    assert {"name": "METRICS_PORT", "value": str(metrics["containerPort"])} in container["env"]
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "15s"}
+    ]
+    # The PodMonitor selects what the operator renders, in every watched namespace.
+    from controller.render import METRICS_PORT, Owner, _labels, instance_labels, worker_selector
+
+    owner = Owner(name="orders", namespace="team-a", uid="u")
+    selector = pods["spec"]["selector"]
+    for labels in (
+        _labels(instance_labels(owner, "enqueuer")),
+        _labels(worker_selector(owner, "q")),
+    ):
+        assert selector["matchLabels"].items() <= labels.items()
+        (expression,) = selector["matchExpressions"]
+        assert labels[expression["key"]] in expression["values"]
+    assert (
+        _labels(instance_labels(owner, "migrate"))["app.kubernetes.io/component"]
+        not in (selector["matchExpressions"][0]["values"])
+    )
+    assert pods["spec"]["namespaceSelector"]["matchNames"] == ["team-a", "team-b"]
+    assert pods["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    assert METRICS_PORT == 9090
+
+
+def test_per_role_credentials_pass_through_to_the_resource() -> None:
+    (cr,) = (
+        o for o in render(VALUE_SETS["per-role-credentials"]) if o["kind"] == "OutboxDispatcher"
+    )
+    redis = cr["spec"]["redis"]
+    assert "secretRef" not in redis
+    assert redis["workerSecretRef"] == {"name": "redis-worker", "key": "url"}
+    spec = OutboxDispatcherSpec.model_validate(cr["spec"])
+    assert spec.redis.secret_for("operator").name == "redis-operator"
+    assert spec.postgres.migration().name == "pg-owner"
+    assert spec.migrate is False
+
+
+def test_a_numeric_tag_from_set_is_kept_as_the_tag() -> None:
+    (deployment,) = (o for o in render(VALUE_SETS["numeric-tag"]) if o["kind"] == "Deployment")
+    image = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "outbox-dispatcher-operator:1234567"
+
+
 def test_chart_lints_clean() -> None:
     for values in VALUE_SETS.values():
         report = helm.lint(
@@ -197,6 +362,12 @@ BAD_VALUES = {
     "dispatcher name too long": {"dispatcher": {"name": "x" * 51}},
     "bad handler": {"dispatcher": {"spec": {"queues": [{"name": "q", "handler": "nocolon"}]}}},
     "digest": {"operator": {"image": {"digest": "latest"}}},
+    "redis without any URL": {
+        "dispatcher": {
+            "spec": {"redis": {"secretRef": None, "workerSecretRef": {"name": "w", "key": "u"}}}
+        }
+    },
+    "monitor interval": {"monitoring": {"podMonitor": {"interval": "soon"}}},
 }
 
 

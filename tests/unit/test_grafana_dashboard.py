@@ -42,3 +42,21 @@ def test_every_dashboard_metric_is_exported() -> None:
     assert used, "the dashboard queries something"
     assert missing == set()
     assert len({p["id"] for p in doc["panels"]}) == len(doc["panels"])
+
+
+# Gauges every worker pod exports with the same value (a stream's length and pending count are
+# properties of the stream, not of the pod that measured them).
+PER_STREAM_GAUGES = ("dispatcher_worker_stream_length", "dispatcher_worker_stream_pending")
+
+
+def test_per_stream_gauges_are_deduplicated_across_pods_before_summing() -> None:
+    """Summing them over pods reads N times too high with N workers: one value per stream first."""
+    doc = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for panel in doc["panels"] for t in panel["targets"]]
+    for gauge in PER_STREAM_GAUGES:
+        using = [e for e in exprs if gauge in e]
+        assert using, gauge
+        for expr in using:
+            inner = re.search(r"(max|min|avg) by \(([^)]*)\) \(" + gauge + r"\)", expr)
+            assert inner is not None, expr
+            assert "stream" in [label.strip() for label in inner.group(2).split(",")], expr

@@ -80,7 +80,12 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 {{- if $image.digest }}
 {{- printf "%s@%s" $image.repository $image.digest }}
 {{- else }}
-{{- printf "%s:%s" $image.repository (default .Chart.AppVersion $image.tag) }}
+{{- $tag := default .Chart.AppVersion $image.tag }}
+{{- /* A number from --set or values.yaml arrives as a float: 1234567 must not become 1.234567e+06. */}}
+{{- if kindIs "float64" $tag }}
+{{- $tag = int64 $tag }}
+{{- end }}
+{{- printf "%s:%s" $image.repository (toString $tag) }}
 {{- end }}
 {{- end }}
 

@@ -1,0 +1,167 @@
+"""Kubernetes core/v1 types inside the ``OutboxDispatcher`` spec: their schemas and a validator.
+
+Pod settings (``env``, ``volumes``, ``tolerations``, ``affinity``, ...) are the API's own types,
+so their schemas are taken from the official Kubernetes OpenAPI (the copy ``kubernetes-validate``
+ships) rather than written by hand: ``build_core_schemas`` turns those definitions into
+*structural* schemas (references inlined, ``null`` unions dropped, quantities and int-or-string
+as ``x-kubernetes-int-or-string``, descriptions dropped to keep the CRD well under the 256 KiB a
+client-side ``kubectl apply`` can annotate). The result is vendored as ``schemas/core-v1.json``
+(``python -m controller.crd --write`` regenerates it; a test fails when it drifts), so the
+operator needs no schema package at run time.
+
+``validate`` checks a value against one of those schemas the way the API server would with
+strict field validation (unknown fields refused), so the operator's model refuses what the CRD
+refuses even where no API server checked it first (an old CRD, a mock API).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import AfterValidator, WithJsonSchema
+
+__all__ = [
+    "CORE_SCHEMAS_PATH",
+    "CORE_TYPES",
+    "K8S_VERSION",
+    "build_core_schemas",
+    "core_json_schema",
+    "core_schema",
+    "core_validator",
+    "validate",
+]
+
+K8S_VERSION = "1.37.0"
+CORE_SCHEMAS_PATH = Path(__file__).resolve().parent / "schemas" / "core-v1.json"
+_PREFIX = "io.k8s.api.core.v1."
+# The core/v1 types a spec may carry, by their short name.
+CORE_TYPES = (
+    "Affinity",
+    "EnvFromSource",
+    "EnvVar",
+    "LocalObjectReference",
+    "Toleration",
+    "TopologySpreadConstraint",
+    "Volume",
+    "VolumeMount",
+)
+_INT_OR_STRING = {
+    "x-kubernetes-int-or-string": True,
+    "anyOf": [{"type": "integer"}, {"type": "string"}],
+}
+_FORMATS = {"int32", "int64", "double", "float", "byte", "date-time"}
+
+
+def build_core_schemas(definitions: Mapping[str, Any]) -> dict[str, Any]:
+    """Structural schemas of ``CORE_TYPES`` from the OpenAPI ``definitions`` (by full name)."""
+    return {name: _structural(definitions[_PREFIX + name], definitions) for name in CORE_TYPES}
+
+
+def _structural(node: Mapping[str, Any], defs: Mapping[str, Any]) -> dict[str, Any]:
+    if "$ref" in node:
+        return _structural(defs[node["$ref"].rsplit("/", 1)[-1]], defs)
+    if "oneOf" in node:  # Quantity and IntOrString: a string or a number
+        return dict(_INT_OR_STRING)
+    types = node.get("type", "object")
+    kind = next(t for t in types if t != "null") if isinstance(types, list) else types
+    out: dict[str, Any] = {"type": kind}
+    if node.get("format") in _FORMATS:
+        out["format"] = node["format"]
+    for key in ("enum", "required"):
+        if key in node:
+            out[key] = node[key]
+    if "properties" in node:
+        out["properties"] = {k: _structural(v, defs) for k, v in sorted(node["properties"].items())}
+    if isinstance(node.get("additionalProperties"), Mapping):
+        out["additionalProperties"] = _structural(node["additionalProperties"], defs)
+    if kind == "array":
+        out["items"] = _structural(node["items"], defs)
+    return out
+
+
+@functools.cache
+def _schemas() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(CORE_SCHEMAS_PATH.read_text())
+    return loaded
+
+
+def core_schema(name: str) -> dict[str, Any]:
+    """The structural schema of core/v1 ``name`` (one of ``CORE_TYPES``)."""
+    schema: dict[str, Any] = _schemas()[name]
+    return schema
+
+
+def validate(value: Any, schema: Mapping[str, Any], path: str = "") -> list[str]:
+    """Every way ``value`` breaks ``schema`` (types, required, enums, unknown fields)."""
+    where = path or "value"
+    if schema.get("x-kubernetes-int-or-string"):
+        ok = isinstance(value, str | int) and not isinstance(value, bool)
+        return [] if ok else [f"{where}: must be an integer or a string"]
+    kind = schema.get("type")
+    checks: dict[str, Callable[[Any], bool]] = {
+        "object": lambda v: isinstance(v, Mapping),
+        "array": lambda v: isinstance(v, list | tuple),
+        "string": lambda v: isinstance(v, str),
+        "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+        "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+        "boolean": lambda v: isinstance(v, bool),
+    }
+    if kind in checks and not checks[kind](value):
+        return [f"{where}: must be of type {kind}"]
+    if "enum" in schema and value not in schema["enum"]:
+        return [f"{where}: must be one of {', '.join(map(str, schema['enum']))}"]
+    if kind == "array":
+        return [
+            e
+            for i, item in enumerate(value)
+            for e in validate(item, schema["items"], f"{path}[{i}]")
+        ]
+    if kind == "object":
+        return _object_errors(value, schema, path)
+    return []
+
+
+def _object_errors(value: Mapping[str, Any], schema: Mapping[str, Any], path: str) -> list[str]:
+    prefix = f"{path}." if path else ""
+    errors = [f"{prefix}{key}: required" for key in schema.get("required", []) if key not in value]
+    properties = schema.get("properties")
+    extra = schema.get("additionalProperties")
+    for key, item in value.items():
+        if properties is not None and key in properties:
+            errors += validate(item, properties[key], f"{prefix}{key}")
+        elif isinstance(extra, Mapping):
+            errors += validate(item, extra, f"{prefix}{key}")
+        elif properties is not None:
+            errors.append(f"{prefix}{key}: unknown field")
+    return errors
+
+
+def _checker(name: str, *, many: bool) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        schema = core_schema(name)
+        errors = validate(
+            list(value) if many else value, {"type": "array", "items": schema} if many else schema
+        )
+        if errors:
+            raise ValueError(f"not a valid core/v1 {name}: {'; '.join(errors[:5])}")
+        return value
+
+    return check
+
+
+def core_validator(name: str, *, many: bool) -> AfterValidator:
+    """Pydantic metadata: validate a value (a list of them if ``many``) as core/v1 ``name``."""
+    return AfterValidator(_checker(name, many=many))
+
+
+def core_json_schema(name: str, *, many: bool) -> WithJsonSchema:
+    """Pydantic metadata: the CRD schema of core/v1 ``name`` (a list of them if ``many``)."""
+    if many:
+        return WithJsonSchema(
+            {"type": "array", "items": core_schema(name), "description": f"core/v1 {name} list"}
+        )
+    return WithJsonSchema({**core_schema(name), "description": f"core/v1 {name}"})

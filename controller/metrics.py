@@ -1,0 +1,76 @@
+"""The operator's own Prometheus metrics: reconciles, migrations and the autoscaler's view.
+
+One ``OperatorMetrics`` per ``Operator`` on a registry it is given (the process registry in
+``dispatcher operator``, which serves it on ``--metrics-port``; a fresh one in tests). The
+per-queue gauges are what the autoscaler measured and chose, labelled by the dispatcher's
+namespace and name, and removed when the dispatcher or the queue goes.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["OperatorMetrics"]
+
+_PREFIX = "dispatcher_operator_"
+_QUEUE = ["namespace", "dispatcher", "queue"]
+
+
+class OperatorMetrics:
+    """The counters, histogram and gauges the operator updates."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.reconciles = Counter(
+            _PREFIX + "reconciles",
+            "Passes over an OutboxDispatcher, by outcome (applied; failed: stopped before "
+            "applying; migrating: the enqueuer waits for its migration Job).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.reconcile_seconds = Histogram(
+            _PREFIX + "reconcile_seconds",
+            "Time of one pass (reconcile and autoscale).",
+            registry=registry,
+        )
+        self.autoscale_ticks = Counter(
+            _PREFIX + "autoscale_ticks",
+            "Backlog measurements of passes that applied, by outcome (ok, redis_unavailable).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.scale_events = Counter(
+            _PREFIX + "scale_events",
+            "Worker Deployments rescaled, by direction (up, down).",
+            ["direction"],
+            registry=registry,
+        )
+        self.backlog = Gauge(
+            _PREFIX + "queue_backlog",
+            "Entries of a queue not yet completed, as the autoscaler last measured them.",
+            _QUEUE,
+            registry=registry,
+        )
+        self.replicas = Gauge(
+            _PREFIX + "queue_replicas",
+            "Worker replicas of a queue the autoscaler last set.",
+            _QUEUE,
+            registry=registry,
+        )
+
+    def queue(
+        self, *, namespace: str, dispatcher: str, queue: str, backlog: int | None, replicas: int
+    ) -> None:
+        labels = (namespace, dispatcher, queue)
+        if backlog is not None:
+            self.backlog.labels(*labels).set(backlog)
+        self.replicas.labels(*labels).set(replicas)
+
+    def forget(
+        self, *, namespace: str, dispatcher: str, keep: frozenset[str] = frozenset()
+    ) -> None:
+        """Drop the gauges of a deleted dispatcher (or of its queues not in ``keep``)."""
+        for gauge in (self.backlog, self.replicas):  # prometheus_client lists children nowhere else
+            for labels in list(gauge._metrics):
+                if labels[:2] == (namespace, dispatcher) and labels[2] not in keep:
+                    gauge.remove(*labels)
