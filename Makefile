@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint test test-quick demo faults bench e2e clean
+.PHONY: install lint test test-quick demo faults bench soak e2e clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -37,6 +37,9 @@ e2e: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
+
+soak: $(STAMP)
+	$(PY) -m benchmarks.soak --minutes 30
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -23,6 +23,7 @@ from benchmarks import enqueuer_bench as eb
 from benchmarks import handled_latency as hl
 from benchmarks import insert_bench as ib
 from benchmarks import isolation_bench as xb
+from benchmarks import soak
 from benchmarks.env import BenchEnv, bench_env, machine_facts
 from dispatcher.outbox import EnqueuerConfig
 
@@ -214,7 +215,7 @@ def render(results: dict[str, dict[str, Any]], rounds: int) -> str:
             cells = " | ".join(f"{figures[k]:,.2f}" for k in keys)
             lines.append(f"| {variant} | {cells} | first/this: {ratio} |")
         lines.append("")
-    return "\n".join(lines + render_targets(results))
+    return "\n".join(lines + soak.summary() + render_targets(results))
 
 
 def main() -> None:

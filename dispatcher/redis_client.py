@@ -7,14 +7,25 @@ it has.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import hiredis  # a dependency: redis[hiredis]
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import RedisError
 
-__all__ = ["RedisClient", "connect_redis", "redact_url", "use_hiredis_packing"]
+__all__ = [
+    "RedisClient",
+    "check_eviction_policy",
+    "connect_redis",
+    "memory_infos",
+    "redact_url",
+    "use_hiredis_packing",
+]
+
+log = logging.getLogger(__name__)
 
 RedisClient = Redis | RedisCluster
 
@@ -81,6 +92,37 @@ def connect_redis(
         socket_timeout=socket_timeout,
         health_check_interval=health_check_interval,
     )
+
+
+async def memory_infos(client: RedisClient) -> list[dict[str, Any]]:
+    """``INFO memory`` of the server, or of every master of a Cluster."""
+    if isinstance(client, RedisCluster):
+        replies = await client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+        return [reply for reply in replies.values() if isinstance(reply, dict)]
+    return [await client.info("memory")]
+
+
+async def check_eviction_policy(client: RedisClient) -> str | None:
+    """Warn loudly unless Redis is set to ``maxmemory-policy noeviction``; return the policy.
+
+    ``allkeys-*`` policies may evict stream entries (tasks lost); ``volatile-*`` ones may
+    evict lease and done keys (an attempt run twice).
+    """
+    try:
+        policies = {str(info.get("maxmemory_policy", "?")) for info in await memory_infos(client)}
+    except (RedisError, OSError) as exc:
+        log.debug("could not read maxmemory-policy: %s", exc)
+        return None
+    policy = ",".join(sorted(policies))
+    if policies != {"noeviction"}:
+        what = "stream entries (tasks lost)" if "allkeys" in policy else "lease and done keys"
+        log.error(
+            "Redis maxmemory-policy is %s: when Redis is full it evicts %s; set it to "
+            "noeviction (the enqueuer pauses before Redis fills up)",
+            policy,
+            what,
+        )
+    return policy
 
 
 def redact_url(url: str) -> str:

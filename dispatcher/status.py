@@ -11,8 +11,9 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
+from dispatcher.outbox.backpressure import MemoryMarks, memory_ratio
 from dispatcher.outbox.repository import STATUSES, OutboxRepository
-from dispatcher.redis_client import RedisClient
+from dispatcher.redis_client import RedisClient, memory_infos
 from dispatcher.stream.naming import DEAD_STREAM_PREFIX, SHARDS_KEY, TASK_STREAM_PREFIX
 from dispatcher.stream.stats import StreamStats, streams_stats
 
@@ -28,10 +29,18 @@ class StatusReport:
     group: str
     streams: list[StreamStats]
     dead_letters: dict[str, int]
+    # Used / maxmemory of the fullest Redis master; None when no maxmemory is set.
+    redis_memory: float | None = None
+
+    @property
+    def backpressure(self) -> bool:
+        """Redis is past the enqueuers' default high mark: they hold rows in the outbox."""
+        return self.redis_memory is not None and self.redis_memory >= MemoryMarks().high
 
     def to_json(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
         doc["streams"] = [dataclasses.asdict(s) for s in self.streams]
+        doc["backpressure"] = self.backpressure
         return doc
 
 
@@ -52,6 +61,8 @@ async def gather_status(
         for name in await find_streams(redis, DEAD_STREAM_PREFIX)
     }
     shard_key = await redis.get(SHARDS_KEY)
+    infos = await memory_infos(redis)
+    ratios = [memory_ratio(info) for info in infos if int(info.get("maxmemory", 0) or 0)]
     return StatusReport(
         outbox={**{s: counts.by_status.get(s, 0) for s in STATUSES}, "IN_FLIGHT": counts.in_flight},
         oldest_pending_age_seconds=max(waiting) if waiting else None,
@@ -60,7 +71,17 @@ async def gather_status(
         group=group,
         streams=streams,
         dead_letters=dead,
+        redis_memory=max(ratios) if ratios else None,
     )
+
+
+def _memory_line(report: StatusReport) -> str:
+    if report.redis_memory is None:
+        return "redis memory: no maxmemory set (backpressure off)"
+    line = f"redis memory: {report.redis_memory:.0%} of maxmemory"
+    if report.backpressure:
+        line += f" - BACKPRESSURE: enqueuers hold rows in the outbox above {MemoryMarks().high:.0%}"
+    return line
 
 
 def render_text(report: StatusReport) -> str:
@@ -70,6 +91,7 @@ def render_text(report: StatusReport) -> str:
         f"oldest pending: {'-' if age is None else f'{age:.1f} s'}",
         f"outbox_dlq: {report.dlq}",
         f"{SHARDS_KEY}: {report.shard_key or '(not set)'}",
+        _memory_line(report),
         "",
         f"{'stream':<48} {'length':>8} {'pending':>8} {'consumers':>9} {'lag':>6}",
     ]

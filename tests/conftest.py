@@ -8,4 +8,5 @@ pytest_plugins = [
     "tests.fix_kube",
     "tests.fix_pg",
     "tests.fix_proxy",
+    "tests.fix_pgbouncer",
 ]

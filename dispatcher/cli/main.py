@@ -104,6 +104,11 @@ def _one_line(exc: BaseException) -> str:
         return "invalid setting: " + "; ".join(parts)
     if isinstance(exc, psycopg.errors.UndefinedTable):
         return f"the outbox schema is missing ({_first(exc)}): run `dispatcher migrate` first"
+    if isinstance(exc, psycopg.OperationalError) and "startup parameter" in str(exc):
+        return (
+            f"PostgreSQL, or a pooler in front of it, refused a session option ({_first(exc)}):"
+            " behind PgBouncer add `options` to ignore_startup_parameters, or connect directly"
+        )
     if isinstance(exc, psycopg.OperationalError):
         return f"cannot reach PostgreSQL (check DATABASE_URL / --database-url): {_first(exc)}"
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):

@@ -15,9 +15,10 @@ from dispatcher.config import Settings
 from dispatcher.lifecycle import run_until_signalled
 from dispatcher.observability import ObservabilityServer
 from dispatcher.outbox.enqueuer import EnqueuerConfig, OutboxEnqueuer
-from dispatcher.outbox.repository import OutboxRepository, enqueuer_pool
+from dispatcher.outbox.pooler import require_session_pooling
+from dispatcher.outbox.repository import ENQUEUER_SESSION, OutboxRepository, enqueuer_pool
 from dispatcher.outbox.schema import migrate
-from dispatcher.redis_client import connect_redis
+from dispatcher.redis_client import check_eviction_policy, connect_redis
 from dispatcher.stream.publisher import RedisStreamPublisher
 from dispatcher.stream.shards import LiveShardCount, ensure_shard_count
 
@@ -100,6 +101,27 @@ def register_enqueuer(sub: Any, common: Common) -> None:
         default=30.0,
         help="seconds to finish in-flight batches after SIGTERM",
     )
+    g.add_argument(
+        "--redis-memory-high",
+        type=number(float, 0),
+        default=EnqueuerConfig().redis_memory_high,
+        help="share of Redis maxmemory at which claims pause and rows wait in the outbox "
+        "(no attempt counted); 0 = never pause (default %(default)s)",
+    )
+    g.add_argument(
+        "--redis-memory-low",
+        type=number(float, 0),
+        default=EnqueuerConfig().redis_memory_low,
+        help="share of Redis maxmemory below which paused claims resume (default %(default)s)",
+    )
+    g.add_argument(
+        "--vacuum-threshold",
+        type=number(int, 0),
+        default=EnqueuerConfig().vacuum_threshold,
+        help="dead tuples in the outbox past which maintenance vacuums it when nothing else "
+        "has for a minute (autovacuum off or starved); 0 = leave it to autovacuum "
+        "(default %(default)s)",
+    )
     g.add_argument("--metrics-port", type=number(int, 0), help="env METRICS_PORT; 0 = off")
     g.add_argument("--no-listen", action="store_true", help="poll only, no LISTEN connection")
     common(p)
@@ -117,6 +139,9 @@ def _config(args: argparse.Namespace) -> EnqueuerConfig:
             wait_replicas=args.wait_replicas,
             publish_timeout=args.publish_timeout,
             shutdown_timeout=args.shutdown_timeout,
+            redis_memory_high=args.redis_memory_high,
+            redis_memory_low=args.redis_memory_low,
+            vacuum_threshold=args.vacuum_threshold,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -125,10 +150,12 @@ def _config(args: argparse.Namespace) -> EnqueuerConfig:
 async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
     config = _config(args)
     dsn = settings.require_database_url()
+    await require_session_pooling(dsn, options=ENQUEUER_SESSION)
     redis = connect_redis(settings.redis_url.get_secret_value(), cluster=settings.redis_cluster)
     pool = enqueuer_pool(dsn, max_size=config.concurrency + 2)
     try:
         await pool.open(wait=True, timeout=15)
+        await check_eviction_policy(redis)
         if await ensure_shard_count(redis, settings.stream_shards):
             log.info("composer:stream_shards was absent; set it to %d", settings.stream_shards)
         enqueuer = OutboxEnqueuer(

@@ -14,7 +14,7 @@ from dispatcher.cli.main import Common, UsageError, number
 from dispatcher.config import Settings
 from dispatcher.lifecycle import run_until_signalled
 from dispatcher.observability import ObservabilityServer
-from dispatcher.redis_client import connect_redis
+from dispatcher.redis_client import check_eviction_policy, connect_redis
 from dispatcher.worker import (
     Handler,
     HandlerImportError,
@@ -114,6 +114,7 @@ async def _serve(settings: Settings, handler: Handler, config: WorkerConfig) -> 
     client = connect_redis(settings.redis_url.get_secret_value(), cluster=settings.redis_cluster)
     try:
         await client.ping()
+        await check_eviction_policy(client)
         worker = Worker(client, handler, config, registry=REGISTRY)
         server = ObservabilityServer(
             port=settings.metrics_port, live=worker.live, ready=worker.ready

@@ -3,7 +3,7 @@
 ``retry_delay`` is exponential backoff with full jitter and a floor of the
 base delay, so enqueuers recovering from a Redis outage spread their retries
 instead of hammering it at the same instant. ``plan_outcomes`` sorts a batch
-into rows to delete, to retry and to dead-letter.
+into rows to delete, to retry, to dead-letter and to hold back (Redis is full).
 """
 
 from __future__ import annotations
@@ -12,9 +12,18 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from redis.exceptions import OutOfMemoryError
+
 from dispatcher.stream.protocol import PublishResult
 
-__all__ = ["ClaimedRow", "Outcomes", "Retry", "plan_outcomes", "retry_delay"]
+__all__ = [
+    "ClaimedRow",
+    "Outcomes",
+    "Retry",
+    "is_out_of_memory",
+    "plan_outcomes",
+    "retry_delay",
+]
 
 DEFAULT_BACKOFF_SECONDS = 5
 DEFAULT_MAX_RETRIES = 5
@@ -46,6 +55,9 @@ class Outcomes:
     sent: list[str] = field(default_factory=list)
     retry: list[Retry] = field(default_factory=list)
     dead: list[Retry] = field(default_factory=list)
+    # Refused because Redis is full: left as they were (no attempt counted) for when it
+    # has room again; an OOM says nothing about the row.
+    held: list[str] = field(default_factory=list)
 
 
 def retry_delay(base_seconds: int, attempt: int, rng: random.Random | None = None) -> float:
@@ -66,6 +78,9 @@ def plan_outcomes(
         if result.ok:
             out.sent.append(row.id)
             continue
+        if is_out_of_memory(result.error):
+            out.held.append(row.id)
+            continue
         attempt = row.attempt_count + 1
         limit = row.max_retries if row.max_retries > 0 else DEFAULT_MAX_RETRIES
         error = _describe(result.error)
@@ -76,6 +91,11 @@ def plan_outcomes(
                 Retry(row.id, attempt, retry_delay(row.backoff_seconds, attempt, rng), error)
             )
     return out
+
+
+def is_out_of_memory(error: BaseException | None) -> bool:
+    """Redis refused a write because it reached ``maxmemory`` (``OOM command not allowed``)."""
+    return isinstance(error, OutOfMemoryError) or str(error).startswith("OOM ")
 
 
 def _describe(error: BaseException | None) -> str:

@@ -7,6 +7,9 @@ between partial batches, short claims while nobody hears NOTIFY), on a
 wake-up from the LISTEN connection, or after the poll interval (retries coming
 due, lost notifications).
 
+Above a high mark of Redis memory (``RedisMemoryGate``) it claims nothing and
+rows wait in the outbox, uncharged, until workers have made room.
+
 A maintenance loop reads the journal of batches that never settled (an
 enqueuer crashed, hung or lost PostgreSQL mid-batch). Such a batch is not a
 verdict on all its rows: they come back as suspects, uncharged, and this
@@ -14,7 +17,8 @@ scheduler claims each alone (a probe) while no other batch of this process
 runs, so a crash during a probe can only be that row's doing. A probe that
 never settles counts an attempt for its row: the row that kills every
 enqueuer that takes it reaches the DLQ after its retries, and its batch-mates
-are published without an attempt charged to them.
+are published without an attempt charged to them. It also vacuums the outbox
+when nothing else has (``OutboxVacuum``).
 """
 
 from __future__ import annotations
@@ -27,10 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from dispatcher.outbox import metrics
+from dispatcher.outbox.backpressure import MemoryMarks, RedisMemoryGate
 from dispatcher.outbox.idle_flag import IdleFlag, IdlePolicy
 from dispatcher.outbox.listener import OutboxListener
 from dispatcher.outbox.pipeline import BatchPipeline, BatchSettings
 from dispatcher.outbox.repository import STATUSES, OutboxRepository
+from dispatcher.outbox.vacuum import OutboxVacuum
 from dispatcher.stream.publisher import RedisStreamPublisher
 from dispatcher.stream.shards import LiveShardCount
 
@@ -62,8 +68,15 @@ class EnqueuerConfig:
     linger: float = 0.002
     blocked_claim_every: float = 0.005
     blocked_backoff_after: float = 2.0
+    # Stop claiming at this share of Redis maxmemory, resume below the low one (0 = never).
+    redis_memory_high: float = 0.85
+    redis_memory_low: float = 0.75
+    # Maintenance vacuums the outbox past this many dead tuples when nothing else has for a
+    # minute (autovacuum off or starved); 0 = leave it to autovacuum.
+    vacuum_threshold: int = 10_000
 
     def __post_init__(self) -> None:
+        MemoryMarks(self.redis_memory_high, self.redis_memory_low)  # validates them
         if self.batch_size < 1 or self.concurrency < 1:
             raise ValueError("batch size and concurrency must be >= 1")
         if self.poll_interval <= 0 or self.maintenance_interval <= 0:
@@ -113,11 +126,16 @@ class OutboxEnqueuer:
     ) -> None:
         self.config = config
         self._repo = repository
+        self.memory = RedisMemoryGate(
+            publisher.client, marks=MemoryMarks(config.redis_memory_high, config.redis_memory_low)
+        )
+        self._vacuum = OutboxVacuum(repository.pool, threshold=config.vacuum_threshold)
         self.pipeline = BatchPipeline(
             repository=repository,
             publisher=publisher,
             settings=config.batch_settings(),
             shard_count=shard_count,
+            memory=self.memory,
         )
         conninfo, kwargs = repository.session_settings()
         self.idle_flag = IdleFlag(
@@ -193,6 +211,9 @@ class OutboxEnqueuer:
         slots = asyncio.Semaphore(self.config.concurrency)
         while not self._stopping:
             self._heartbeat = time.monotonic()
+            if not await self.memory.allows():
+                await self._hold_off()
+                continue
             if self._next_probe is not None and time.monotonic() >= self._next_probe:
                 await self._probe_alone(slots)
                 continue
@@ -208,6 +229,14 @@ class OutboxEnqueuer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), self.config.poll_interval)
             self._kick.clear()
+
+    async def _hold_off(self) -> None:
+        """Redis is nearly full: claim nothing (rows stay PENDING) until it has room again."""
+        if self.idle_announced:
+            await self._withdraw_quietly()  # no NOTIFY cost on the application's commits
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._kick.wait(), min(self.config.poll_interval, 1.0))
+        self._kick.clear()
 
     async def _batch_in_slot(self, slots: asyncio.Semaphore) -> int:
         started = time.monotonic()
@@ -332,6 +361,7 @@ class OutboxEnqueuer:
                 extra={"suspects": found.suspects},
             )
         await self._plan_probes()
+        vacuumed = await self._vacuum.run_once()
         counts = await self._repo.status_counts()
         for status in STATUSES:
             metrics.OUTBOX_DEPTH.labels(status).set(counts.by_status.get(status, 0))
@@ -341,4 +371,5 @@ class OutboxEnqueuer:
             "dead": found.dead,
             "suspects": found.suspects,
             "foreign": found.foreign,
+            "vacuumed": vacuumed,
         }

@@ -9,6 +9,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from dispatcher.stream.naming import queue_of_stream
 
 __all__ = [
+    "BACKPRESSURE",
     "BATCHES",
     "COMMIT_TO_PUBLISH",
     "DLQ",
@@ -37,6 +38,10 @@ RECOVERED = Counter(
 UNSETTLED = Counter(
     "dispatcher_outbox_unsettled_batches",
     "Batches whose settling transaction failed (rows rolled back, published again)",
+)
+BACKPRESSURE = Gauge(
+    "dispatcher_outbox_backpressure",
+    "1 while claims are paused because Redis memory is above the high mark",
 )
 BATCHES = Counter("dispatcher_outbox_batches", "Claim batches processed (non-empty)")
 IN_FLIGHT = Gauge("dispatcher_outbox_in_flight", "Rows locked by this process's open batches")

@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 from dispatcher.models import payload_fields
 from dispatcher.outbox import metrics
 from dispatcher.outbox.backoff import ClaimedRow, Outcomes, plan_outcomes
+from dispatcher.outbox.backpressure import RedisMemoryGate
 from dispatcher.outbox.repository import OutboxRepository
 from dispatcher.stream.naming import route_stream
 from dispatcher.stream.protocol import PublishResult
@@ -64,7 +65,8 @@ class BatchPipeline:
     """Runs batches; ``run()`` is one of them, start to end.
 
     ``shard_count`` is the count rows are routed by when published (by default
-    read live from the publisher's Redis).
+    read live from the publisher's Redis). ``memory`` is told what each batch
+    published and when Redis refused it for lack of memory.
     """
 
     def __init__(
@@ -74,11 +76,13 @@ class BatchPipeline:
         publisher: RedisStreamPublisher,
         settings: BatchSettings = BatchSettings(),
         shard_count: LiveShardCount | None = None,
+        memory: RedisMemoryGate | None = None,
     ) -> None:
         self.settings = settings
         self._repo = repository
         self._publisher = publisher
         self._shards = shard_count or LiveShardCount(publisher.client)
+        self._memory = memory
 
     async def run(self, *, probe: bool = False) -> int:
         """Lock, publish and settle one batch; return how many rows it held.
@@ -95,6 +99,10 @@ class BatchPipeline:
                 with contextlib.ExitStack() as spans:
                     results = await self._publish(rows, spans)
                 outcomes = plan_outcomes(rows, results)
+                if self._memory is not None:
+                    self._memory.published(sum(len(r.payload or "") for r in rows), len(rows))
+                    if outcomes.held:
+                        self._memory.refused()
                 try:
                     await batch.settle(outcomes.sent, outcomes.retry, outcomes.dead)
                 except BaseException:
@@ -183,6 +191,10 @@ def _report(rows: list[ClaimedRow], outcomes: Outcomes) -> None:
     ):
         for queue, n in collections.Counter(metrics.queue_label(streams[i]) for i in ids).items():
             counter.labels(queue).inc(n)
+    if outcomes.held:
+        log.warning(
+            "Redis is full (OOM): %d rows stay PENDING, no attempt counted", len(outcomes.held)
+        )
     if outcomes.retry:
         log.warning(
             "publish failed for %d rows; retrying with backoff: %s",

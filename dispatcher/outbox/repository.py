@@ -146,6 +146,10 @@ class OutboxRepository:
         self._session: AsyncConnection[Any] | None = None
         self._session_lock = asyncio.Lock()
 
+    @property
+    def pool(self) -> AsyncConnectionPool[Any]:
+        return self._pool
+
     async def aclose(self) -> None:
         """Close the process's own session (the pool is the caller's)."""
         async with self._session_lock:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from redis.asyncio import RedisCluster
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
 
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.protocol import Fields, PublishResult
@@ -38,14 +38,27 @@ async def ensure_group(client: RedisClient, stream: str, group: str) -> bool:
 
     Returns True if it was created, False if it already existed. Starting at
     0, not ``$``, means entries published before any worker started are read.
+    A Redis at ``maxmemory`` refuses the command even when the group exists;
+    then the group is looked up instead, so a full Redis does not stop the
+    workers that would drain it.
     """
     try:
         await client.xgroup_create(stream, group, id="0", mkstream=True)
     except ResponseError as exc:
         if error_code(exc) == "BUSYGROUP":
             return False
+        if isinstance(exc, OutOfMemoryError) and await _group_exists(client, stream, group):
+            return False
         raise
     return True
+
+
+async def _group_exists(client: RedisClient, stream: str, group: str) -> bool:
+    try:
+        groups = await client.xinfo_groups(stream)
+    except ResponseError:  # no such stream
+        return False
+    return any(g.get("name") == group for g in groups)
 
 
 class RedisStreamPublisher:

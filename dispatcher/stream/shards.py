@@ -57,8 +57,14 @@ async def publish_shard_count(client: RedisClient, shards: int) -> None:
 
 
 async def ensure_shard_count(client: RedisClient, shards: int) -> bool:
-    """Write ``shards`` only if the key is absent (a first start); True if it was written."""
+    """Write ``shards`` only if the key is absent (a first start); True if it was written.
+
+    Reads first: a Redis at ``maxmemory`` refuses even a ``SET NX`` that would not write,
+    and an enqueuer restarting while Redis is full must still start.
+    """
     parse_shard_count(shards, source="shard count")
+    if await client.exists(SHARDS_KEY):
+        return False
     return bool(await client.set(SHARDS_KEY, str(shards), nx=True))
 
 

@@ -1,10 +1,10 @@
-"""Redis-side faults under concurrent load: scenarios 5, 6 and 10.
+"""Redis-side faults under concurrent load: scenarios 5, 6, 10 and 13.
 
 Redis killed and restarted with AOF (``appendfsync always``) and paused with
 ``CLIENT PAUSE``; the network to Redis blackholed (longer than several publish
 retries), slowed and reset through the ``TcpProxy``; and a Redis Cluster
-master killed, its replica promoted, with ``--wait-replicas 1`` keeping rows
-in the outbox until a replica has them.
+master killed, its replica promoted: with ``--wait-replicas 1`` rows stay in the
+outbox until a replica has them (lost 0); with 0 the loss window is measured.
 """
 
 from __future__ import annotations
@@ -83,19 +83,67 @@ def test_cluster_master_killed_replica_promoted_with_wait_replicas(
     load = p.start_load(LoadSpec(tasks=s.tasks, rate=s.rate / 2))
     _progress(p, load_done=lambda: load.done)
 
-    victim = _master_of_a_stream(cluster, p)
-    replica = _replica_of(cluster, victim)
-    victim.kill()
-    p.fault("cluster master SIGKILL")
-    wait_until(lambda: replica.cli("ROLE").startswith("master"), timeout=60)
-    wait_until(lambda: "cluster_state:ok" in replica.cli("CLUSTER", "INFO"), timeout=60)
-    p.fault("replica promoted")
+    victim, _ = _fail_over_a_lagging_master(cluster, p)
     # The new master has no replica: WAIT 1 cannot be met, its rows stay in the outbox.
     wait_until(lambda: _retrying(p.db_url) > 0 or load.done, timeout=30)
     p.fault("rows kept unreplicated (RETRY)", _retrying(p.db_url))
     victim.start()  # rejoins as the new master's replica; WAIT 1 succeeds again
     wait_until(lambda: victim.cli("ROLE").startswith("slave"), timeout=60)
     p.verify(within=s.drain_within, duplicates_allowed=True)
+
+
+def test_cluster_master_killed_without_wait_replicas_reports_what_was_lost(
+    pipeline: Callable[..., Pipeline], own_cluster: Callable[..., RedisClusterProcess]
+) -> None:
+    """The trade of ``--wait-replicas 0``, measured on the same fault as the scenario above.
+
+    The master acks entries its replica does not have yet, the enqueuer deletes their rows,
+    the master dies: entries no worker had read by then are gone. Workers start after the
+    failover (a backlog, as after a deploy), so the whole lag window shows in ``lost``.
+    Nothing else may go wrong: no unexpected task, nothing left behind.
+    """
+    s = scale()
+    cluster = own_cluster(replicas=1)
+    p = pipeline(cluster.url, cluster=True)
+    p.enqueuer()
+    load = p.start_load(LoadSpec(tasks=s.tasks, rate=s.rate / 2))
+    wait_until(lambda: load.attempted >= 20 or load.done, timeout=60)
+    victim, _ = _fail_over_a_lagging_master(cluster, p)
+    victim.start()
+    wait_until(lambda: victim.cli("ROLE").startswith("slave"), timeout=60)
+    p.worker()
+    p.worker()
+    report = p.verify(within=s.drain_within, duplicates_allowed=True, loss_allowed=True)
+    assert report.lost, "entries acked during the replica's lag should have died with the master"
+
+
+def _fail_over_a_lagging_master(
+    cluster: RedisClusterProcess, p: Pipeline, lag: float = 1.5
+) -> tuple[RedisProcess, RedisProcess]:
+    """Make a stream master's replica lag for ``lag`` s under load, kill the master, let the
+    replica (missing what the master acked meanwhile) be promoted. Returns both.
+
+    Freezing the replica alone makes no lag on loopback: the kernel keeps delivering the
+    replication stream into its socket buffer, which it reads on waking. A 32 MB write
+    first fills that buffer, so what the master acks afterwards waits in the master's
+    own memory and dies with it.
+    """
+    victim = _master_of_a_stream(cluster, p)
+    replica = _replica_of(cluster, victim)
+    stream = next(
+        s for s in queue_streams([p.queue], 4) if p.redis.get_node_from_key(s).port == victim.port
+    )
+    replica.pause()
+    p.redis.set(f"{{{stream}}}:ballast", "x" * (32 << 20))
+    p.fault(f"replica lagging {lag} s")
+    time.sleep(lag)  # the fault's length: the master keeps acking writes nobody replicates
+    victim.kill()
+    replica.resume()
+    p.fault("cluster master SIGKILL")
+    wait_until(lambda: replica.cli("ROLE").startswith("master"), timeout=60)
+    wait_until(lambda: "cluster_state:ok" in replica.cli("CLUSTER", "INFO"), timeout=60)
+    p.fault("replica promoted")
+    return victim, replica
 
 
 def _progress(p: Pipeline, *, load_done: Callable[[], bool], by: int = 20) -> None:

@@ -216,3 +216,25 @@ SELECT 1;
 
 -- name: drop_idle_flag
 SELECT pg_advisory_unlock_all();
+
+-- name: vacuum_state
+-- Dead tuples in the outbox, seconds since anything vacuumed it (NULL: never), and whether
+-- this role may VACUUM it (owner or superuser).
+SELECT s.n_dead_tup AS dead_tuples,
+       extract(epoch FROM now() - greatest(s.last_vacuum, s.last_autovacuum))::float8
+           AS since_vacuum,
+       (pg_has_role(current_user, c.relowner, 'MEMBER')
+        OR (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)) AS may_vacuum
+  FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+ WHERE s.relid = 'outbox'::regclass;
+
+-- name: vacuum_lock
+-- One enqueuer vacuums at a time (session lock on a pooled autocommit connection).
+SELECT pg_try_advisory_lock(%(key)s) AS taken;
+
+-- name: vacuum_unlock
+SELECT pg_advisory_unlock(%(key)s);
+
+-- name: vacuum_outbox
+-- Not in a transaction (VACUUM cannot be); SKIP_LOCKED: never wait behind a lock.
+VACUUM (SKIP_LOCKED) outbox, outbox_batches;

@@ -1,0 +1,89 @@
+"""A real PgBouncer (Debian's package) in front of the machine's PostgreSQL, per test.
+
+It runs as the ``postgres`` OS user (PgBouncer refuses root) on a free loopback
+port with its files in a temp dir, forwards every database name to
+127.0.0.1:5432 as ``postgres``, and is killed at teardown.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.fix_servers import free_port, wait_until
+
+__all__ = ["pgbouncer"]
+
+PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
+
+
+class PgBouncerProcess:
+    def __init__(self, workdir: Path, pool_mode: str, ignore: str) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        config = workdir / "pgbouncer.ini"
+        config.write_text(
+            "[databases]\n"
+            "* = host=127.0.0.1 port=5432 user=postgres\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\n"
+            f"unix_socket_dir = {workdir}\n"
+            "auth_type = any\n"
+            f"pool_mode = {pool_mode}\n"
+            "default_pool_size = 20\nmax_client_conn = 200\n"
+            f"ignore_startup_parameters = {ignore}\n"
+            f"logfile = {workdir}/pgbouncer.log\npidfile = {workdir}/pgbouncer.pid\n"
+        )
+        as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        self.proc = subprocess.Popen(
+            [*as_postgres, PGBOUNCER, str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def url(self, database_url: str) -> str:
+        """``database_url`` (a database on the machine's server) reached through the pooler."""
+        name = psycopg.conninfo.conninfo_to_dict(database_url)["dbname"]
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
+
+    def log(self) -> str:
+        path = self.workdir / "pgbouncer.log"
+        return path.read_text() if path.exists() else ""
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def pgbouncer() -> Iterator[Callable[..., PgBouncerProcess]]:
+    """Start PgBouncers: ``pgbouncer(pool_mode, ignore_startup_parameters="options")``."""
+    started: list[PgBouncerProcess] = []
+    workdirs: list[str] = []
+
+    def start(pool_mode: str, ignore: str = "extra_float_digits") -> PgBouncerProcess:
+        workdir = tempfile.mkdtemp(prefix="od-pgbouncer-")
+        workdirs.append(workdir)
+        os.chmod(workdir, 0o777)
+        bouncer = PgBouncerProcess(Path(workdir), pool_mode, ignore)
+        started.append(bouncer)
+        probe = f"postgresql://postgres@127.0.0.1:{bouncer.port}/postgres"
+        wait_until(lambda: psycopg.connect(probe, connect_timeout=1).close() is None)
+        return bouncer
+
+    yield start
+    for bouncer in started:
+        bouncer.stop()
+    for workdir in workdirs:
+        shutil.rmtree(workdir, ignore_errors=True)
