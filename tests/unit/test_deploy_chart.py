@@ -16,6 +16,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from cloudcoil.models.prometheus_operator.v1 import PodMonitor, ServiceMonitor
 
 from controller.model import DEFAULT_VERSION_TAG, OutboxDispatcherSpec
 
@@ -216,60 +217,27 @@ def test_operator_image_defaults_to_the_app_version_everywhere() -> None:
     assert env["DISPATCHER_WORKER_IMAGE"] == f"outbox-dispatcher-worker:{DEFAULT_VERSION_TAG}"
 
 
-# The fields of monitoring.coreos.com/v1 the chart writes, as the Prometheus Operator's CRDs
-# type them (unknown fields refused, so a typo fails here rather than being pruned silently).
-_LABEL_SELECTOR = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
-        "matchExpressions": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["key", "operator"],
-                "properties": {
-                    "key": {"type": "string"},
-                    "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
-                    "values": {"type": "array", "items": {"type": "string"}},
-                },
-            },
-        },
-    },
-}
-_ENDPOINT = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["port"],
-    "properties": {
-        "port": {"type": "string"},
-        "path": {"type": "string"},
-        "interval": {
-            "type": "string",
-            "pattern": "^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
-            "(([0-9]+)s)?(([0-9]+)ms)?)$",
-        },
-    },
-}
-_MONITOR_SPEC = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["selector"],
-    "properties": {
-        "selector": _LABEL_SELECTOR,
-        "namespaceSelector": {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {
-                "any": {"type": "boolean"},
-                "matchNames": {"type": "array", "items": {"type": "string"}},
-            },
-        },
-        "endpoints": {"type": "array", "items": _ENDPOINT},
-        "podMetricsEndpoints": {"type": "array", "items": _ENDPOINT},
-    },
-}
+def _closed_schema(model: Any) -> dict[str, Any]:
+    """JSON schema of a monitoring.coreos.com/v1 kind, from models generated from the Prometheus
+    Operator's own CRDs, with unknown fields refused (as kubernetes-validate's strict mode does
+    for core kinds): a typo fails here rather than being pruned silently by the API server."""
+    schema: dict[str, Any] = model.model_json_schema(by_alias=True)
+
+    def close(node: Any) -> None:
+        if isinstance(node, dict):
+            if "properties" in node:
+                node.setdefault("additionalProperties", False)
+            for value in node.values():
+                close(value)
+        elif isinstance(node, list):
+            for value in node:
+                close(value)
+
+    close(schema)
+    return schema
+
+
+MONITORS = {"ServiceMonitor": ServiceMonitor, "PodMonitor": PodMonitor}
 
 
 def test_monitoring_objects() -> None:
@@ -281,7 +249,7 @@ def test_monitoring_objects() -> None:
     (operator,) = (o for o in objects if o["kind"] == "Deployment")
     for obj in (monitor, pods):
         assert obj["apiVersion"] == "monitoring.coreos.com/v1"
-        jsonschema.validate(obj["spec"], _MONITOR_SPEC)
+        jsonschema.validate(obj, _closed_schema(MONITORS[obj["kind"]]))
         assert obj["metadata"]["labels"]["release"] == "prom"
     assert kubernetes_validate.validate(service, K8S_VERSION, strict=True)
     # The Service selects the operator pod, on the port its container exposes as "metrics".
