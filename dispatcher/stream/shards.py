@@ -63,7 +63,7 @@ async def ensure_shard_count(client: RedisClient, shards: int) -> bool:
     and an enqueuer restarting while Redis is full must still start.
     """
     parse_shard_count(shards, source="shard count")
-    if await client.exists(SHARDS_KEY):
+    if await client.get(SHARDS_KEY) is not None:
         return False
     return bool(await client.set(SHARDS_KEY, str(shards), nx=True))
 
