@@ -40,6 +40,7 @@ from dispatcher.stream import (
     queue_streams,
     read_shard_count,
 )
+from dispatcher.stream.shards import ensure_shard_count
 from dispatcher.worker import Worker, WorkerConfig
 
 __all__ = ["DemoResult", "Progress", "run_demo"]
@@ -143,7 +144,8 @@ async def run_demo(
     )
     await pool.open(wait=True, timeout=30)
     await app_pool.open(wait=True, timeout=30)
-    shards = await read_shard_count(redis, fallback=4)
+    await ensure_shard_count(redis, 4)  # as a first enqueuer does when the key is absent
+    shards = await read_shard_count(redis)
     enqueuer = OutboxEnqueuer(
         repository=OutboxRepository(pool),
         publisher=_RecordingPublisher(redis, progress),

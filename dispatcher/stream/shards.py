@@ -68,20 +68,27 @@ async def ensure_shard_count(client: RedisClient, shards: int) -> bool:
     return bool(await client.set(SHARDS_KEY, str(shards), nx=True))
 
 
+_warned_unset = False
+
+
 async def read_shard_count(client: RedisClient, *, fallback: int | None = None) -> int:
     """The published shard count; ``fallback`` (STREAM_SHARDS) or the default if unset.
 
     A key that is set but invalid is an error, not a silent fallback: reading
     the wrong number of shards would strand messages.
     """
+    global _warned_unset
     raw = await client.get(SHARDS_KEY)
     if raw is None:
         shards = fallback if fallback is not None else DEFAULT_SHARDS
-        log.warning(
+        # Read every few seconds by every process: say it once, not on every refresh.
+        log.log(
+            logging.DEBUG if _warned_unset else logging.WARNING,
             "%s is not set yet; using %d shards (STREAM_SHARDS or the default)",
             SHARDS_KEY,
             shards,
         )
+        _warned_unset = True
         return shards
     return parse_shard_count(raw)
 
