@@ -428,3 +428,39 @@ async def test_every_deployment_the_operator_writes_passes_kubernetes_validate(
     assert len(deployments) == 3
     for deployment in deployments:
         assert kubernetes_validate.validate(deployment, "1.37.0", strict=True)
+
+
+async def test_a_spec_change_keeps_the_replicas_the_autoscaler_chose(
+    kube: KubeEmulator, operator: Operator, redis_url: str, client: Any, clock: FakeClock
+) -> None:
+    """Reconciling a changed spec re-renders the worker Deployment but never resets the
+    replicas the backlog asked for: reconcile and autoscale are one decision."""
+    await _secrets(kube, redis_url)
+    queue = {"name": "emails", "handler": "app.tasks:send", "minReplicas": 1, "maxReplicas": 5,
+             "targetBacklogPerReplica": 100}  # fmt: skip
+    await _apply(kube, dispatcher(shards=2, queues=[queue]))
+
+    async def created() -> bool:
+        return _replicas(kube, "orders-worker-emails") == 1
+
+    await eventually(created, within=20)
+    async with client.pipeline(transaction=True) as burst:
+        for i in range(250):  # ceil(250 / 100) = 3 replicas
+            burst.xadd(f"workflow.tasks.emails.{i % 2}", {"task_id": f"t{i}"})
+        await burst.execute()
+    key = (NAMESPACE, NAME)
+    await operator.sync(key)
+    assert _replicas(kube, "orders-worker-emails") == 3
+
+    await _patch_spec(kube, {"queues": [{**queue, "handler": "app.tasks:send_v2"}]})
+    await operator.sync(key)
+
+    async def rolled() -> bool:
+        live = kube.live(DEPLOYMENTS, "orders-worker-emails") or {}
+        return (
+            "--handler=app.tasks:send_v2"
+            in live["spec"]["template"]["spec"]["containers"][0]["args"]
+        )
+
+    await eventually(rolled, within=20)
+    assert _replicas(kube, "orders-worker-emails") == 3, "the spec change reset the scale"
