@@ -34,8 +34,12 @@ from kmock._internal import rendering
 
 from controller.handlers import register
 from controller.operator import Operator, OperatorConfig
+from tests.fix_db import ADMIN_URL
 
 NAMESPACE = "default"
+NAME = "orders"  # the dispatcher the operator tests apply
+CR_URL = f"/apis/dispatch.composer.dev/v1alpha1/namespaces/{NAMESPACE}/outboxdispatchers"
+SECRETS_URL = f"/api/v1/namespaces/{NAMESPACE}/secrets"
 CR_RESOURCE = "dispatch.composer.dev/v1alpha1/outboxdispatchers"
 DEPLOYMENTS = "apps/v1/deployments"
 PDBS = "policy/v1/poddisruptionbudgets"
@@ -289,3 +293,29 @@ def job_status(outcome: str) -> dict[str, Any]:
         )
         return {"failed": 5, "conditions": [condition]}
     return {"succeeded": 1, "conditions": [condition]}
+
+
+def dispatcher(name: str = NAME, **spec: Any) -> dict[str, Any]:
+    """An ``OutboxDispatcher`` with two queues, reading the ``pg`` and ``rd`` Secrets."""
+    body: dict[str, Any] = {
+        "shards": 2,
+        "postgres": {"secretRef": {"name": "pg", "key": "url"}},
+        "redis": {"secretRef": {"name": "rd", "key": "url"}},
+        "queues": [
+            {"name": "emails", "handler": "app.tasks:send", "maxReplicas": 5},
+            {"name": "invoices", "handler": "billing:render", "minReplicas": 0},
+        ],
+    }
+    body.update(spec)
+    return {
+        "apiVersion": "dispatch.composer.dev/v1alpha1",
+        "kind": "OutboxDispatcher",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": body,
+    }
+
+
+async def post_secrets(kube: KubeEmulator, redis_url: str) -> None:
+    """The ``pg`` (the machine's PostgreSQL) and ``rd`` Secrets ``dispatcher()`` refers to."""
+    await kube.send("post", SECRETS_URL, secret("pg", url=ADMIN_URL))
+    await kube.send("post", SECRETS_URL, secret("rd", url=redis_url))

@@ -19,45 +19,21 @@ from controller.model import OutboxDispatcherStatus
 from controller.operator import Operator
 from controller.render import CONFIG_HASH_ANNOTATION
 from dispatcher.stream.naming import SHARDS_KEY
-from tests.fix_db import ADMIN_URL
 from tests.fix_kube import (
     CR_RESOURCE,
+    CR_URL,
     DEPLOYMENTS,
+    NAME,
     NAMESPACE,
+    SECRETS_URL,
     FakeClock,
     KubeEmulator,
+    dispatcher,
+    post_secrets,
     running_operator,
     secret,
 )
 from tests.helpers import eventually
-
-CR_URL = f"/apis/dispatch.composer.dev/v1alpha1/namespaces/{NAMESPACE}/outboxdispatchers"
-SECRETS_URL = f"/api/v1/namespaces/{NAMESPACE}/secrets"
-NAME = "orders"
-
-
-def dispatcher(**spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "shards": 2,
-        "postgres": {"secretRef": {"name": "pg", "key": "url"}},
-        "redis": {"secretRef": {"name": "rd", "key": "url"}},
-        "queues": [
-            {"name": "emails", "handler": "app.tasks:send", "maxReplicas": 5},
-            {"name": "invoices", "handler": "billing:render", "minReplicas": 0},
-        ],
-    }
-    body.update(spec)
-    return {
-        "apiVersion": "dispatch.composer.dev/v1alpha1",
-        "kind": "OutboxDispatcher",
-        "metadata": {"name": NAME, "namespace": NAMESPACE},
-        "spec": body,
-    }
-
-
-async def _secrets(kube: KubeEmulator, redis_url: str) -> None:
-    await kube.send("post", SECRETS_URL, secret("pg", url=ADMIN_URL))
-    await kube.send("post", SECRETS_URL, secret("rd", url=redis_url))
 
 
 async def _apply(kube: KubeEmulator, body: dict[str, Any]) -> dict[str, Any]:
@@ -124,7 +100,7 @@ async def client(redis_url: str) -> Any:
 async def test_apply_creates_enqueuer_and_one_worker_per_queue(
     kube: KubeEmulator, operator: Operator, redis_url: str, client: Any
 ) -> None:
-    await _secrets(kube, redis_url)
+    await post_secrets(kube, redis_url)
     cr = await _apply(kube, dispatcher())
     await _ready(kube)
 
@@ -172,7 +148,7 @@ async def test_apply_creates_enqueuer_and_one_worker_per_queue(
 async def test_spec_change_patches_deployments_and_removed_queue_is_deleted(
     kube: KubeEmulator, operator: Operator, redis_url: str
 ) -> None:
-    await _secrets(kube, redis_url)
+    await post_secrets(kube, redis_url)
     await _apply(kube, dispatcher())
     await _ready(kube)
     old_hash = _deployment(kube, "orders-worker-emails")["spec"]["template"]["metadata"][
@@ -214,7 +190,7 @@ def _templates(kube: KubeEmulator) -> dict[str, Any]:
 async def test_shard_count_changes_restart_no_pod_and_a_decrease_reports_draining(
     kube: KubeEmulator, operator: Operator, redis_url: str, client: Any
 ) -> None:
-    await _secrets(kube, redis_url)
+    await post_secrets(kube, redis_url)
     await _apply(kube, dispatcher(shards=4))
     await _ready(kube)
     assert await client.get(SHARDS_KEY) == "4"
@@ -276,7 +252,7 @@ async def test_shard_count_changes_restart_no_pod_and_a_decrease_reports_drainin
 async def test_backlog_scales_up_at_once_and_down_after_stabilization(
     kube: KubeEmulator, operator: Operator, redis_url: str, client: Any, clock: FakeClock
 ) -> None:
-    await _secrets(kube, redis_url)
+    await post_secrets(kube, redis_url)
     queues = [
         {
             "name": "emails",
@@ -344,7 +320,7 @@ async def test_missing_secret_and_invalid_spec_degrade_without_crashing(
     await _has_event(kube, "SecretMissing")
     assert kube.live(DEPLOYMENTS, "orders-enqueuer") is None
 
-    await _secrets(kube, redis_url)  # retried with backoff: recovers on its own
+    await post_secrets(kube, redis_url)  # retried with backoff: recovers on its own
     await _ready(kube)
 
     bad = dispatcher()["spec"]
@@ -364,7 +340,7 @@ async def test_missing_secret_and_invalid_spec_degrade_without_crashing(
 async def test_unreachable_redis_degrades_and_holds_replicas(
     kube: KubeEmulator, operator: Operator, redis_url: str, client: Any, clock: FakeClock
 ) -> None:
-    await _secrets(kube, redis_url)
+    await post_secrets(kube, redis_url)
     await _apply(kube, dispatcher())
     await _ready(kube)
     for i in range(300):
@@ -410,7 +386,7 @@ async def test_unreachable_redis_degrades_and_holds_replicas(
 async def test_resume_reconciles_resources_that_existed_before_the_operator(
     kube: KubeEmulator, redis_url: str, client: Any, clock: FakeClock
 ) -> None:
-    await _secrets(kube, redis_url)
+    await post_secrets(kube, redis_url)
     await _apply(kube, dispatcher(shards=3))
     async with running_operator(kube, clock):
         await _ready(kube)
@@ -421,7 +397,7 @@ async def test_resume_reconciles_resources_that_existed_before_the_operator(
 async def test_every_deployment_the_operator_writes_passes_kubernetes_validate(
     kube: KubeEmulator, operator: Operator, redis_url: str
 ) -> None:
-    await _secrets(kube, redis_url)
+    await post_secrets(kube, redis_url)
     await _apply(kube, dispatcher())
     await _ready(kube)
     deployments = kube.all(DEPLOYMENTS)
@@ -435,7 +411,7 @@ async def test_a_spec_change_keeps_the_replicas_the_autoscaler_chose(
 ) -> None:
     """Reconciling a changed spec re-renders the worker Deployment but never resets the
     replicas the backlog asked for: reconcile and autoscale are one decision."""
-    await _secrets(kube, redis_url)
+    await post_secrets(kube, redis_url)
     queue = {"name": "emails", "handler": "app.tasks:send", "minReplicas": 1, "maxReplicas": 5,
              "targetBacklogPerReplica": 100}  # fmt: skip
     await _apply(kube, dispatcher(shards=2, queues=[queue]))

@@ -17,41 +17,24 @@ from controller.operator import Operator
 from tests.fix_db import ADMIN_URL
 from tests.fix_kube import (
     CR_RESOURCE,
+    CR_URL,
     DEPLOYMENTS,
+    NAME,
     NAMESPACE,
+    SECRETS_URL,
     FakeClock,
     KubeEmulator,
+    dispatcher,
+    post_secrets,
     running_operator,
     secret,
 )
 from tests.helpers import eventually
 
-CR_URL = f"/apis/dispatch.composer.dev/v1alpha1/namespaces/{NAMESPACE}/outboxdispatchers"
 DEPLOYMENTS_URL = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments"
-SECRETS_URL = f"/api/v1/namespaces/{NAMESPACE}/secrets"
-NAME = "orders"
 WORKERS = ("orders-worker-emails", "orders-worker-invoices")
 ALL = ("orders-enqueuer", *WORKERS)
 KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
-
-
-def dispatcher(name: str = NAME, **spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "shards": 2,
-        "postgres": {"secretRef": {"name": "pg", "key": "url"}},
-        "redis": {"secretRef": {"name": "rd", "key": "url"}},
-        "queues": [
-            {"name": "emails", "handler": "app.tasks:send", "maxReplicas": 5},
-            {"name": "invoices", "handler": "billing:render", "minReplicas": 0},
-        ],
-    }
-    body.update(spec)
-    return {
-        "apiVersion": "dispatch.composer.dev/v1alpha1",
-        "kind": "OutboxDispatcher",
-        "metadata": {"name": name, "namespace": NAMESPACE},
-        "spec": body,
-    }
 
 
 @pytest.fixture
@@ -59,11 +42,6 @@ async def client(redis_url: str) -> Any:
     conn = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
     yield conn
     await conn.aclose()
-
-
-async def _secrets(kube: KubeEmulator, redis_url: str) -> None:
-    await kube.send("post", SECRETS_URL, secret("pg", url=ADMIN_URL))
-    await kube.send("post", SECRETS_URL, secret("rd", url=redis_url))
 
 
 def _status(kube: KubeEmulator, name: str = NAME) -> dict[str, Any]:
@@ -103,7 +81,7 @@ async def _ready(kube: KubeEmulator, name: str = NAME) -> None:
 async def test_deleting_a_dispatcher_needs_no_operator(
     kube: KubeEmulator, redis_url: str, clock: FakeClock
 ) -> None:
-    await _secrets(kube, redis_url)
+    await post_secrets(kube, redis_url)
     await kube.send("post", CR_URL, dispatcher())
     async with running_operator(kube, clock):
         await _ready(kube)
@@ -120,7 +98,7 @@ async def test_deleting_a_dispatcher_needs_no_operator(
 async def test_an_upgraded_operator_removes_the_finalizer_an_older_one_added(
     kube: KubeEmulator, operator: Operator, redis_url: str
 ) -> None:
-    await _secrets(kube, redis_url)
+    await post_secrets(kube, redis_url)
     body = dispatcher()
     body["metadata"]["finalizers"] = [KOPF_FINALIZER]
     await kube.send("post", CR_URL, body)
@@ -135,7 +113,7 @@ async def test_an_upgraded_operator_removes_the_finalizer_an_older_one_added(
 async def test_a_deleted_or_edited_deployment_is_restored(
     kube: KubeEmulator, operator: Operator, redis_url: str
 ) -> None:
-    await _secrets(kube, redis_url)
+    await post_secrets(kube, redis_url)
     await kube.send("post", CR_URL, dispatcher())
     await _ready(kube)
     wanted = _args(kube, "orders-enqueuer")
@@ -154,7 +132,7 @@ async def test_a_deleted_or_edited_deployment_is_restored(
 async def test_ready_follows_the_deployments_and_progressing_their_rollouts(
     kube: KubeEmulator, operator: Operator, redis_url: str
 ) -> None:
-    await _secrets(kube, redis_url)
+    await post_secrets(kube, redis_url)
     kube.stalled.add("orders-worker-emails")  # e.g. ImagePullBackOff: no pod ever available
     await kube.send("post", CR_URL, dispatcher())
 
@@ -192,7 +170,7 @@ async def test_ready_follows_the_deployments_and_progressing_their_rollouts(
 async def test_unreachable_redis_or_postgres_is_degraded_and_not_ready(
     kube: KubeEmulator, operator: Operator, redis_url: str
 ) -> None:
-    await _secrets(kube, redis_url)
+    await post_secrets(kube, redis_url)
     await kube.send("post", CR_URL, dispatcher())
     await _ready(kube)
 
@@ -226,7 +204,7 @@ async def test_unreachable_redis_or_postgres_is_degraded_and_not_ready(
 async def test_a_removed_queue_keeps_its_workers_until_its_streams_are_drained(
     kube: KubeEmulator, operator: Operator, redis_url: str, client: Any
 ) -> None:
-    await _secrets(kube, redis_url)
+    await post_secrets(kube, redis_url)
     await kube.send("post", CR_URL, dispatcher())
     await _ready(kube)
     await client.xadd("workflow.tasks.invoices.1", {"task_id": "t1"})
@@ -267,7 +245,7 @@ async def test_a_removed_queue_keeps_its_workers_until_its_streams_are_drained(
 async def test_rotating_a_referenced_secret_rolls_the_pods_that_use_it(
     kube: KubeEmulator, operator: Operator, redis_url: str
 ) -> None:
-    await _secrets(kube, redis_url)
+    await post_secrets(kube, redis_url)
     await kube.send("post", CR_URL, dispatcher())
     await _ready(kube)
     before = {name: _template_annotations(kube, name) for name in ALL}
@@ -295,7 +273,7 @@ async def test_rotating_a_referenced_secret_rolls_the_pods_that_use_it(
 async def test_workload_images_follow_the_operator_unless_the_spec_pins_them(
     kube: KubeEmulator, redis_url: str, clock: FakeClock
 ) -> None:
-    await _secrets(kube, redis_url)
+    await post_secrets(kube, redis_url)
     queues = dispatcher()["spec"]["queues"]
     queues[1]["image"] = "registry.example.com/billing:7"
     await kube.send("post", CR_URL, dispatcher(queues=queues))
@@ -325,7 +303,7 @@ async def test_workload_images_follow_the_operator_unless_the_spec_pins_them(
 async def test_an_unchanged_dispatcher_is_never_patched(
     kube: KubeEmulator, operator: Operator, redis_url: str
 ) -> None:
-    await _secrets(kube, redis_url)
+    await post_secrets(kube, redis_url)
     queues = dispatcher()["spec"]["queues"]
     queues[0]["resources"] = {"requests": {"memory": "1024Mi"}, "limits": {"memory": "2048Mi"}}
     await kube.send("post", CR_URL, dispatcher(queues=queues))
@@ -353,7 +331,7 @@ async def test_an_unchanged_dispatcher_is_never_patched(
 async def test_two_dispatchers_never_share_a_deployment(
     kube: KubeEmulator, operator: Operator, redis_url: str
 ) -> None:
-    await _secrets(kube, redis_url)
+    await post_secrets(kube, redis_url)
     first = [{"name": "worker-b", "handler": "a.tasks:run"}]
     await kube.send("post", CR_URL, dispatcher("a", queues=first))
     await _ready(kube, "a")
@@ -375,7 +353,7 @@ async def test_two_dispatchers_never_share_a_deployment(
 async def test_external_autoscaling_leaves_replicas_to_the_users_scaler(
     kube: KubeEmulator, operator: Operator, redis_url: str, client: Any
 ) -> None:
-    await _secrets(kube, redis_url)
+    await post_secrets(kube, redis_url)
     queues = [{"name": "emails", "handler": "app.tasks:send", "autoscaling": "external"}]
     await kube.send("post", CR_URL, dispatcher(queues=queues))
     await _ready(kube)
