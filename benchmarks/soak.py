@@ -31,6 +31,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -202,7 +203,7 @@ def run(
 ) -> dict[str, list[Sample]]:
     """Soak every variant at once for ``minutes``; return their samples."""
     with contextlib.ExitStack() as stack:
-        log_dir = Path(stack.enter_context(_tempdir()))
+        log_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="od-soak-")))
         runs = []
         for name in variants:
             v = Variant(name=name, env=stack.enter_context(bench_env()))
@@ -237,14 +238,6 @@ def _committed(v: Variant) -> int:
         row = conn.execute("SELECT count(*) FROM outbox").fetchone()
     with v.lock:
         return v.delivered + (int(row[0]) if row else 0)
-
-
-@contextlib.contextmanager
-def _tempdir() -> Iterator[str]:
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="od-soak-") as path:
-        yield path
 
 
 _COLUMNS = (

@@ -38,14 +38,10 @@ class PoolingModeError(ConfigError):
     """The database URL goes through a pooler that does not keep session state."""
 
 
-async def session_pooling(conninfo: str, *, wait: float = 3.0, **kwargs: Any) -> Pooling:
-    """``"session"`` when session state sticks on ``conninfo``, else the pooling mode seen.
-
-    ``kwargs`` are passed to both connections (the caller's session options, so that a
-    pooler refusing them fails here, with the caller's own error handling).
-    """
+async def session_pooling(conninfo: str, *, wait: float = 3.0) -> Pooling:
+    """``"session"`` when session state sticks on ``conninfo``, else the pooling mode seen."""
     token = uuid.uuid4().hex
-    kwargs = {"prepare_threshold": None, **kwargs}
+    kwargs: dict[str, Any] = {"prepare_threshold": None}  # no server-side prepared statements
     async with (
         await psycopg.AsyncConnection.connect(conninfo, autocommit=True, **kwargs) as probe,
         await psycopg.AsyncConnection.connect(conninfo, autocommit=False, **kwargs) as holder,
