@@ -14,7 +14,8 @@ from dispatcher.cli.main import Common, UsageError, number
 from dispatcher.config import Settings
 from dispatcher.lifecycle import run_until_signalled
 from dispatcher.observability import ObservabilityServer
-from dispatcher.outbox.enqueuer import EnqueuerConfig, OutboxEnqueuer
+from dispatcher.outbox.enqueuer import OutboxEnqueuer
+from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.pooler import require_session_pooling
 from dispatcher.outbox.repository import ENQUEUER_SESSION, OutboxRepository, enqueuer_pool
 from dispatcher.outbox.schema import migrate

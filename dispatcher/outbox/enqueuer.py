@@ -5,7 +5,9 @@ batches come back full (a backlog) it keeps every slot busy; otherwise it
 claims again when the idle flag says so (``IdleFlag.after_claim``: linger
 between partial batches, short claims while nobody hears NOTIFY), on a
 wake-up from the LISTEN connection, or after the poll interval (retries coming
-due, lost notifications).
+due, lost notifications). While it holds the idle flag, rows that commit come
+in their notifications and go out without a claim (``NotifiedRows``); while
+another enqueuer holds it, notifications are that one's and this one stands by.
 
 Above a high mark of Redis memory (``RedisMemoryGate``) it claims nothing and
 rows wait in the outbox, uncharged, until workers have made room.
@@ -27,15 +29,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from dispatcher.outbox import metrics
+from dispatcher.outbox import maintenance, metrics
 from dispatcher.outbox.backpressure import MemoryMarks, RedisMemoryGate
-from dispatcher.outbox.idle_flag import IdleFlag, IdlePolicy
+from dispatcher.outbox.enqueuer_config import EnqueuerConfig
+from dispatcher.outbox.idle_flag import IdleFlag
+from dispatcher.outbox.inflight import InFlight
 from dispatcher.outbox.listener import OutboxListener
-from dispatcher.outbox.pipeline import BatchPipeline, BatchSettings
-from dispatcher.outbox.repository import STATUSES, OutboxRepository
+from dispatcher.outbox.notified import NotifiedRows
+from dispatcher.outbox.pipeline import BatchPipeline
+from dispatcher.outbox.repository import OutboxRepository
 from dispatcher.outbox.vacuum import OutboxVacuum
 from dispatcher.stream.publisher import RedisStreamPublisher
 from dispatcher.stream.shards import LiveShardCount
@@ -44,67 +48,10 @@ __all__ = ["EnqueuerConfig", "OutboxEnqueuer"]
 
 log = logging.getLogger(__name__)
 
+DEFAULT_CONFIG = EnqueuerConfig()
+
 # Suspects probed in one turn before other batches get the slots back.
 PROBES_PER_TURN = 10
-
-
-@dataclass(frozen=True, slots=True)
-class EnqueuerConfig:
-    batch_size: int = 100
-    concurrency: int = 4
-    poll_interval: float = 1.0
-    # A batch's transaction idle longer than this (a paused or hung enqueuer) is ended by
-    # PostgreSQL and its rows are due again.
-    recover_in_flight_after: float = 30.0
-    maintenance_interval: float = 30.0
-    wait_replicas: int = 0
-    wait_timeout_ms: int = 1000
-    publish_timeout: float = 10.0
-    shutdown_timeout: float = 30.0
-    listener_rotate_after: float = 600.0
-    # The idle flag's policy (see IdlePolicy for each).
-    busy_at_rows: int = 2
-    idle_confirm_after: float = 0.005
-    linger: float = 0.002
-    blocked_claim_every: float = 0.005
-    blocked_backoff_after: float = 2.0
-    # Stop claiming at this share of Redis maxmemory, resume below the low one (0 = never).
-    redis_memory_high: float = 0.85
-    redis_memory_low: float = 0.75
-    # Maintenance vacuums the outbox past this many dead tuples when nothing else has for a
-    # minute (autovacuum off or starved); 0 = leave it to autovacuum.
-    vacuum_threshold: int = 10_000
-
-    def __post_init__(self) -> None:
-        MemoryMarks(self.redis_memory_high, self.redis_memory_low)  # validates them
-        if self.batch_size < 1 or self.concurrency < 1:
-            raise ValueError("batch size and concurrency must be >= 1")
-        if self.poll_interval <= 0 or self.maintenance_interval <= 0:
-            raise ValueError("poll and maintenance intervals must be > 0")
-        if self.recover_in_flight_after <= self.publish_timeout:  # it bounds WAIT too
-            raise ValueError(
-                "recover-in-flight-after must exceed the publish timeout "
-                f"({self.publish_timeout:g} s), or PostgreSQL would end batches still publishing"
-            )
-
-    def batch_settings(self) -> BatchSettings:
-        return BatchSettings(
-            batch_size=self.batch_size,
-            hold_for=self.recover_in_flight_after,
-            publish_timeout=self.publish_timeout,
-            wait_replicas=self.wait_replicas,
-            wait_timeout_ms=self.wait_timeout_ms,
-        )
-
-    def idle_policy(self) -> IdlePolicy:
-        return IdlePolicy(
-            busy_at_rows=self.busy_at_rows,
-            idle_confirm_after=self.idle_confirm_after,
-            linger=self.linger,
-            blocked_claim_every=self.blocked_claim_every,
-            blocked_backoff_after=self.blocked_backoff_after,
-            max_delay=self.poll_interval,
-        )
 
 
 class OutboxEnqueuer:
@@ -120,7 +67,7 @@ class OutboxEnqueuer:
         *,
         repository: OutboxRepository,
         publisher: RedisStreamPublisher,
-        config: EnqueuerConfig = EnqueuerConfig(),
+        config: EnqueuerConfig = DEFAULT_CONFIG,
         listen_conninfo: str | None = None,
         shard_count: LiveShardCount | None = None,
     ) -> None:
@@ -130,26 +77,42 @@ class OutboxEnqueuer:
             publisher.client, marks=MemoryMarks(config.redis_memory_high, config.redis_memory_low)
         )
         self._vacuum = OutboxVacuum(repository.pool, threshold=config.vacuum_threshold)
+        shard_count = shard_count or LiveShardCount(publisher.client)
+        inflight = InFlight()
         self.pipeline = BatchPipeline(
             repository=repository,
             publisher=publisher,
             settings=config.batch_settings(),
             shard_count=shard_count,
             memory=self.memory,
+            inflight=inflight,
         )
         conninfo, kwargs = repository.session_settings()
         self.idle_flag = IdleFlag(
             conninfo=conninfo, connect_kwargs=kwargs, policy=config.idle_policy()
+        )
+        self.notified = NotifiedRows(
+            repository=repository,
+            publisher=publisher,
+            settings=config.batch_settings(),
+            flag=self.idle_flag,
+            inflight=inflight,
+            shard_count=shard_count,
+            memory=self.memory,
+            wake=self.wake,
+            published=self._notified_published,
         )
         self._kick = asyncio.Event()
         self._stopping = False
         self._backlog = False
         self._next_probe: float | None = None  # when suspects are due (monotonic), if any
         self._heartbeat = time.monotonic()
+        self._helpers: set[asyncio.Task[None]] = set()
         self.listener = (
             OutboxListener(
                 conninfo=listen_conninfo,
                 wake=self.wake,
+                notified=self._on_notification,
                 rotate_after=config.listener_rotate_after,
                 on_state=self._listener_state,
             )
@@ -173,6 +136,14 @@ class OutboxEnqueuer:
     def wake(self) -> None:
         """Ask the loop to claim now; any number of calls collapse into one wake-up."""
         self._kick.set()
+
+    def _on_notification(self, message: str) -> None:
+        if self.idle_flag.held:
+            self.notified.receive(message)
+        elif message:
+            self.idle_flag.someone_idle()  # the row is the flag holder's to publish
+        elif not self.idle_flag.elsewhere:
+            self.wake()
 
     def request_stop(self) -> None:
         """Stop claiming; in-flight batches finish (bounded by ``shutdown_timeout``)."""
@@ -203,6 +174,8 @@ class OutboxEnqueuer:
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
+            await self.notified.aclose()  # its deletes need the pool
+            await asyncio.gather(*self._helpers, return_exceptions=True)
             await self.idle_flag.aclose()
             await self._repo.aclose()
             log.info("outbox enqueuer stopped")
@@ -240,13 +213,25 @@ class OutboxEnqueuer:
 
     async def _batch_in_slot(self, slots: asyncio.Semaphore) -> int:
         started = time.monotonic()
+        # Standing by, leave the flag holder what it is publishing from notifications.
+        min_age = self.config.poll_interval if self.idle_flag.elsewhere else 0.0
         try:
-            count = await self.pipeline.run()
+            count = await self.pipeline.run(min_age=min_age)
         except Exception:
             log.exception("outbox batch failed; its rows are retried or recovered")
             count = 0
         finally:
             slots.release()
+        await self._after_claim(count, started)
+        return count
+
+    def _notified_published(self, count: int, started: float) -> None:
+        """A publish from notifications counts as a claim for the idle flag's decisions."""
+        task = asyncio.get_running_loop().create_task(self._after_claim(count, started))
+        self._helpers.add(task)
+        task.add_done_callback(self._helpers.discard)
+
+    async def _after_claim(self, count: int, started: float) -> None:
         full = count >= self.config.batch_size
         self._backlog = full
         try:
@@ -261,7 +246,6 @@ class OutboxEnqueuer:
             log.warning("could not update the idle flag: %s", exc)
             delay = None  # the poll claims next
         self._claim_in(delay)
-        return count
 
     def _claim_in(self, delay: float | None) -> None:
         if delay is None:
@@ -340,32 +324,10 @@ class OutboxEnqueuer:
         """Settle the journal of batches that never did; plan probes; refresh the gauges."""
         if not await self.idle_flag.check() and self._can_listen():
             self.wake()  # the flag died with its session: an empty claim takes it again
-        found = await self._repo.recover_batches()
-        if found.foreign:
-            log.warning(
-                "discarded %d batch journal rows of another cluster (restored from a dump?): "
-                "their transactions cannot be read here; the rows they name are due as usual",
-                found.foreign,
-            )
-        if found.retried or found.dead:
-            metrics.RECOVERED.labels("retry").inc(found.retried)
-            metrics.RECOVERED.labels("dlq").inc(found.dead)
-            log.warning(
-                "counted an attempt for rows that did not settle when claimed alone",
-                extra={"retried": found.retried, "dead_lettered": found.dead},
-            )
-        if found.suspects:
-            metrics.RECOVERED.labels("suspect").inc(found.suspects)
-            log.warning(
-                "rows of batches that did not settle come back one at a time, uncharged",
-                extra={"suspects": found.suspects},
-            )
+        found = await maintenance.recover(self._repo)
         await self._plan_probes()
         vacuumed = await self._vacuum.run_once()
-        counts = await self._repo.status_counts()
-        for status in STATUSES:
-            metrics.OUTBOX_DEPTH.labels(status).set(counts.by_status.get(status, 0))
-        metrics.OUTBOX_DEPTH.labels("IN_FLIGHT").set(counts.in_flight)
+        await maintenance.refresh_depth(self._repo)
         return {
             "retried": found.retried,
             "dead": found.dead,

@@ -17,6 +17,7 @@ __all__ = [
     "IDLE_ANNOUNCED",
     "IN_FLIGHT",
     "LISTENER_CONNECTED",
+    "NOTIFIED_ROWS",
     "OUTBOX_DEPTH",
     "PROCESSED",
     "PUBLISH_LATENCY",
@@ -63,6 +64,10 @@ OUTBOX_DEPTH = Gauge(
 IDLE_ANNOUNCED = Counter(
     "dispatcher_outbox_idle_announcements",
     "Times this enqueuer announced itself idle (outbox inserts NOTIFY until it withdraws)",
+)
+NOTIFIED_ROWS = Counter(
+    "dispatcher_outbox_notified_rows",
+    "Outbox rows published from their notification, without a claim (the idle path)",
 )
 LISTENER_CONNECTED = Gauge(
     "dispatcher_outbox_listener_connected", "1 while the LISTEN connection is up"

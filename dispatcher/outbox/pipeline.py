@@ -19,6 +19,7 @@ import collections
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from redis.exceptions import RedisError
@@ -27,6 +28,7 @@ from dispatcher.models import payload_fields
 from dispatcher.outbox import metrics
 from dispatcher.outbox.backoff import ClaimedRow, Outcomes, plan_outcomes
 from dispatcher.outbox.backpressure import RedisMemoryGate
+from dispatcher.outbox.inflight import InFlight
 from dispatcher.outbox.repository import OutboxRepository
 from dispatcher.stream.naming import route_stream
 from dispatcher.stream.protocol import PublishResult
@@ -34,7 +36,15 @@ from dispatcher.stream.publisher import RedisStreamPublisher
 from dispatcher.stream.shards import InvalidShardCount, LiveShardCount
 from dispatcher.tracing import child_span
 
-__all__ = ["FALLBACK_STREAM", "BatchPipeline", "BatchSettings", "target_stream"]
+__all__ = [
+    "FALLBACK_STREAM",
+    "BatchPipeline",
+    "BatchSettings",
+    "Entry",
+    "encode_rows",
+    "publish_entries",
+    "target_stream",
+]
 
 log = logging.getLogger(__name__)
 
@@ -77,23 +87,28 @@ class BatchPipeline:
         settings: BatchSettings = BatchSettings(),
         shard_count: LiveShardCount | None = None,
         memory: RedisMemoryGate | None = None,
+        inflight: InFlight | None = None,
     ) -> None:
         self.settings = settings
         self._repo = repository
         self._publisher = publisher
         self._shards = shard_count or LiveShardCount(publisher.client)
         self._memory = memory
+        self._inflight = inflight or InFlight()
 
-    async def run(self, *, probe: bool = False) -> int:
+    async def run(self, *, probe: bool = False, min_age: float = 0.0) -> int:
         """Lock, publish and settle one batch; return how many rows it held.
 
         With ``probe``, the batch is one suspect row alone (see the repository).
+        Rows due less than ``min_age`` seconds ago are left for another enqueuer.
         """
         s = self.settings
-        async with self._repo.lock_batch(s.batch_size, hold_for=s.hold_for, probe=probe) as batch:
+        claim = self._repo.lock_batch
+        async with claim(s.batch_size, hold_for=s.hold_for, probe=probe, min_age=min_age) as batch:
             if not batch.rows:
                 return 0
-            rows = batch.rows
+            # Rows out from their notifications stay locked and untouched: their delete follows.
+            rows = self._inflight.claim(batch.rows)
             metrics.IN_FLIGHT.inc(len(rows))
             try:
                 with contextlib.ExitStack() as spans:
@@ -116,9 +131,10 @@ class BatchPipeline:
                     raise
             finally:
                 metrics.IN_FLIGHT.dec(len(rows))
+                self._inflight.unclaim(r.id for r in rows)
         _report(rows, outcomes)
         metrics.BATCHES.inc()
-        return len(rows)
+        return len(batch.rows)
 
     async def _publish(
         self, rows: list[ClaimedRow], spans: contextlib.ExitStack
@@ -129,17 +145,9 @@ class BatchPipeline:
             shards = await asyncio.wait_for(self._shards.current(), timeout)
         except (TimeoutError, RedisError, OSError, InvalidShardCount) as exc:
             return [PublishResult(stream=r.stream, error=exc) for r in rows]  # retried
-        results: list[PublishResult | None] = []
-        entries: list[Entry] = []
-        for row in rows:
-            try:
-                entries.append(_traced(_entry(row, shards), spans))
-                results.append(None)
-            except Exception as exc:
-                log.error("outbox row %s cannot be published: %s", row.id, _short(exc))
-                results.append(PublishResult(stream=row.stream, error=exc))
+        entries, results = encode_rows(rows, shards, spans)
         started = time.monotonic()
-        sent = iter(await self._publish_entries(entries) if entries else [])
+        sent = iter(await publish_entries(self._publisher, entries, self.settings))
         elapsed = time.monotonic() - started
         merged = [r if r is not None else next(sent) for r in results]
         for row, result in zip(rows, merged, strict=True):
@@ -147,20 +155,46 @@ class BatchPipeline:
                 metrics.COMMIT_TO_PUBLISH.observe(row.age_seconds + elapsed)
         return merged
 
-    async def _publish_entries(self, entries: list[Entry]) -> list[PublishResult]:
-        s = self.settings
-        started = time.monotonic()
+
+def encode_rows(
+    rows: Sequence[ClaimedRow], shards: int, spans: contextlib.ExitStack
+) -> tuple[list[Entry], list[PublishResult | None]]:
+    """Each row's entry routed at ``shards``, whichever path publishes it.
+
+    The second list has one item per row: None for a row whose entry is in the
+    first list (in order), the error for a row that cannot be encoded.
+    """
+    results: list[PublishResult | None] = []
+    entries: list[Entry] = []
+    for row in rows:
         try:
-            results = await asyncio.wait_for(
-                self._publisher.publish_many(
-                    entries, wait_replicas=s.wait_replicas, wait_timeout_ms=s.wait_timeout_ms
-                ),
-                s.publish_timeout,
-            )
-        except (TimeoutError, RedisError, OSError) as exc:
-            results = [PublishResult(stream=stream, error=exc) for stream, _ in entries]
-        metrics.PUBLISH_LATENCY.observe(time.monotonic() - started)
-        return results
+            entries.append(_traced(_entry(row, shards), spans))
+            results.append(None)
+        except Exception as exc:
+            log.error("outbox row %s cannot be published: %s", row.id, _short(exc))
+            results.append(PublishResult(stream=row.stream, error=exc))
+    return entries, results
+
+
+async def publish_entries(
+    publisher: RedisStreamPublisher, entries: list[Entry], settings: BatchSettings
+) -> list[PublishResult]:
+    """One pipelined publish (with WAIT when asked), bounded by the publish timeout."""
+    if not entries:
+        return []
+    s = settings
+    started = time.monotonic()
+    try:
+        results = await asyncio.wait_for(
+            publisher.publish_many(
+                entries, wait_replicas=s.wait_replicas, wait_timeout_ms=s.wait_timeout_ms
+            ),
+            s.publish_timeout,
+        )
+    except (TimeoutError, RedisError, OSError) as exc:
+        results = [PublishResult(stream=stream, error=exc) for stream, _ in entries]
+    metrics.PUBLISH_LATENCY.observe(time.monotonic() - started)
+    return results
 
 
 def _entry(row: ClaimedRow, shards: int) -> Entry:

@@ -187,9 +187,11 @@ class OutboxRepository:
 
     @contextlib.asynccontextmanager
     async def lock_batch(
-        self, limit: int, *, hold_for: float, probe: bool = False
+        self, limit: int, *, hold_for: float, probe: bool = False, min_age: float = 0.0
     ) -> AsyncIterator[LockedBatch]:
         """Lock up to ``limit`` due rows for the body of the ``async with``.
+
+        Rows due less than ``min_age`` seconds ago are left out.
 
         With ``probe``, lock one due suspect alone (``limit`` is ignored) and
         journal the batch as a probe: if it never settles, its row alone is
@@ -203,7 +205,7 @@ class OutboxRepository:
         transaction back.
         """
         async with self._pool.connection() as conn:
-            batch = await self._begin(conn, limit, hold_for, probe)
+            batch = await self._begin(conn, limit, hold_for, probe, min_age)
             try:
                 yield batch
             finally:
@@ -215,14 +217,15 @@ class OutboxRepository:
                         await conn.rollback()
 
     async def _begin(
-        self, conn: AsyncConnection[Any], limit: int, hold_for: float, probe: bool
+        self, conn: AsyncConnection[Any], limit: int, hold_for: float, probe: bool, min_age: float
     ) -> LockedBatch:
         # One simple-protocol round trip (client-side binding of two numbers). Not a pipeline:
         # the Flush psycopg sends after a pipeline's Sync disarms the server's
         # idle-in-transaction timer, which is the whole point of hold_for.
         cur = AsyncClientCursor(conn)
         hold_ms = str(max(1, round(hold_for * 1000)))
-        await cur.execute(_BEGIN_PROBE if probe else _BEGIN, {"hold_ms": hold_ms, "limit": limit})
+        params = {"hold_ms": hold_ms, "limit": limit, "min_age": min_age}
+        await cur.execute(_BEGIN_PROBE if probe else _BEGIN, params)
         cur.nextset()  # past BEGIN
         cur.nextset()  # past set_config
         rows = [ClaimedRow(*r) for r in await cur.fetchall()]
@@ -269,6 +272,10 @@ class OutboxRepository:
             suspects=int(row["suspects"]),
             foreign=foreign,
         )
+
+    async def delete_notified(self, ids: Sequence[str]) -> None:
+        """Delete rows published from their notifications, in one statement."""
+        await self._execute("delete_notified", {"ids": list(ids)})
 
     async def suspects_due_in(self) -> float | None:
         """Seconds until the next suspect is due (<= 0: now), or None without suspects."""

@@ -16,14 +16,16 @@ VALUES (%(id)s, %(task_id)s, %(stream)s, %(payload)s, %(type)s, 'PENDING', %(not
 -- UPDATE may be re-run by the planner and claim more than n). Rows scheduled for a time that
 -- has come go first (they have waited longest), then rows due at once by age; each part walks
 -- its own partial index from the first due row, so rows not yet due are never read.
--- Suspects are left to lock_probe.
+-- Suspects are left to lock_probe. Rows due less than "min_age" seconds ago are left too: an
+-- enqueuer standing by while another holds the idle flag leaves it the rows it publishes from
+-- their notifications (0 otherwise).
 WITH scheduled AS (
     SELECT id, stream, payload::text AS payload, attempt_count, max_retries, backoff_seconds,
            extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds,
            task_id
       FROM outbox
      WHERE status IN ('PENDING', 'RETRY') AND next_attempt_at IS NOT NULL AND NOT suspect
-       AND next_attempt_at <= statement_timestamp()
+       AND next_attempt_at <= statement_timestamp() - make_interval(secs => %(min_age)s)
      ORDER BY next_attempt_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -33,6 +35,7 @@ WITH scheduled AS (
            task_id
       FROM outbox
      WHERE status IN ('PENDING', 'RETRY') AND next_attempt_at IS NULL AND NOT suspect
+       AND created_at <= statement_timestamp() - make_interval(secs => %(min_age)s)
      ORDER BY created_at
      LIMIT greatest(%(limit)s - (SELECT count(*) FROM scheduled), 0)
        FOR UPDATE SKIP LOCKED
@@ -74,6 +77,11 @@ DELETE FROM outbox_batches WHERE token = %(token)s;
 
 -- name: delete_published
 -- Rows of this batch (locked by this transaction) whose entries Redis acknowledged.
+DELETE FROM outbox WHERE id = ANY(%(ids)s);
+
+-- name: delete_notified
+-- Autocommitted: rows published from their notifications (never locked by this enqueuer).
+-- A row a claim holds is waited for; a row already gone is not there to delete.
 DELETE FROM outbox WHERE id = ANY(%(ids)s);
 
 -- name: schedule_retries
@@ -207,9 +215,14 @@ ON CONFLICT (id) DO UPDATE
 RETURNING id;
 
 -- name: take_idle_flag
--- On the enqueuer's own session. Fails while another enqueuer holds the flag, or while a
--- transaction that inserted outbox rows without a NOTIFY is still open.
-SELECT pg_try_advisory_lock(%(key)s) AS taken;
+-- On the enqueuer's own session (autocommitted: the shared try below ends with the
+-- statement). Fails while another enqueuer holds the flag ("elsewhere"), or while a
+-- transaction that inserted outbox rows without a NOTIFY is still open (it holds it shared).
+WITH attempt AS MATERIALIZED (SELECT pg_try_advisory_lock(%(key)s) AS taken)
+SELECT taken,
+       CASE WHEN taken THEN false ELSE NOT pg_try_advisory_xact_lock_shared(%(key)s) END
+           AS elsewhere
+  FROM attempt;
 
 -- name: ping
 SELECT 1;
