@@ -37,7 +37,6 @@ from psycopg.conninfo import conninfo_to_dict
 from controller.k8s import KubeApi
 from controller.metrics import OperatorMetrics
 from controller.migration import MIGRATED
-from controller.model import API_GROUP, API_VERSION, KIND, PLURAL, OutboxDispatcherStatus
 from controller.reconcile import (
     Cache,
     Context,
@@ -50,12 +49,14 @@ from controller.reconcile import (
 )
 from controller.redis_access import RedisPool
 from controller.render import DEFAULT_WORKLOADS, Owner, WorkloadDefaults
+from controller.resource import API_GROUP, API_VERSION, KIND, PLURAL
 from controller.status import (
     DEGRADED,
     PROGRESSING,
     QUEUES_DRAINING,
     READY,
     SHARDS_DRAINING,
+    OutboxDispatcherStatus,
     Reason,
     condition_dicts,
     set_condition,

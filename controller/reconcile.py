@@ -31,12 +31,7 @@ import pydantic
 from controller.autoscale import autoscale_queue
 from controller.k8s import APIConflictError, APIError, KubeApi, SecretMissing, contains
 from controller.migration import MigrationState, migration_state
-from controller.model import (
-    MAX_NAME,
-    OutboxDispatcherSpec,
-    OutboxDispatcherStatus,
-    SecretRef,
-)
+from controller.model import MAX_NAME, OutboxDispatcherSpec, SecretRef
 from controller.redis_access import Measurement, RedisProblem, measure, redis_message
 from controller.render import (
     QUEUE_LABEL,
@@ -53,7 +48,7 @@ from controller.render import (
     worker_name,
 )
 from controller.shards import ShardDecision, decide_shards, draining_shards
-from controller.status import SHARDS_DRAINING, Reason, Rollout, rollout
+from controller.status import SHARDS_DRAINING, OutboxDispatcherStatus, Reason, Rollout, rollout
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.discovery import existing_shards
 from dispatcher.stream.shards import publish_shard_count
