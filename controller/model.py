@@ -2,7 +2,7 @@
 
 This is the source of truth of the CRD: ``controller.crd`` renders the CRD's
 ``openAPIV3Schema`` from these models, the pod settings of
-``controller.podsettings`` and the status of ``controller.status`` (bounds,
+``controller.podsettings`` and the status of ``controller.conditions`` (bounds,
 enums, defaults and the CEL rules in ``x-kubernetes-validations``), and a test
 fails if ``crds/outboxdispatchers.yaml`` drifts from it. Every CEL rule has a
 pydantic twin here, so a spec that slips past the API server (an old CRD, a

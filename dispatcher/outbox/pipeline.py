@@ -31,7 +31,7 @@ from dispatcher.outbox.repository import OutboxRepository
 from dispatcher.stream.naming import route_stream
 from dispatcher.stream.protocol import PublishResult
 from dispatcher.stream.publisher import RedisStreamPublisher
-from dispatcher.stream.shards import InvalidShardCount, LiveShardCount
+from dispatcher.stream.shard_count import InvalidShardCount, LiveShardCount
 from dispatcher.tracing import child_span
 
 __all__ = ["FALLBACK_STREAM", "BatchPipeline", "BatchSettings", "target_stream"]

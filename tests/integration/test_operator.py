@@ -15,9 +15,9 @@ import kubernetes_validate
 import pytest
 import redis.asyncio
 
+from controller.conditions import OutboxDispatcherStatus
 from controller.operator import Operator
 from controller.render import CONFIG_HASH_ANNOTATION
-from controller.status import OutboxDispatcherStatus
 from dispatcher.stream.naming import SHARDS_KEY
 from tests.fix_kube import (
     CR_RESOURCE,
