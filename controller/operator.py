@@ -43,6 +43,7 @@ from controller.conditions import (
     QUEUES_DRAINING,
     READY,
     SHARDS_DRAINING,
+    OutboxDispatcherStatus,
     Reason,
     condition_dicts,
     set_condition,
@@ -50,7 +51,6 @@ from controller.conditions import (
 from controller.k8s import KubeApi
 from controller.metrics import OperatorMetrics
 from controller.migration import MIGRATED
-from controller.model import API_GROUP, API_VERSION, KIND, PLURAL, OutboxDispatcherStatus
 from controller.reconcile import (
     Cache,
     Context,
@@ -63,6 +63,7 @@ from controller.reconcile import (
 )
 from controller.redis_access import RedisPool
 from controller.render import DEFAULT_WORKLOADS, Owner, WorkloadDefaults
+from controller.resource import API_GROUP, API_VERSION, KIND, PLURAL
 
 __all__ = ["Operator", "OperatorConfig", "conditions", "utcnow"]
 

@@ -29,15 +29,10 @@ from typing import Any
 import pydantic
 
 from controller.autoscale import autoscale_queue
-from controller.conditions import SHARDS_DRAINING, Reason, Rollout, rollout
+from controller.conditions import SHARDS_DRAINING, OutboxDispatcherStatus, Reason, Rollout, rollout
 from controller.k8s import APIConflictError, APIError, KubeApi, SecretMissing, contains
 from controller.migration import MigrationState, migration_state
-from controller.model import (
-    MAX_NAME,
-    OutboxDispatcherSpec,
-    OutboxDispatcherStatus,
-    SecretRef,
-)
+from controller.model import MAX_NAME, OutboxDispatcherSpec, SecretRef
 from controller.redis_access import Measurement, RedisProblem, measure, redis_message
 from controller.render import (
     QUEUE_LABEL,
