@@ -56,7 +56,7 @@ def test_the_app_role_may_only_insert_into_the_outbox(roles_db: str) -> None:
         for statement in (
             "SELECT * FROM outbox",
             "SELECT count(*) FROM outbox_dlq",
-            "UPDATE outbox SET status = 'SENT'",
+            "UPDATE outbox SET status = 'DLQ'",
             "DELETE FROM outbox",
             "TRUNCATE outbox",
             "DELETE FROM outbox_batches",
