@@ -26,7 +26,7 @@ def claim_plan(db_url: str) -> dict[str, Any]:
     with psycopg.connect(db_url) as conn:
         conn.execute("ANALYZE outbox")
         row = conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["lock_batch"], {"limit": 100}
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["claim_batch"], {"limit": 100}
         ).fetchone()
         conn.rollback()
     assert row is not None

@@ -211,7 +211,7 @@ async def test_a_count_written_directly_is_in_force_for_publishing(
 async def test_live_count_is_cached_and_refreshed_every_few_seconds(
     redis_standalone: RedisClient,
 ) -> None:
-    from dispatcher.stream.shards import LiveShardCount
+    from dispatcher.stream.shard_count import LiveShardCount
 
     now = [100.0]
     live = LiveShardCount(redis_standalone, fallback=4, clock=lambda: now[0])

@@ -1,6 +1,6 @@
 """A batch's claim is its transaction's row locks; its journal row survives a crash.
 
-These drive ``OutboxRepository.lock_batch`` directly (the enqueuer's loop is
+These drive ``OutboxRepository.claim_batch`` directly (the enqueuer's loop is
 covered in test_enqueuer.py and the fault suite): what other claimers see
 while a batch is open, what a crash or a timed-out pause leaves behind, and
 how recovery turns an unsettled batch into a counted attempt.
@@ -40,10 +40,10 @@ async def test_an_open_batch_hides_its_rows_and_settling_commits_all_of_it(
 ) -> None:
     ids = insert_rows(outbox_db_url, 30, queue=queue)
     repo = OutboxRepository(pool)
-    async with repo.lock_batch(20, hold_for=30) as first:
+    async with repo.claim_batch(20, hold_for=30) as first:
         assert len(first.rows) == 20
         assert (await repo.status_counts()).in_flight == 20
-        async with repo.lock_batch(50, hold_for=30) as second:
+        async with repo.claim_batch(50, hold_for=30) as second:
             assert len(second.rows) == 10, "SKIP LOCKED: only the rows nobody holds"
             assert not {r.id for r in first.rows} & {r.id for r in second.rows}
         # second left without settling: its rows rolled back, untouched, due again
@@ -65,13 +65,13 @@ async def test_a_paused_batch_loses_its_session_and_its_late_writes_fail(
 ) -> None:
     ids = insert_rows(outbox_db_url, 5, queue=queue)
     repo = OutboxRepository(pool)
-    async with repo.lock_batch(50, hold_for=0.3) as paused:
+    async with repo.claim_batch(50, hold_for=0.3) as paused:
         assert len(paused.rows) == 5
         await asyncio.sleep(1.0)  # idle in transaction past hold_for: PostgreSQL ends it
         with pytest.raises(psycopg.Error):  # the session is gone (timeout or lost)
             await paused.settle([r.id for r in paused.rows])  # the late delete
     assert sorted(attempts(outbox_db_url)) == sorted(ids), "the late delete deleted nothing"
-    async with repo.lock_batch(50, hold_for=30) as rescuer:
+    async with repo.claim_batch(50, hold_for=30) as rescuer:
         assert len(rescuer.rows) == 5, "the rows were due again at once"
     assert await repo.recover_batches() == Recovery(suspects=5)
     assert {v for v in attempts(outbox_db_url).values()} == {("PENDING", 0)}
@@ -100,9 +100,9 @@ CRASH_WHILE_HOLDING = textwrap.dedent(
                 "INSERT INTO outbox (id, stream, created_at) VALUES"
                 " ('warm-' || gen_random_uuid(), 'workflow.tasks.warm.0', now() - interval '1h')"
             )
-        async with repo.lock_batch(1, hold_for=30) as warm:
+        async with repo.claim_batch(1, hold_for=30) as warm:
             await warm.settle([r.id for r in warm.rows])
-        async with repo.lock_batch(50, hold_for=30, probe=sys.argv[2] == "probe") as batch:
+        async with repo.claim_batch(50, hold_for=30, probe=sys.argv[2] == "probe") as batch:
             print(len(batch.rows), batch.journal is not None, flush=True)
             os._exit(3)  # dies holding the rows, as if the row had killed it
 
