@@ -203,7 +203,7 @@ SELECT id, task_id, stream, payload, type, 'PENDING', 0, max_retries, backoff_se
   FROM picked
 ON CONFLICT (id) DO UPDATE
    SET status = 'PENDING', attempt_count = 0, next_attempt_at = NULL, last_error = NULL,
-       suspect = false, claim_token = NULL, claimed_at = NULL, created_at = now(), updated_at = now()
+       suspect = false, created_at = now(), updated_at = now()
 RETURNING id;
 
 -- name: take_idle_flag
