@@ -27,12 +27,12 @@ def as_role(url: str, role: str) -> str:
 
 
 @pytest.fixture
-def roles_db(business_db: str) -> str:
-    with psycopg.connect(business_db, autocommit=True) as conn:
+def roles_db(own_pg_db_url: str) -> str:
+    with psycopg.connect(own_pg_db_url, autocommit=True) as conn:
         conn.execute(ROLES_SQL)
         conn.execute(ROLES_SQL)  # idempotent
         conn.execute("GRANT INSERT ON fault_business TO outbox_app")  # the app's own table
-    return business_db
+    return own_pg_db_url
 
 
 def _denied(conn: psycopg.Connection[object], statement: str) -> bool:
