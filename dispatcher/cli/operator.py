@@ -13,8 +13,9 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from dispatcher.cli.flags import add_options
 from dispatcher.cli.main import Common, UsageError
-from dispatcher.config import Settings
+from dispatcher.config import METRICS_PORT, Settings
 
 __all__ = ["register"]
 
@@ -49,7 +50,7 @@ def register(sub: Any, common: Common) -> None:
         default=15.0,
         help="seconds between backlog measurements per resource (15)",
     )
-    g.add_argument("--metrics-port", type=int, default=None, help="env METRICS_PORT; 0 = off")
+    add_options(g, [METRICS_PORT])
     g.add_argument(
         "--enqueuer-image",
         default=None,

@@ -15,8 +15,9 @@ import asyncio
 import time
 from typing import Any
 
-from dispatcher.cli.main import Common, number
-from dispatcher.cli.ops import redis_client
+from dispatcher.cli.flags import add_options, number
+from dispatcher.cli.main import Common
+from dispatcher.cli.ops import REPORT_GROUP, redis_client
 from dispatcher.config import Settings
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.discovery import ShardState, queue_shards, task_queues
@@ -38,7 +39,7 @@ def register(sub: Any, common: Common) -> None:
         "each shard stream's length and pending entries (shards beyond the count that still "
         "hold entries are marked draining).",
     )
-    p.add_argument("--group", default="workers", help="consumer group to report (workers)")
+    add_options(p, [REPORT_GROUP])
     common(p)
     p.set_defaults(handler=_show)
     actions = p.add_subparsers(dest="shards_command", metavar="ACTION")
@@ -50,7 +51,7 @@ def register(sub: Any, common: Common) -> None:
         "reading removed ones until they are empty. Exits 0 once that is done.",
     )
     s.add_argument("count", type=number(int, 1), help="the new shard count (>= 1)")
-    s.add_argument("--group", default="workers", help="consumer group whose pending counts")
+    add_options(s, [REPORT_GROUP])
     s.add_argument(
         "--refresh-wait",
         type=number(float, 0),
