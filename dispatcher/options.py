@@ -73,7 +73,9 @@ class Option:
 
 
 def show(value: Value) -> str:
-    """A default as ``--help`` and the README print it: ``30``, ``0.85``, ``workers``."""
+    """A default as ``--help`` and the README print it: ``30``, ``0.85``, ``workers``, ``off``."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
     if isinstance(value, float):
         text = f"{value:g}"
         return text if "e" not in text else repr(value)

@@ -45,6 +45,8 @@ def number(
 
 def help_text(opt: Option) -> str:
     """The option's help with its default, as ``--help`` prints it."""
+    if opt.kind is bool and not opt.env:  # a switch: off unless given
+        return opt.help
     default = opt.default_text
     if opt.env:
         tail = f"env {opt.env}, default: {default}" if default else f"env {opt.env}"

@@ -78,7 +78,7 @@ def register_dlq(sub: Any, common: Common) -> None:
     )
     dlq = p.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
     lst = dlq.add_parser("list", help="show dead letters, newest first")
-    lst.add_argument("--limit", type=int, default=50, help="rows to show (50)")
+    lst.add_argument("--limit", type=int, default=50, help="rows to show (default: %(default)s)")
     lst.add_argument("--queue", help="list workflow.dead.<queue> instead of outbox_dlq")
     common(lst)
     lst.set_defaults(handler=_dlq_list)

@@ -56,19 +56,20 @@ def register(sub: Any, common: Common) -> None:
         "--refresh-wait",
         type=number(float, 0),
         default=SETTLE_AFTER,
-        help=f"seconds for every process to read the new count ({SETTLE_AFTER:g})",
+        help="seconds for every process to read the new count (default: %(default)g)",
     )
     s.add_argument(
         "--timeout",
         type=number(float, 0),
         default=0,
-        help="give up waiting for the drain after this many seconds, exit 1 (0 = wait)",
+        help="give up waiting for the drain after this many seconds, exit 1; 0 = wait "
+        "(default: %(default)s)",
     )
     s.add_argument(
         "--no-wait", action="store_true", help="write the count and exit without waiting"
     )
     s.add_argument(
-        "--progress-every", type=number(float, 0.1), default=5.0, help="seconds between reports"
+        "--progress-every", type=number(float, 0.1), default=5.0, help="seconds between reports (default: %(default)g)"
     )
     common(s)
     s.set_defaults(handler=_set)
