@@ -69,7 +69,10 @@ def register(sub: Any, common: Common) -> None:
         "--no-wait", action="store_true", help="write the count and exit without waiting"
     )
     s.add_argument(
-        "--progress-every", type=number(float, 0.1), default=5.0, help="seconds between reports (default: %(default)g)"
+        "--progress-every",
+        type=number(float, 0.1),
+        default=5.0,
+        help="seconds between reports (default: %(default)g)",
     )
     common(s)
     s.set_defaults(handler=_set)
