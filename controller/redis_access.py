@@ -21,7 +21,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.stream.naming import SHARDS_KEY, WORKER_GROUP, task_stream
-from dispatcher.stream.shards import InvalidShardCount, parse_shard_count
+from dispatcher.stream.shard_count import InvalidShardCount, parse_shard_count
 
 __all__ = [
     "WORKER_GROUP",

@@ -5,6 +5,9 @@ The same handlers as ``kopf run -m controller.handlers``, with the scope
 autoscaler interval as flags. kopf handles SIGTERM/SIGINT itself. With
 ``--metrics-port`` (env ``METRICS_PORT``) the operator's own Prometheus
 metrics are served on ``/metrics`` there.
+
+The command layer of ``controller.operator`` (its twin by name): this module
+parses flags and starts kopf; that one is the operator's loop.
 """
 
 from __future__ import annotations

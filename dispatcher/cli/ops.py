@@ -22,7 +22,7 @@ from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.replay import ReplayError, replay_dead_stream, replay_outbox_dlq
 from dispatcher.status import gather_status, render_text
 from dispatcher.stream.naming import InvalidQueueName, dead_letter_stream, validate_queue
-from dispatcher.stream.shards import read_shard_count
+from dispatcher.stream.shard_count import read_shard_count
 from dispatcher.worker.config import WorkerConfig
 
 __all__ = ["REPORT_GROUP", "redis_client", "register_dlq", "register_status"]

@@ -23,7 +23,7 @@ from dispatcher.outbox.schema import migrate
 from dispatcher.redis_client import check_eviction_policy, connect_redis
 from dispatcher.stream.naming import WORKER_GROUP
 from dispatcher.stream.publisher import RedisStreamPublisher
-from dispatcher.stream.shards import LiveShardCount, ensure_shard_count
+from dispatcher.stream.shard_count import LiveShardCount, ensure_shard_count
 
 __all__ = ["ENQUEUER_OPTIONS", "register_enqueuer", "register_migrate"]
 

@@ -22,7 +22,7 @@ from dispatcher.config import Settings
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.discovery import ShardState, queue_shards, task_queues
 from dispatcher.stream.naming import SHARDS_KEY
-from dispatcher.stream.shards import REFRESH_EVERY, parse_shard_count, publish_shard_count
+from dispatcher.stream.shard_count import REFRESH_EVERY, parse_shard_count, publish_shard_count
 
 __all__ = ["register"]
 

@@ -41,7 +41,7 @@ from dispatcher.stream import (
     read_shard_count,
 )
 from dispatcher.stream.naming import WORKER_GROUP
-from dispatcher.stream.shards import ensure_shard_count
+from dispatcher.stream.shard_count import ensure_shard_count
 from dispatcher.worker import Worker, WorkerConfig
 
 __all__ = ["DemoResult", "Progress", "run_demo"]

@@ -39,7 +39,7 @@ from dispatcher.outbox.pipeline import BatchPipeline, BatchSettings
 from dispatcher.outbox.repository import STATUSES, OutboxRepository
 from dispatcher.outbox.vacuum import OutboxVacuum
 from dispatcher.stream.publisher import RedisStreamPublisher
-from dispatcher.stream.shards import LiveShardCount
+from dispatcher.stream.shard_count import LiveShardCount
 
 __all__ = ["EnqueuerConfig", "OutboxEnqueuer"]
 

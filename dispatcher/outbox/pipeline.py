@@ -25,13 +25,13 @@ from redis.exceptions import RedisError
 
 from dispatcher.models import payload_fields
 from dispatcher.outbox import metrics
-from dispatcher.outbox.backoff import ClaimedRow, Outcomes, plan_outcomes
 from dispatcher.outbox.backpressure import RedisMemoryGate
+from dispatcher.outbox.outcomes import ClaimedRow, Outcomes, plan_outcomes
 from dispatcher.outbox.repository import OutboxRepository
 from dispatcher.stream.naming import route_stream
 from dispatcher.stream.protocol import PublishResult
 from dispatcher.stream.publisher import RedisStreamPublisher
-from dispatcher.stream.shards import InvalidShardCount, LiveShardCount
+from dispatcher.stream.shard_count import InvalidShardCount, LiveShardCount
 from dispatcher.tracing import child_span
 
 __all__ = ["FALLBACK_STREAM", "BatchPipeline", "BatchSettings", "target_stream"]
@@ -90,7 +90,7 @@ class BatchPipeline:
         With ``probe``, the batch is one suspect row alone (see the repository).
         """
         s = self.settings
-        async with self._repo.lock_batch(s.batch_size, hold_for=s.hold_for, probe=probe) as batch:
+        async with self._repo.claim_batch(s.batch_size, hold_for=s.hold_for, probe=probe) as batch:
             if not batch.rows:
                 return 0
             rows = batch.rows

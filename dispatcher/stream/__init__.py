@@ -25,7 +25,7 @@ from dispatcher.stream.publisher import (
     ensure_group,
     error_code,
 )
-from dispatcher.stream.shards import (
+from dispatcher.stream.shard_count import (
     InvalidShardCount,
     parse_shard_count,
     publish_shard_count,

@@ -1,4 +1,8 @@
-"""The worker's settings as one immutable value, validated once at construction."""
+"""The worker's settings as one immutable value, validated once at construction.
+
+The worker's layer of settings; ``dispatcher.config`` (its twin by name) is the
+process-wide layer every command reads from the environment.
+"""
 
 from __future__ import annotations
 

@@ -93,16 +93,16 @@ def _wait(predicate: object, *, within: float = 60.0) -> None:
 
 
 def test_the_wheel_migrates_dispatches_and_reports(
-    shipped: Path, database_url: str, redis_url: str, queue: str, tmp_path: Path
+    shipped: Path, empty_db_url: str, redis_url: str, queue: str, tmp_path: Path
 ) -> None:
-    env = _clean_env(DATABASE_URL=database_url, REDIS_URL=redis_url, STREAM_SHARDS="2")
+    env = _clean_env(DATABASE_URL=empty_db_url, REDIS_URL=redis_url, STREAM_SHARDS="2")
     where = _run(shipped / "python", "-c", "import dispatcher; print(dispatcher.__file__)",
                  cwd=tmp_path, env=env)  # fmt: skip
     assert not Path(where.strip()).is_relative_to(ROOT), "imported the checkout, not the wheel"
 
     out = _run(shipped / "dispatcher", "migrate", cwd=tmp_path, env=env)
     assert "0001_outbox" in out
-    insert_rows(database_url, 25, queue=queue, shards=2)
+    insert_rows(empty_db_url, 25, queue=queue, shards=2)
 
     log = (tmp_path / "procs.log").open("w")
     procs = [
@@ -118,7 +118,7 @@ def test_the_wheel_migrates_dispatches_and_reports(
     try:
 
         def handled() -> bool:
-            with psycopg.connect(database_url) as conn:
+            with psycopg.connect(empty_db_url) as conn:
                 left = conn.execute("SELECT count(*) FROM outbox").fetchone()
             streams = [f"workflow.tasks.{queue}.{n}" for n in range(2)]
             groups = [g for s in streams if redis.exists(s) for g in redis.xinfo_groups(s)]

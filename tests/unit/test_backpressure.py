@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from redis.exceptions import OutOfMemoryError, ResponseError
 
-from dispatcher.outbox.backoff import ClaimedRow, plan_outcomes
 from dispatcher.outbox.backpressure import MemoryMarks, memory_ratio, paused_next
+from dispatcher.outbox.outcomes import ClaimedRow, plan_outcomes
 from dispatcher.stream.protocol import PublishResult
 
 MARKS = MemoryMarks(high=0.85, low=0.75)

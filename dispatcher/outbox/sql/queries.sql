@@ -8,7 +8,7 @@ INSERT INTO outbox (id, task_id, stream, payload, type, status, next_attempt_at,
 VALUES (%(id)s, %(task_id)s, %(stream)s, %(payload)s, %(type)s, 'PENDING', %(not_before)s,
         %(max_retries)s, %(backoff_seconds)s);
 
--- name: lock_batch
+-- name: claim_batch
 -- Columns in the order of ClaimedRow's fields (the repository builds it positionally).
 -- The claim: due rows locked by the enqueuer's open transaction, which publishes them and
 -- deletes them before it commits. LIMIT sits above the row locking, so at most "limit" rows
@@ -16,7 +16,7 @@ VALUES (%(id)s, %(task_id)s, %(stream)s, %(payload)s, %(type)s, 'PENDING', %(not
 -- UPDATE may be re-run by the planner and claim more than n). Rows scheduled for a time that
 -- has come go first (they have waited longest), then rows due at once by age; each part walks
 -- its own partial index from the first due row, so rows not yet due are never read.
--- Suspects are left to lock_probe.
+-- Suspects are left to claim_probe.
 WITH scheduled AS (
     SELECT id, stream, payload::text AS payload, attempt_count, max_retries, backoff_seconds,
            extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds,
@@ -41,8 +41,8 @@ SELECT * FROM scheduled
 UNION ALL
 SELECT * FROM fresh;
 
--- name: lock_probe
--- One due suspect alone (same columns as lock_batch): if it kills this enqueuer too, the
+-- name: claim_probe
+-- One due suspect alone (same columns as claim_batch): if it kills this enqueuer too, the
 -- journal shows a batch of one and recovery knows whom to charge.
 SELECT id, stream, payload::text AS payload, attempt_count, max_retries, backoff_seconds,
        extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds, task_id
@@ -203,7 +203,7 @@ SELECT id, task_id, stream, payload, type, 'PENDING', 0, max_retries, backoff_se
   FROM picked
 ON CONFLICT (id) DO UPDATE
    SET status = 'PENDING', attempt_count = 0, next_attempt_at = NULL, last_error = NULL,
-       suspect = false, claim_token = NULL, claimed_at = NULL, created_at = now(), updated_at = now()
+       suspect = false, created_at = now(), updated_at = now()
 RETURNING id;
 
 -- name: take_idle_flag
