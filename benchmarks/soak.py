@@ -157,7 +157,7 @@ def _sample(v: Variant, minute: float, committed: int) -> Sample:
         assert row is not None
         conn.execute("BEGIN")
         plan = conn.execute(
-            b"EXPLAIN (ANALYZE, FORMAT JSON) " + QUERIES["lock_batch"].encode(), {"limit": 100}
+            b"EXPLAIN (ANALYZE, FORMAT JSON) " + QUERIES["claim_batch"].encode(), {"limit": 100}
         ).fetchone()
         conn.execute("ROLLBACK")
     claim_ms = float(plan[0][0]["Execution Time"]) if plan else float("nan")

@@ -1,6 +1,6 @@
-"""The transactional outbox: schema, ``enqueue_dispatch`` and the enqueuer."""
+"""The outbox: its schema, the application's API (``enqueue_dispatch``) and the enqueuer."""
 
-from dispatcher.outbox.enqueue import enqueue_dispatch, enqueue_dispatch_async
+from dispatcher.outbox.app_api import enqueue_dispatch, enqueue_dispatch_async
 from dispatcher.outbox.enqueuer import OutboxEnqueuer
 from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.listener import NOTIFY_CHANNEL, OutboxListener

@@ -1,63 +1,19 @@
-"""What happens to a claimed row after its publish: pure decisions, no I/O.
+"""How long a row waits before its next publish attempt: pure, no I/O.
 
 ``retry_delay`` is exponential backoff with full jitter and a floor of the
 base delay, so enqueuers recovering from a Redis outage spread their retries
-instead of hammering it at the same instant. ``plan_outcomes`` sorts a batch
-into rows to delete, to retry, to dead-letter and to hold back (Redis is full).
+instead of hammering it at the same instant. What to do with each row of a
+batch is decided in ``outcomes``.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-from redis.exceptions import OutOfMemoryError
-
-from dispatcher.stream.protocol import PublishResult
-
-__all__ = [
-    "ClaimedRow",
-    "Outcomes",
-    "Retry",
-    "is_out_of_memory",
-    "plan_outcomes",
-    "retry_delay",
-]
+__all__ = ["retry_delay"]
 
 DEFAULT_BACKOFF_SECONDS = 5
-DEFAULT_MAX_RETRIES = 5
 MAX_DELAY_SECONDS = 3600.0
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimedRow:
-    id: str
-    stream: str
-    payload: str | None
-    attempt_count: int
-    max_retries: int
-    backoff_seconds: int
-    age_seconds: float
-    task_id: str | None = None  # picks the shard when published
-
-
-@dataclass(frozen=True, slots=True)
-class Retry:
-    id: str
-    attempt: int
-    delay: float
-    error: str
-
-
-@dataclass(frozen=True, slots=True)
-class Outcomes:
-    sent: list[str] = field(default_factory=list)
-    retry: list[Retry] = field(default_factory=list)
-    dead: list[Retry] = field(default_factory=list)
-    # Refused because Redis is full: left as they were (no attempt counted) for when it
-    # has room again; an OOM says nothing about the row.
-    held: list[str] = field(default_factory=list)
 
 
 def retry_delay(base_seconds: int, attempt: int, rng: random.Random | None = None) -> float:
@@ -65,41 +21,3 @@ def retry_delay(base_seconds: int, attempt: int, rng: random.Random | None = Non
     base = base_seconds if base_seconds > 0 else DEFAULT_BACKOFF_SECONDS
     exp = base * 2.0 ** max(attempt - 1, 0)
     return min(base + (rng or random).random() * exp, MAX_DELAY_SECONDS)
-
-
-def plan_outcomes(
-    rows: Sequence[ClaimedRow],
-    results: Sequence[PublishResult],
-    rng: random.Random | None = None,
-) -> Outcomes:
-    """Sort published rows into sent / retry / dead by their publish results."""
-    out = Outcomes()
-    for row, result in zip(rows, results, strict=True):
-        if result.ok:
-            out.sent.append(row.id)
-            continue
-        if is_out_of_memory(result.error):
-            out.held.append(row.id)
-            continue
-        attempt = row.attempt_count + 1
-        limit = row.max_retries if row.max_retries > 0 else DEFAULT_MAX_RETRIES
-        error = _describe(result.error)
-        if attempt > limit:
-            out.dead.append(Retry(row.id, attempt, 0.0, error))
-        else:
-            out.retry.append(
-                Retry(row.id, attempt, retry_delay(row.backoff_seconds, attempt, rng), error)
-            )
-    return out
-
-
-def is_out_of_memory(error: BaseException | None) -> bool:
-    """Redis refused a write because it reached ``maxmemory`` (``OOM command not allowed``)."""
-    return isinstance(error, OutOfMemoryError) or str(error).startswith("OOM ")
-
-
-def _describe(error: BaseException | None) -> str:
-    if error is None:
-        return "publish returned no entry id"
-    text = str(error).strip() or type(error).__name__
-    return f"{type(error).__name__}: {text}"[:1000]

@@ -12,15 +12,10 @@ another enqueuer holds it, notifications are that one's and this one stands by.
 Above a high mark of Redis memory (``RedisMemoryGate``) it claims nothing and
 rows wait in the outbox, uncharged, until workers have made room.
 
-A maintenance loop reads the journal of batches that never settled (an
-enqueuer crashed, hung or lost PostgreSQL mid-batch). Such a batch is not a
-verdict on all its rows: they come back as suspects, uncharged, and this
-scheduler claims each alone (a probe) while no other batch of this process
-runs, so a crash during a probe can only be that row's doing. A probe that
-never settles counts an attempt for its row: the row that kills every
-enqueuer that takes it reaches the DLQ after its retries, and its batch-mates
-are published without an attempt charged to them. It also vacuums the outbox
-when nothing else has (``OutboxVacuum``).
+A maintenance loop reads the journal of batches that never settled
+(``maintenance``), plans the probes of their rows (``SuspectProbes``), which
+this scheduler runs with every slot held, and vacuums the outbox when nothing
+else has (``OutboxVacuum``).
 """
 
 from __future__ import annotations
@@ -39,19 +34,17 @@ from dispatcher.outbox.inflight import InFlight
 from dispatcher.outbox.listener import OutboxListener
 from dispatcher.outbox.notified import NotifiedRows
 from dispatcher.outbox.pipeline import BatchPipeline
+from dispatcher.outbox.probes import SuspectProbes
 from dispatcher.outbox.repository import OutboxRepository
 from dispatcher.outbox.vacuum import OutboxVacuum
 from dispatcher.stream.publisher import RedisStreamPublisher
-from dispatcher.stream.shards import LiveShardCount
+from dispatcher.stream.shard_count import LiveShardCount
 
 __all__ = ["EnqueuerConfig", "OutboxEnqueuer"]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG = EnqueuerConfig()
-
-# Suspects probed in one turn before other batches get the slots back.
-PROBES_PER_TURN = 10
 
 
 class OutboxEnqueuer:
@@ -87,6 +80,12 @@ class OutboxEnqueuer:
             memory=self.memory,
             inflight=inflight,
         )
+        self.probes = SuspectProbes(
+            repository=repository,
+            pipeline=self.pipeline,
+            wake=self.wake,
+            retry_after=config.poll_interval,
+        )
         conninfo, kwargs = repository.session_settings()
         self.idle_flag = IdleFlag(
             conninfo=conninfo, connect_kwargs=kwargs, policy=config.idle_policy()
@@ -105,7 +104,6 @@ class OutboxEnqueuer:
         self._kick = asyncio.Event()
         self._stopping = False
         self._backlog = False
-        self._next_probe: float | None = None  # when suspects are due (monotonic), if any
         self._heartbeat = time.monotonic()
         self._helpers: set[asyncio.Task[None]] = set()
         self.listener = (
@@ -187,8 +185,10 @@ class OutboxEnqueuer:
             if not await self.memory.allows():
                 await self._hold_off()
                 continue
-            if self._next_probe is not None and time.monotonic() >= self._next_probe:
-                await self._probe_alone(slots)
+            if self.probes.due():
+                await self.probes.run_alone(
+                    slots, concurrency=self.config.concurrency, stopping=lambda: self._stopping
+                )
                 continue
             await slots.acquire()
             if self._stopping:
@@ -255,38 +255,6 @@ class OutboxEnqueuer:
         else:
             asyncio.get_running_loop().call_later(delay, self.wake)
 
-    async def _probe_alone(self, slots: asyncio.Semaphore) -> None:
-        """Claim due suspects one at a time, with every slot held: nothing else runs beside."""
-        for _ in range(self.config.concurrency):
-            await slots.acquire()
-        failed = False
-        try:
-            for _ in range(PROBES_PER_TURN):
-                if self._stopping or not await self.pipeline.run(probe=True):
-                    break
-        except Exception:
-            log.exception("probing a suspect row failed; recovery counts its attempt")
-            failed = True
-        finally:
-            for _ in range(self.config.concurrency):
-                slots.release()
-        await self._plan_probes(not_before=self.config.poll_interval if failed else 0.0)
-        self.wake()
-
-    async def _plan_probes(self, *, not_before: float = 0.0) -> None:
-        """Schedule the next probe turn for when the first suspect is due."""
-        try:
-            due_in = await self._repo.suspects_due_in()
-        except Exception as exc:
-            log.warning("could not look for suspect rows: %s", exc)
-            due_in = self.config.poll_interval
-        if due_in is None:
-            self._next_probe = None
-            return
-        delay = max(due_in, not_before, 0.0)
-        self._next_probe = time.monotonic() + delay
-        asyncio.get_running_loop().call_later(delay, self.wake)
-
     def _can_listen(self) -> bool:
         return bool(self.listener and self.listener.connected and not self._stopping)
 
@@ -325,7 +293,7 @@ class OutboxEnqueuer:
         if not await self.idle_flag.check() and self._can_listen():
             self.wake()  # the flag died with its session: an empty claim takes it again
         found = await maintenance.recover(self._repo)
-        await self._plan_probes()
+        await self.probes.plan()
         vacuumed = await self._vacuum.run_once()
         await maintenance.refresh_depth(self._repo)
         return {

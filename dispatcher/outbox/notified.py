@@ -32,15 +32,15 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dispatcher.outbox import metrics
-from dispatcher.outbox.backoff import ClaimedRow, is_out_of_memory
 from dispatcher.outbox.backpressure import RedisMemoryGate
 from dispatcher.outbox.idle_flag import IdleFlag
 from dispatcher.outbox.inflight import InFlight
+from dispatcher.outbox.outcomes import ClaimedRow, is_out_of_memory
 from dispatcher.outbox.pipeline import BatchSettings, encode_rows, publish_entries
 from dispatcher.outbox.repository import OutboxRepository
-from dispatcher.stream.protocol import PublishResult
+from dispatcher.stream.entries import PublishResult
 from dispatcher.stream.publisher import RedisStreamPublisher
-from dispatcher.stream.shards import InvalidShardCount, LiveShardCount
+from dispatcher.stream.shard_count import InvalidShardCount, LiveShardCount
 
 __all__ = ["NotifiedRows", "parse_notification"]
 

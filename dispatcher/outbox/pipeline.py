@@ -26,14 +26,14 @@ from redis.exceptions import RedisError
 
 from dispatcher.models import payload_fields
 from dispatcher.outbox import metrics
-from dispatcher.outbox.backoff import ClaimedRow, Outcomes, plan_outcomes
 from dispatcher.outbox.backpressure import RedisMemoryGate
 from dispatcher.outbox.inflight import InFlight
+from dispatcher.outbox.outcomes import ClaimedRow, Outcomes, plan_outcomes
 from dispatcher.outbox.repository import OutboxRepository
+from dispatcher.stream.entries import PublishResult
 from dispatcher.stream.naming import route_stream
-from dispatcher.stream.protocol import PublishResult
 from dispatcher.stream.publisher import RedisStreamPublisher
-from dispatcher.stream.shards import InvalidShardCount, LiveShardCount
+from dispatcher.stream.shard_count import InvalidShardCount, LiveShardCount
 from dispatcher.tracing import child_span
 
 __all__ = [
@@ -103,7 +103,7 @@ class BatchPipeline:
         Rows due less than ``min_age`` seconds ago are left for another enqueuer.
         """
         s = self.settings
-        claim = self._repo.lock_batch
+        claim = self._repo.claim_batch
         async with claim(s.batch_size, hold_for=s.hold_for, probe=probe, min_age=min_age) as batch:
             if not batch.rows:
                 return 0

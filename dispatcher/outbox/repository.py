@@ -1,7 +1,7 @@
 """All database I/O of the enqueuer, through one narrow async interface.
 
 A batch is one transaction on a pooled connection: its row locks are the
-claim, and its commit deletes the published rows (``lock_batch``). Every
+claim, and its commit deletes the published rows (``claim_batch``). Every
 other statement runs autocommitted as one short transaction.
 """
 
@@ -21,14 +21,14 @@ from psycopg import AsyncClientCursor, AsyncConnection
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher.outbox.backoff import ClaimedRow, Retry
 from dispatcher.outbox.idle_flag import IDLE_FLAG_KEY
+from dispatcher.outbox.outcomes import ClaimedRow, Retry
 from dispatcher.outbox.queries import QUERIES
 
 __all__ = [
     "IDLE_FLAG_KEY",
     "STATUSES",
-    "LockedBatch",
+    "ClaimedBatch",
     "OutboxRepository",
     "Recovery",
     "StatusCounts",
@@ -87,10 +87,10 @@ class StatusCounts:
     in_flight: int
 
 
-class LockedBatch:
+class ClaimedBatch:
     """Due rows locked by an open transaction: the claim of one batch.
 
-    Made by ``OutboxRepository.lock_batch``. ``settle`` deletes, reschedules
+    Made by ``OutboxRepository.claim_batch``. ``settle`` deletes, reschedules
     and dead-letters in that transaction and commits it, in one round trip.
     If the batch is abandoned (an exception, a cancellation, a crash) the
     transaction rolls back and the rows are due again, untouched.
@@ -186,14 +186,14 @@ class OutboxRepository:
             return await cur.fetchall() if cur.description else []
 
     @contextlib.asynccontextmanager
-    async def lock_batch(
+    async def claim_batch(
         self, limit: int, *, hold_for: float, probe: bool = False, min_age: float = 0.0
-    ) -> AsyncIterator[LockedBatch]:
-        """Lock up to ``limit`` due rows for the body of the ``async with``.
+    ) -> AsyncIterator[ClaimedBatch]:
+        """Claim up to ``limit`` due rows (lock them) for the body of the ``async with``.
 
         Rows due less than ``min_age`` seconds ago are left out.
 
-        With ``probe``, lock one due suspect alone (``limit`` is ignored) and
+        With ``probe``, claim one due suspect alone (``limit`` is ignored) and
         journal the batch as a probe: if it never settles, its row alone is
         charged the attempt.
 
@@ -218,7 +218,7 @@ class OutboxRepository:
 
     async def _begin(
         self, conn: AsyncConnection[Any], limit: int, hold_for: float, probe: bool, min_age: float
-    ) -> LockedBatch:
+    ) -> ClaimedBatch:
         # One simple-protocol round trip (client-side binding of two numbers). Not a pipeline:
         # the Flush psycopg sends after a pipeline's Sync disarms the server's
         # idle-in-transaction timer, which is the whole point of hold_for.
@@ -231,7 +231,7 @@ class OutboxRepository:
         rows = [ClaimedRow(*r) for r in await cur.fetchall()]
         cur.nextset()
         xact = await cur.fetchone()
-        batch = LockedBatch(conn, uuid.uuid4(), rows)
+        batch = ClaimedBatch(conn, uuid.uuid4(), rows)
         if rows:
             if xact is None or xact[0] is None:  # locking a row always assigns one
                 raise RuntimeError("a batch locked rows but has no transaction id")
@@ -315,5 +315,5 @@ def _begin(claim: str) -> str:
     )
 
 
-_BEGIN = _begin("lock_batch")
-_BEGIN_PROBE = _begin("lock_probe")
+_BEGIN = _begin("claim_batch")
+_BEGIN_PROBE = _begin("claim_probe")

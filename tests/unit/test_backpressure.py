@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from redis.exceptions import OutOfMemoryError, ResponseError
 
-from dispatcher.outbox.backoff import ClaimedRow, plan_outcomes
 from dispatcher.outbox.backpressure import MemoryMarks, memory_ratio, paused_next
-from dispatcher.stream.protocol import PublishResult
+from dispatcher.outbox.outcomes import ClaimedRow, plan_outcomes
+from dispatcher.stream.entries import PublishResult
 
 MARKS = MemoryMarks(high=0.85, low=0.75)
 

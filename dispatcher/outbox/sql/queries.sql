@@ -8,15 +8,15 @@ INSERT INTO outbox (id, task_id, stream, payload, type, status, next_attempt_at,
 VALUES (%(id)s, %(task_id)s, %(stream)s, %(payload)s, %(type)s, 'PENDING', %(not_before)s,
         %(max_retries)s, %(backoff_seconds)s);
 
--- name: lock_batch
+-- name: claim_batch
 -- Columns in the order of ClaimedRow's fields (the repository builds it positionally).
 -- The claim: due rows locked by the enqueuer's open transaction, which publishes them and
 -- deletes them before it commits. LIMIT sits above the row locking, so at most "limit" rows
--- are locked (the spec page's "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" under an
+-- are locked (an "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" under an
 -- UPDATE may be re-run by the planner and claim more than n). Rows scheduled for a time that
 -- has come go first (they have waited longest), then rows due at once by age; each part walks
 -- its own partial index from the first due row, so rows not yet due are never read.
--- Suspects are left to lock_probe. Rows due less than "min_age" seconds ago are left too: an
+-- Suspects are left to claim_probe. Rows due less than "min_age" seconds ago are left too: an
 -- enqueuer standing by while another holds the idle flag leaves it the rows it publishes from
 -- their notifications (0 otherwise).
 WITH scheduled AS (
@@ -44,8 +44,8 @@ SELECT * FROM scheduled
 UNION ALL
 SELECT * FROM fresh;
 
--- name: lock_probe
--- One due suspect alone (same columns as lock_batch): if it kills this enqueuer too, the
+-- name: claim_probe
+-- One due suspect alone (same columns as claim_batch): if it kills this enqueuer too, the
 -- journal shows a batch of one and recovery knows whom to charge.
 SELECT id, stream, payload::text AS payload, attempt_count, max_retries, backoff_seconds,
        extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds, task_id
@@ -211,7 +211,7 @@ SELECT id, task_id, stream, payload, type, 'PENDING', 0, max_retries, backoff_se
   FROM picked
 ON CONFLICT (id) DO UPDATE
    SET status = 'PENDING', attempt_count = 0, next_attempt_at = NULL, last_error = NULL,
-       suspect = false, claim_token = NULL, claimed_at = NULL, created_at = now(), updated_at = now()
+       suspect = false, created_at = now(), updated_at = now()
 RETURNING id;
 
 -- name: take_idle_flag

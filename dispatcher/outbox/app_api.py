@@ -1,4 +1,9 @@
-"""``enqueue_dispatch``: write a task's dispatch into the outbox, in the caller's transaction.
+"""The application's API: ``enqueue_dispatch`` writes a task's dispatch into the outbox.
+
+This is the one part of the library an application calls from its own code
+(re-exported as ``from dispatcher import enqueue_dispatch``), hence the name;
+the rest of ``dispatcher.outbox`` is the schema and the enqueuer, which reads
+what this writes.
 
 One INSERT on the connection or cursor the application already holds; this
 never commits or rolls back, so the dispatch exists exactly when the
