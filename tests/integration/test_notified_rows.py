@@ -50,18 +50,18 @@ def notified() -> float:
 
 
 def commit_row(
-    db_url: str, row_id: str, *, queue: str, payload: str | None, later: float = 0.0
+    outbox_db_url: str, row_id: str, *, queue: str, payload: str | None, later: float = 0.0
 ) -> None:
     """One row in its own transaction; ``later`` seconds ahead makes it due later."""
-    with psycopg.connect(db_url, autocommit=True) as conn:
+    with psycopg.connect(outbox_db_url, autocommit=True) as conn:
         conn.execute(INSERT, _params(row_id, queue, payload, later))
 
 
 async def commit_rows(
-    db_url: str, ids: list[str], *, queue: str, payload: str | None, gap: float
+    outbox_db_url: str, ids: list[str], *, queue: str, payload: str | None, gap: float
 ) -> None:
     """One transaction per row, ``gap`` seconds apart, without blocking the event loop."""
-    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(outbox_db_url, autocommit=True) as conn:
         for row_id in ids:
             await conn.execute(INSERT, _params(row_id, queue, payload, 0.0))
             await asyncio.sleep(gap)
@@ -93,17 +93,17 @@ async def count(client: RedisClient, queue: str, n: int) -> bool:
 
 
 async def test_rows_committed_while_idle_arrive_once_with_the_claim_paths_fields(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
     ids = [f"n{i}" for i in range(len(PAYLOADS))]
-    enqueuer = make_enqueuer(pool, redis_standalone, listen=db_url, poll_interval=30)
+    enqueuer = make_enqueuer(pool, redis_standalone, listen=outbox_db_url, poll_interval=30)
     before = notified()
     async with running(enqueuer):
         await idle(enqueuer)
         for n, (row_id, payload) in enumerate(zip(ids, PAYLOADS, strict=True), 1):
-            await commit_rows(db_url, [row_id], queue=queue, payload=payload, gap=0)
+            await commit_rows(outbox_db_url, [row_id], queue=queue, payload=payload, gap=0)
             await eventually(lambda n=n: count(redis_standalone, queue, n))
-        await eventually(lambda: _is(outbox_status(db_url) == {}))
+        await eventually(lambda: _is(outbox_status(outbox_db_url) == {}))
     assert notified() - before == len(ids), "published from their notifications"
     fast = await entries(redis_standalone, queue)
     assert sorted(fast) == sorted(ids)
@@ -113,42 +113,42 @@ async def test_rows_committed_while_idle_arrive_once_with_the_claim_paths_fields
     for stream in queue_streams([queue], 4):
         await redis_standalone.delete(stream)
     for row_id, payload in zip(ids, PAYLOADS, strict=True):
-        commit_row(db_url, row_id, queue=queue, payload=payload)
+        commit_row(outbox_db_url, row_id, queue=queue, payload=payload)
     claimer = make_enqueuer(pool, redis_standalone)
     assert await claimer.process_batch() == len(ids)
     assert await entries(redis_standalone, queue) == fast
 
 
 async def test_a_burst_while_idle_arrives_exactly_once(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
     """Many rows at once: the notifications and the claims that follow share them out."""
-    enqueuer = make_enqueuer(pool, redis_standalone, listen=db_url, poll_interval=30)
+    enqueuer = make_enqueuer(pool, redis_standalone, listen=outbox_db_url, poll_interval=30)
     async with running(enqueuer):
         await idle(enqueuer)
-        ids = insert_rows(db_url, 1500, queue=queue, prefix="burst-")
+        ids = insert_rows(outbox_db_url, 1500, queue=queue, prefix="burst-")
         ids += [f"one-{i}" for i in range(20)]
-        await commit_rows(db_url, ids[1500:], queue=queue, payload=PAYLOADS[0], gap=0.002)
-        await eventually(lambda: _is(outbox_status(db_url) == {}), within=60)
+        await commit_rows(outbox_db_url, ids[1500:], queue=queue, payload=PAYLOADS[0], gap=0.002)
+        await eventually(lambda: _is(outbox_status(outbox_db_url) == {}), within=60)
     got = await entries(redis_standalone, queue)
     assert sorted(got) == sorted(ids)
     assert [i for i, copies in got.items() if len(copies) > 1] == [], "duplicates"
 
 
 async def test_a_row_due_later_is_not_published_early(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
-    enqueuer = make_enqueuer(pool, redis_standalone, listen=db_url, poll_interval=30)
+    enqueuer = make_enqueuer(pool, redis_standalone, listen=outbox_db_url, poll_interval=30)
     async with running(enqueuer):
         await idle(enqueuer)
-        commit_row(db_url, "later", queue=queue, payload=PAYLOADS[0], later=3600)
+        commit_row(outbox_db_url, "later", queue=queue, payload=PAYLOADS[0], later=3600)
         # Notifications arrive in commit order: once this one is out, the first was handled.
-        commit_row(db_url, "now", queue=queue, payload=PAYLOADS[0])
+        commit_row(outbox_db_url, "now", queue=queue, payload=PAYLOADS[0])
         await eventually(lambda: count(redis_standalone, queue, 1))
-        await eventually(lambda: _is(outbox_status(db_url) == {"PENDING": 1}))
+        await eventually(lambda: _is(outbox_status(outbox_db_url) == {"PENDING": 1}))
         assert sorted(await entries(redis_standalone, queue)) == ["now"]
 
-        with psycopg.connect(db_url, autocommit=True) as conn:
+        with psycopg.connect(outbox_db_url, autocommit=True) as conn:
             conn.execute("UPDATE outbox SET next_attempt_at = now() WHERE id = 'later'")
         enqueuer.wake()
         await eventually(lambda: count(redis_standalone, queue, 2))
@@ -156,64 +156,68 @@ async def test_a_row_due_later_is_not_published_early(
 
 
 async def test_a_row_too_big_for_a_notification_still_arrives(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
     big = json.dumps({"task_id": "big", "input": "x" * 9000})
-    enqueuer = make_enqueuer(pool, redis_standalone, listen=db_url, poll_interval=30)
+    enqueuer = make_enqueuer(pool, redis_standalone, listen=outbox_db_url, poll_interval=30)
     before = notified()
     async with running(enqueuer):
         await idle(enqueuer)
-        commit_row(db_url, "big", queue=queue, payload=big)
+        commit_row(outbox_db_url, "big", queue=queue, payload=big)
         await eventually(lambda: count(redis_standalone, queue, 1))
     assert notified() == before, "it went by the claim"
     ((fields,),) = (await entries(redis_standalone, queue)).values()
     assert dict(fields)["input"] == "x" * 9000
-    assert outbox_status(db_url) == {}
+    assert outbox_status(outbox_db_url) == {}
 
 
 async def test_redis_down_leaves_notified_rows_untouched_until_it_returns(
     audited: str, pool: AsyncConnectionPool[Any], redis_process: RedisProcess, queue: str
 ) -> None:
-    db_url = audited
+    outbox_db_url = audited
     client = connect_redis(redis_process.url, socket_timeout=1)
-    enqueuer = make_enqueuer(pool, client, listen=db_url, poll_interval=30, publish_timeout=2)
+    enqueuer = make_enqueuer(
+        pool, client, listen=outbox_db_url, poll_interval=30, publish_timeout=2
+    )
     try:
         async with running(enqueuer):
             await idle(enqueuer)
             redis_process.stop()
             ids = [f"down-{i}" for i in range(3)]
-            await commit_rows(db_url, ids, queue=queue, payload=PAYLOADS[0], gap=0)
+            await commit_rows(outbox_db_url, ids, queue=queue, payload=PAYLOADS[0], gap=0)
             await eventually(lambda: _is(enqueuer.notified.failed_batches > 0))
-            assert outbox_status(db_url) == {"PENDING": 3}
+            assert outbox_status(outbox_db_url) == {"PENDING": 3}
             redis_process.start()
             await eventually(lambda: count(client, queue, 3), within=30)
-            await eventually(lambda: _is(outbox_status(db_url) == {}))
+            await eventually(lambda: _is(outbox_status(outbox_db_url) == {}))
         assert sorted(await entries(client, queue)) == ids
-        assert charged(db_url) == set(), "Redis being down is not the rows' fault"
+        assert charged(outbox_db_url) == set(), "Redis being down is not the rows' fault"
     finally:
         await client.aclose()
 
 
 async def test_two_enqueuers_at_idle_lose_nothing(
-    db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
 ) -> None:
     pools = [
-        AsyncConnectionPool(db_url, min_size=1, max_size=6, kwargs={"autocommit": True}, open=False)
+        AsyncConnectionPool(
+            outbox_db_url, min_size=1, max_size=6, kwargs={"autocommit": True}, open=False
+        )
         for _ in range(2)
     ]
     clients = [connect_redis(redis_url) for _ in range(2)]
     for p in pools:
         await p.open(wait=True)
     enqueuers = [
-        make_enqueuer(p, c, listen=db_url, poll_interval=0.2)
+        make_enqueuer(p, c, listen=outbox_db_url, poll_interval=0.2)
         for p, c in zip(pools, clients, strict=True)
     ]
     ids = [f"two-{uuid.uuid4().hex[:6]}-{i}" for i in range(200)]
     try:
         async with running(enqueuers[0]), running(enqueuers[1]):
             await eventually(lambda: _is(any(e.idle_announced for e in enqueuers)))
-            await commit_rows(db_url, ids, queue=queue, payload=PAYLOADS[0], gap=0.005)
-            await eventually(lambda: _is(outbox_status(db_url) == {}), within=60)
+            await commit_rows(outbox_db_url, ids, queue=queue, payload=PAYLOADS[0], gap=0.005)
+            await eventually(lambda: _is(outbox_status(outbox_db_url) == {}), within=60)
         got = await entries(redis_standalone, queue)
         assert sorted(got) == sorted(ids), "every row at least once"
         duplicates = sum(len(copies) - 1 for copies in got.values())

@@ -61,3 +61,16 @@ def test_a_blocked_flag_keeps_claims_short_until_nothing_is_found_for_long() -> 
     claim(decider, 6.2)
     assert claim(decider, 6.3) == Step(take=True)
     assert decider.on_take(taken=False, ended=6.3) == POLICY.blocked_claim_every
+
+
+def test_while_another_enqueuer_holds_the_flag_this_one_claims_once_a_poll() -> None:
+    decider = IdleDecider(POLICY, now=0.0)
+    assert claim(decider, 1.0) == Step(delay=POLICY.idle_confirm_after)
+    assert claim(decider, 1.01) == Step(take=True)
+    assert decider.on_take(taken=False, ended=1.011, elsewhere=True) == POLICY.max_delay
+    # Standing by: whatever a claim finds, the flag is tried again and the next claim waits.
+    assert claim(decider, 2.0, count=1, elsewhere=True) == Step(take=True)
+    assert claim(decider, 3.0, elsewhere=True) == Step(take=True)
+    assert decider.on_take(taken=False, ended=3.001, elsewhere=True) == POLICY.max_delay
+    # A full batch is a backlog: every enqueuer drains it.
+    assert claim(decider, 4.0, count=100, full=True, elsewhere=True) == Step(delay=0.0)
