@@ -164,9 +164,8 @@ class NotifiedRows:
         started = time.monotonic()
         with contextlib.ExitStack() as spans:
             try:
-                shards = await asyncio.wait_for(
-                    self._shards.current(), self._settings.publish_timeout
-                )
+                async with asyncio.timeout(self._settings.publish_timeout):
+                    shards = await self._shards.current()
             except (TimeoutError, RedisError, OSError, InvalidShardCount) as exc:
                 self._failed(rows, [PublishResult(stream=r.stream, error=exc) for r in rows])
                 return

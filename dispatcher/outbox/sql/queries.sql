@@ -199,8 +199,9 @@ SELECT id, task_id, stream, attempts, moved_at, last_error
 SELECT id FROM outbox_dlq WHERE %(all)s OR id = ANY(%(ids)s) ORDER BY id;
 
 -- name: dlq_replay
--- Back to PENDING with attempts reset, in one statement (one transaction). The INSERT fires
--- outbox_notify, so enqueuers wake at once; a row still in outbox (status DLQ) is reset.
+-- Back to PENDING with attempts reset, in one statement (one transaction). Each row inserted
+-- fires outbox_notify (an idle enqueuer publishes it at once); a row still in outbox (status
+-- DLQ) is reset in place, which fires no INSERT trigger: the next claim or poll takes it.
 WITH picked AS (
     DELETE FROM outbox_dlq WHERE %(all)s OR id = ANY(%(ids)s) RETURNING *
 )
