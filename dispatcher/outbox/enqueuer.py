@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -172,7 +173,9 @@ class OutboxEnqueuer:
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
-            await self.notified.aclose()  # its deletes need the pool
+            with contextlib.suppress(TimeoutError):  # its deletes need the pool
+                async with asyncio.timeout(self.config.shutdown_timeout):
+                    await self.notified.aclose()
             await asyncio.gather(*self._helpers, return_exceptions=True)
             await self.idle_flag.aclose()
             await self._repo.aclose()
@@ -296,10 +299,4 @@ class OutboxEnqueuer:
         await self.probes.plan()
         vacuumed = await self._vacuum.run_once()
         await maintenance.refresh_depth(self._repo)
-        return {
-            "retried": found.retried,
-            "dead": found.dead,
-            "suspects": found.suspects,
-            "foreign": found.foreign,
-            "vacuumed": vacuumed,
-        }
+        return {**dataclasses.asdict(found), "vacuumed": vacuumed}

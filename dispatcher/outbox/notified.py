@@ -21,6 +21,7 @@ published again: a duplicate the workers suppress by its dedup key.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -125,15 +126,21 @@ class NotifiedRows:
         self._start("publish", self._publish_queued)
 
     async def aclose(self) -> None:
-        """Finish what is on its way (publishes, then deletes); stop watching Redis."""
-        watcher = self._tasks.pop("watch", None)
+        """Finish what is on its way (publishes, then deletes); cancelled, drop the rest.
+
+        Rows published but not deleted then stay in the outbox and go out again.
+        """
+        watcher = self._tasks.get("watch")
         if watcher is not None:
             watcher.cancel()
-        for name in ("publish", "delete"):
-            task = self._tasks.get(name)
-            if task is not None:
-                with contextlib.suppress(Exception):
-                    await task
+        try:
+            for name in ("publish", "delete"):
+                task = self._tasks.get(name)
+                if task is not None:
+                    await asyncio.wait({task})
+        finally:
+            for task in list(self._tasks.values()):
+                task.cancel()
 
     def _start(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
         if name not in self._tasks:
@@ -178,6 +185,10 @@ class NotifiedRows:
             self._failed(rows, results)
         if ok:
             metrics.NOTIFIED_ROWS.inc(len(ok))
+            out = set(ok)
+            streams = (r.stream for r in rows if r.id in out)
+            for queue, n in collections.Counter(map(metrics.queue_label, streams)).items():
+                metrics.PROCESSED.labels(queue).inc(n)
             self._to_delete.update(ok)
             self._start("delete", self._delete_published)
         self._published(len(rows), started)

@@ -196,6 +196,25 @@ async def test_redis_down_leaves_notified_rows_untouched_until_it_returns(
         await client.aclose()
 
 
+async def test_with_wait_replicas_a_row_too_few_replicas_have_is_not_deleted(
+    audited: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+) -> None:
+    """No replica acknowledges (this Redis has none): WAIT fails, so the row stays, and the
+    claim path, not this one, counts the attempt."""
+    outbox_db_url = audited
+    enqueuer = make_enqueuer(
+        pool, redis_standalone, listen=outbox_db_url, poll_interval=30, wait_replicas=1
+    )
+    before = notified()
+    async with running(enqueuer):
+        await idle(enqueuer)
+        await commit_rows(outbox_db_url, ["w"], queue=queue, payload=PAYLOADS[0], gap=0)
+        await eventually(lambda: _is(outbox_status(outbox_db_url) == {"RETRY": 1}), within=30)
+    assert enqueuer.notified.failed_batches == 1, "tried from its notification first"
+    assert notified() == before
+    assert charged(outbox_db_url) == {"w"}
+
+
 async def test_two_enqueuers_at_idle_lose_nothing(
     outbox_db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
 ) -> None:
