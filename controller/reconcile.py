@@ -11,7 +11,7 @@ PodDisruptionBudgets, drain the workers of removed queues, and read the
 Deployments' rollout state. It never raises for anything a user can
 fix: problems come back in ``Pass.problem`` and become conditions.
 
-Live Deployments come from the operator's watch cache (``Cache``), not from
+Live Deployments come from the operator's watch cache (``controller.cache``), not from
 GETs; every write puts the API's answer back into the cache. Jobs and
 PodDisruptionBudgets are few and written rarely: they are read with GETs (a
 Job only while its image is not migrated).
@@ -29,7 +29,8 @@ from typing import Any
 import pydantic
 
 from controller.autoscale import autoscale_queue
-from controller.conditions import SHARDS_DRAINING, OutboxDispatcherStatus, Reason, Rollout, rollout
+from controller.cache import Cache
+from controller.conditions import SHARDS_DRAINING, OutboxDispatcherStatus, Reason, rollout
 from controller.k8s import APIConflictError, APIError, KubeApi, SecretMissing, contains
 from controller.migration import MigrationState, migration_state
 from controller.model import MAX_NAME, OutboxDispatcherSpec, SecretRef
@@ -48,17 +49,15 @@ from controller.render import (
     migration_job_name,
     worker_name,
 )
+from controller.report import Failure, Pass
 from controller.shard_policy import ShardDecision, decide_shards, draining_shards
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.discovery import existing_shards
 from dispatcher.stream.shard_count import publish_shard_count
 
 __all__ = [
-    "Cache",
     "Context",
-    "Failure",
     "NotYetKnown",
-    "Pass",
     "parse_spec",
     "parse_status",
     "reconcile_once",
@@ -68,69 +67,8 @@ log = logging.getLogger("controller")
 Key = tuple[str, str]
 
 
-class Failure(Exception):
-    """A problem a user can fix, with the condition reason it is reported under."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-
-
 class NotYetKnown(Exception):
     """An object exists that the watch cache has not seen yet: try again shortly."""
-
-
-@dataclass
-class Cache:
-    """What the watches saw: owned Deployments by (namespace, name)."""
-
-    deployments: dict[Key, dict[str, Any]] = field(default_factory=dict)
-
-    def put(self, body: Mapping[str, Any]) -> None:
-        """Keep ``body`` unless the cache already holds a newer version of it."""
-        meta = body.get("metadata", {})
-        key = (str(meta.get("namespace")), str(meta.get("name")))
-        held = self.deployments.get(key)
-        if held is None or _version(body) >= _version(held):
-            self.deployments[key] = dict(body)
-
-    def drop(self, body: Mapping[str, Any]) -> None:
-        meta = body.get("metadata", {})
-        self.deployments.pop((str(meta.get("namespace")), str(meta.get("name"))), None)
-
-    def owned(self, owner: Owner, component: str) -> list[dict[str, Any]]:
-        labels = instance_labels(owner, component).items()
-        return [
-            d
-            for (ns, _), d in self.deployments.items()
-            if ns == owner.namespace
-            and controller_uid(d) == owner.uid
-            and labels <= (d.get("metadata", {}).get("labels") or {}).items()
-        ]
-
-
-def _version(body: Mapping[str, Any]) -> int:
-    """resourceVersion as a number where it is one (it orders writes of one object)."""
-    raw = str(body.get("metadata", {}).get("resourceVersion") or "0")
-    return int(raw) if raw.isdigit() else 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class Pass:
-    """What one pass found and did."""
-
-    problem: Failure | None = None
-    decision: ShardDecision | None = None
-    shards: int | None = None
-    queues: list[dict[str, Any]] = field(default_factory=list)
-    rollout: Rollout = field(default_factory=lambda: Rollout(unavailable=(), rolling=()))
-    draining: dict[str, str] = field(default_factory=dict)  # queue -> what is left
-    events: list[tuple[str, str, bool]] = field(default_factory=list)  # reason, message, warning
-    migration: MigrationState | None = None
-    applied: bool = False  # the Deployments were applied (the pass got that far)
-    measured: bool = False  # Redis answered the backlog measurement
-    scaled: list[str] = field(default_factory=list)  # "up"/"down", one per rescaled queue
 
 
 def parse_spec(spec: Mapping[str, Any], *, name: str) -> OutboxDispatcherSpec:
