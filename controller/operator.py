@@ -33,11 +33,12 @@ import kopf
 from prometheus_client import CollectorRegistry
 
 from controller.cache import Cache
+from controller.effects import NotYetKnown
 from controller.k8s import KubeApi
 from controller.metrics import OperatorMetrics
 from controller.operator_config import OperatorConfig
 from controller.probes import CrdProbe, PostgresProbe
-from controller.reconcile import Context, NotYetKnown, parse_spec, parse_status, reconcile_once
+from controller.reconcile import Context, parse_spec, parse_status, reconcile_once
 from controller.redis_access import RedisPool
 from controller.render import Owner
 from controller.report import Failure, Pass, degraded_events, status_after
