@@ -38,6 +38,7 @@ from dispatcher.stream import (
     parse_shard_count,
     route_stream,
 )
+from dispatcher.stream.naming import WORKER_GROUP
 
 # The spec page's "Step 3" table and indexes, verbatim but for the schema.
 SPEC_SCHEMA = """
@@ -155,7 +156,7 @@ async def spec_cycle(
 
 def per_row_relay(redis_url: str) -> tuple[Publish, Callable[[], Awaitable[None]]]:
     """The spec page's publishRow loop: one awaited XADD per claimed row."""
-    publisher = PerRowPublisher(connect_redis(redis_url), group="workers")
+    publisher = PerRowPublisher(connect_redis(redis_url), group=WORKER_GROUP)
 
     async def publish(claimed: list[tuple[Any, ...]]) -> None:
         for row_id, stream, payload, *_ in claimed:

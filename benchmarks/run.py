@@ -122,7 +122,6 @@ EARLIER: Figures = {
             "enqueuer": partial(eb.drain, variant="pipelined"),
             "spec relay (spec SQL, per-row XADD)": eb.spec_relay,
             "spec SQL-only claim->delete, spec table": partial(eb.sql_only_cycle, schema="spec"),
-            "spec SQL-only claim->delete, our table": partial(eb.sql_only_cycle, schema="ours"),
             "enqueuer, per-row XADD": partial(eb.drain, variant="per-row"),
         },
     ),

@@ -53,8 +53,9 @@ from dispatcher.stream import (
     shard_for,
     task_stream,
 )
+from dispatcher.stream.naming import WORKER_GROUP
 
-GROUP = "workers"
+GROUP = WORKER_GROUP
 RESULT = ROOT / "benchmarks" / "results" / "worker_consume.md"
 SHARDS = 4
 
