@@ -111,20 +111,13 @@ def prefill(
     state: the table as a drain of ``rows`` rows just before left it.
     """
     payload = json.dumps(sized_dispatch("t", queue, size).payload())
+    params = {"stream": stream or f"workflow.tasks.{queue}", "payload": payload, "n": rows}
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("TRUNCATE outbox")
         if not fresh:
-            conn.execute(
-                PREFILL,
-                {"prefix": f"{queue}-old-", "stream": stream or f"workflow.tasks.{queue}",
-                 "payload": payload, "n": rows},
-            )  # fmt: skip
+            conn.execute(PREFILL, params | {"prefix": f"{queue}-old-"})
             conn.execute("DELETE FROM outbox")
-        conn.execute(
-            PREFILL,
-            {"prefix": f"{queue}-", "stream": stream or f"workflow.tasks.{queue}",
-             "payload": payload, "n": rows},
-        )  # fmt: skip
+        conn.execute(PREFILL, params | {"prefix": f"{queue}-"})
         conn.execute("ANALYZE outbox")
 
 
