@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 
-from dispatcher.cli.flags import add_options
+from dispatcher.cli.flags import add_options, option_values
 from dispatcher.cli.main import Common, UsageError
 from dispatcher.config import METRICS_PORT, STREAM_SHARDS, Settings
 from dispatcher.lifecycle import run_until_signalled
@@ -73,7 +73,7 @@ def register_enqueuer(sub: Any, common: Common) -> None:
 
 def _config(args: argparse.Namespace) -> EnqueuerConfig:
     try:
-        return EnqueuerConfig(**{name: getattr(args, name) for name in options(EnqueuerConfig)})
+        return EnqueuerConfig(**option_values(args, EnqueuerConfig))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

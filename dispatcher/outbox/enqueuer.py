@@ -85,13 +85,15 @@ class EnqueuerConfig:
     blocked_claim_every: float = 0.005
     blocked_backoff_after: float = 2.0
     redis_memory_high: float = option(
-        0.85,
+        MemoryMarks().high,
         minimum=0,
         help="share of Redis maxmemory at which claims pause and rows wait in the outbox "
         "(no attempt counted); 0 = never pause",
     )
     redis_memory_low: float = option(
-        0.75, minimum=0, help="share of Redis maxmemory below which paused claims resume"
+        MemoryMarks().low,
+        minimum=0,
+        help="share of Redis maxmemory below which paused claims resume",
     )
     vacuum_threshold: int = option(
         10_000,
