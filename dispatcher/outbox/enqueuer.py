@@ -27,12 +27,15 @@ import logging
 import time
 from typing import Any
 
-from dispatcher.outbox import maintenance, metrics
+from prometheus_client import CollectorRegistry
+
+from dispatcher.outbox import maintenance
 from dispatcher.outbox.backpressure import MemoryMarks, RedisMemoryGate
 from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.idle_flag import IdleFlag
 from dispatcher.outbox.inflight import InFlight
 from dispatcher.outbox.listener import OutboxListener
+from dispatcher.outbox.metrics import EnqueuerMetrics
 from dispatcher.outbox.notified import NotifiedRows
 from dispatcher.outbox.pipeline import BatchPipeline
 from dispatcher.outbox.probes import SuspectProbes
@@ -53,7 +56,9 @@ class OutboxEnqueuer:
 
     ``listen_conninfo`` enables the LISTEN wake-up; without it the enqueuer
     only polls. ``shard_count`` is the count rows are routed by when published
-    (by default read live from the publisher's Redis).
+    (by default read live from the publisher's Redis). Metrics go to
+    ``registry`` (the CLI passes the process-wide one it serves; by default a
+    registry of this enqueuer's own).
     """
 
     def __init__(
@@ -64,12 +69,15 @@ class OutboxEnqueuer:
         config: EnqueuerConfig = DEFAULT_CONFIG,
         listen_conninfo: str | None = None,
         shard_count: LiveShardCount | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.config = config
         self._repo = repository
         self.memory = RedisMemoryGate(
             publisher.client, marks=MemoryMarks(config.redis_memory_high, config.redis_memory_low)
         )
+        self.metrics = EnqueuerMetrics(registry if registry is not None else CollectorRegistry())
+        self.metrics.backpressure.set_function(lambda: 1 if self.memory.paused else 0)
         self._vacuum = OutboxVacuum(repository.pool, threshold=config.vacuum_threshold)
         shard_count = shard_count or LiveShardCount(publisher.client)
         inflight = InFlight()
@@ -80,6 +88,7 @@ class OutboxEnqueuer:
             shard_count=shard_count,
             memory=self.memory,
             inflight=inflight,
+            metrics=self.metrics,
         )
         self.probes = SuspectProbes(
             repository=repository,
@@ -89,7 +98,10 @@ class OutboxEnqueuer:
         )
         conninfo, kwargs = repository.session_settings()
         self.idle_flag = IdleFlag(
-            conninfo=conninfo, connect_kwargs=kwargs, policy=config.idle_policy()
+            conninfo=conninfo,
+            connect_kwargs=kwargs,
+            metrics=self.metrics,
+            policy=config.idle_policy(),
         )
         self.notified = NotifiedRows(
             repository=repository,
@@ -99,6 +111,7 @@ class OutboxEnqueuer:
             inflight=inflight,
             shard_count=shard_count,
             memory=self.memory,
+            metrics=self.metrics,
             wake=self.wake,
             published=self._notified_published,
         )
@@ -262,7 +275,7 @@ class OutboxEnqueuer:
         return bool(self.listener and self.listener.connected and not self._stopping)
 
     def _listener_state(self, connected: bool) -> None:
-        metrics.LISTENER_CONNECTED.set(1 if connected else 0)
+        self.metrics.listener_connected.set(1 if connected else 0)
         if not connected and self.idle_announced:
             # Nobody hears NOTIFY now; the poll takes over.
             asyncio.get_running_loop().create_task(self._withdraw_quietly())
@@ -295,8 +308,8 @@ class OutboxEnqueuer:
         """Settle the journal of batches that never did; plan probes; refresh the gauges."""
         if not await self.idle_flag.check() and self._can_listen():
             self.wake()  # the flag died with its session: an empty claim takes it again
-        found = await maintenance.recover(self._repo)
+        found = await maintenance.recover(self._repo, self.metrics)
         await self.probes.plan()
         vacuumed = await self._vacuum.run_once()
-        await maintenance.refresh_depth(self._repo)
+        await maintenance.refresh_depth(self._repo, self.metrics)
         return {**dataclasses.asdict(found), "vacuumed": vacuumed}

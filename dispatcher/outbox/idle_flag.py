@@ -36,7 +36,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection
 
-from dispatcher.outbox import metrics
+from dispatcher.outbox.metrics import EnqueuerMetrics
 from dispatcher.outbox.queries import QUERIES
 
 __all__ = ["IDLE_FLAG_KEY", "IdleDecider", "IdleFlag", "IdlePolicy", "Step"]
@@ -141,10 +141,12 @@ class IdleFlag:
         *,
         conninfo: str,
         connect_kwargs: dict[str, Any],
+        metrics: EnqueuerMetrics,
         policy: IdlePolicy = IdlePolicy(),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = policy
+        self._metrics = metrics
         self._conninfo = conninfo
         self._kwargs = connect_kwargs
         self._session: AsyncConnection[Any] | None = None
@@ -181,7 +183,7 @@ class IdleFlag:
                 return step.delay
             taken = await self._take()
             if taken:
-                metrics.IDLE_ANNOUNCED.inc()
+                self._metrics.idle_announced.inc()
             return self._decider.on_take(taken=taken, ended=ended, elsewhere=self.elsewhere)
 
     def someone_idle(self) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from dispatcher.outbox import metrics
+from dispatcher.outbox.metrics import EnqueuerMetrics
 from dispatcher.outbox.repository import STATUSES, OutboxRepository, Recovery
 
 __all__ = ["recover", "refresh_depth"]
@@ -18,7 +18,7 @@ __all__ = ["recover", "refresh_depth"]
 log = logging.getLogger(__name__)
 
 
-async def recover(repository: OutboxRepository) -> Recovery:
+async def recover(repository: OutboxRepository, metrics: EnqueuerMetrics) -> Recovery:
     """Settle the journal of unsettled batches; count and log what happened to their rows."""
     found = await repository.recover_batches()
     if found.foreign:
@@ -28,14 +28,14 @@ async def recover(repository: OutboxRepository) -> Recovery:
             found.foreign,
         )
     if found.retried or found.dead:
-        metrics.RECOVERED.labels("retry").inc(found.retried)
-        metrics.RECOVERED.labels("dlq").inc(found.dead)
+        metrics.recovered.labels("retry").inc(found.retried)
+        metrics.recovered.labels("dlq").inc(found.dead)
         log.warning(
             "counted an attempt for rows that did not settle when claimed alone",
             extra={"retried": found.retried, "dead_lettered": found.dead},
         )
     if found.suspects:
-        metrics.RECOVERED.labels("suspect").inc(found.suspects)
+        metrics.recovered.labels("suspect").inc(found.suspects)
         log.warning(
             "rows of batches that did not settle come back one at a time, uncharged",
             extra={"suspects": found.suspects},
@@ -43,9 +43,9 @@ async def recover(repository: OutboxRepository) -> Recovery:
     return found
 
 
-async def refresh_depth(repository: OutboxRepository) -> None:
+async def refresh_depth(repository: OutboxRepository, metrics: EnqueuerMetrics) -> None:
     """Outbox rows by status, and rows held by open batches, into the depth gauges."""
     counts = await repository.status_counts()
     for status in STATUSES:
-        metrics.OUTBOX_DEPTH.labels(status).set(counts.by_status.get(status, 0))
-    metrics.OUTBOX_DEPTH.labels("IN_FLIGHT").set(counts.in_flight)
+        metrics.outbox_depth.labels(status).set(counts.by_status.get(status, 0))
+    metrics.outbox_depth.labels("IN_FLIGHT").set(counts.in_flight)

@@ -32,10 +32,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from dispatcher.outbox import metrics
 from dispatcher.outbox.backpressure import RedisMemoryGate
 from dispatcher.outbox.idle_flag import IdleFlag
 from dispatcher.outbox.inflight import InFlight
+from dispatcher.outbox.metrics import EnqueuerMetrics, queue_label
 from dispatcher.outbox.outcomes import ClaimedRow, is_out_of_memory
 from dispatcher.outbox.pipeline import BatchSettings, encode_rows, publish_entries
 from dispatcher.outbox.repository import OutboxRepository
@@ -94,6 +94,7 @@ class NotifiedRows:
         inflight: InFlight,
         shard_count: LiveShardCount,
         memory: RedisMemoryGate,
+        metrics: EnqueuerMetrics,
         wake: Callable[[], None],
         published: Callable[[int, float], None],
     ) -> None:
@@ -104,6 +105,7 @@ class NotifiedRows:
         self._inflight = inflight
         self._shards = shard_count
         self._memory = memory
+        self._metrics = metrics
         self._wake = wake
         self._published = published
         self._queued: list[ClaimedRow] = []
@@ -177,18 +179,22 @@ class NotifiedRows:
                 self._failed(rows, [PublishResult(stream=r.stream, error=exc) for r in rows])
                 return
             entries, encoded = encode_rows(rows, shards, spans)
-            sent = iter(await publish_entries(self._publisher, entries, self._settings))
+            sent = iter(
+                await publish_entries(
+                    self._publisher, entries, settings=self._settings, metrics=self._metrics
+                )
+            )
             results = [r if r is not None else next(sent) for r in encoded]
         ok = [row.id for row, result in zip(rows, results, strict=True) if result.ok]
         self._memory.published(sum(len(r.payload or "") for r in rows), len(ok))
         if len(ok) < len(rows):
             self._failed(rows, results)
         if ok:
-            metrics.NOTIFIED_ROWS.inc(len(ok))
+            self._metrics.notified_rows.inc(len(ok))
             out = set(ok)
             streams = (r.stream for r in rows if r.id in out)
-            for queue, n in collections.Counter(map(metrics.queue_label, streams)).items():
-                metrics.PROCESSED.labels(queue).inc(n)
+            for queue, n in collections.Counter(map(queue_label, streams)).items():
+                self._metrics.processed.labels(queue).inc(n)
             self._to_delete.update(ok)
             self._start("delete", self._delete_published)
         self._published(len(rows), started)

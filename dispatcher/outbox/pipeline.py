@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from redis.exceptions import RedisError
 
 from dispatcher.models import payload_fields
-from dispatcher.outbox import metrics
 from dispatcher.outbox.backpressure import RedisMemoryGate
 from dispatcher.outbox.inflight import InFlight
+from dispatcher.outbox.metrics import EnqueuerMetrics, queue_label
 from dispatcher.outbox.outcomes import ClaimedRow, Outcomes, plan_outcomes
 from dispatcher.outbox.repository import OutboxRepository
 from dispatcher.stream.entries import PublishResult
@@ -76,7 +76,8 @@ class BatchPipeline:
 
     ``shard_count`` is the count rows are routed by when published (by default
     read live from the publisher's Redis). ``memory`` is told what each batch
-    published and when Redis refused it for lack of memory.
+    published and when Redis refused it for lack of memory. ``metrics`` is the
+    enqueuer's, updated for every batch.
     """
 
     def __init__(
@@ -84,6 +85,7 @@ class BatchPipeline:
         *,
         repository: OutboxRepository,
         publisher: RedisStreamPublisher,
+        metrics: EnqueuerMetrics,
         settings: BatchSettings = BatchSettings(),
         shard_count: LiveShardCount | None = None,
         memory: RedisMemoryGate | None = None,
@@ -95,6 +97,7 @@ class BatchPipeline:
         self._shards = shard_count or LiveShardCount(publisher.client)
         self._memory = memory
         self._inflight = inflight or InFlight()
+        self._metrics = metrics
 
     async def run(self, *, probe: bool = False, min_age: float = 0.0) -> int:
         """Lock, publish and settle one batch; return how many rows it held.
@@ -109,7 +112,7 @@ class BatchPipeline:
                 return 0
             # Rows out from their notifications stay locked and untouched: their delete follows.
             rows = self._inflight.claim(batch.rows)
-            metrics.IN_FLIGHT.inc(len(rows))
+            self._metrics.in_flight.inc(len(rows))
             try:
                 with contextlib.ExitStack() as spans:
                     results = await self._publish(rows, spans)
@@ -121,7 +124,7 @@ class BatchPipeline:
                 try:
                     await batch.settle(outcomes.sent, outcomes.retry, outcomes.dead)
                 except BaseException:
-                    metrics.UNSETTLED.inc()
+                    self._metrics.unsettled.inc()
                     log.error(
                         "could not settle a batch of %d rows (%d published): they stay in the "
                         "outbox and are published again",
@@ -130,10 +133,10 @@ class BatchPipeline:
                     )
                     raise
             finally:
-                metrics.IN_FLIGHT.dec(len(rows))
+                self._metrics.in_flight.dec(len(rows))
                 self._inflight.unclaim(r.id for r in rows)
-        _report(rows, outcomes)
-        metrics.BATCHES.inc()
+        _report(rows, outcomes, metrics=self._metrics)
+        self._metrics.batches.inc()
         return len(batch.rows)
 
     async def _publish(
@@ -147,12 +150,16 @@ class BatchPipeline:
             return [PublishResult(stream=r.stream, error=exc) for r in rows]  # retried
         entries, results = encode_rows(rows, shards, spans)
         started = time.monotonic()
-        sent = iter(await publish_entries(self._publisher, entries, self.settings))
+        sent = iter(
+            await publish_entries(
+                self._publisher, entries, settings=self.settings, metrics=self._metrics
+            )
+        )
         elapsed = time.monotonic() - started
         merged = [r if r is not None else next(sent) for r in results]
         for row, result in zip(rows, merged, strict=True):
             if result.ok:
-                metrics.COMMIT_TO_PUBLISH.observe(row.age_seconds + elapsed)
+                self._metrics.commit_to_publish.observe(row.age_seconds + elapsed)
         return merged
 
 
@@ -177,7 +184,11 @@ def encode_rows(
 
 
 async def publish_entries(
-    publisher: RedisStreamPublisher, entries: list[Entry], settings: BatchSettings
+    publisher: RedisStreamPublisher,
+    entries: list[Entry],
+    *,
+    settings: BatchSettings,
+    metrics: EnqueuerMetrics,
 ) -> list[PublishResult]:
     """One pipelined publish (with WAIT when asked), bounded by the publish timeout."""
     if not entries:
@@ -192,7 +203,7 @@ async def publish_entries(
             )
     except (TimeoutError, RedisError, OSError) as exc:
         results = [PublishResult(stream=stream, error=exc) for stream, _ in entries]
-    metrics.PUBLISH_LATENCY.observe(time.monotonic() - started)
+    metrics.publish_latency.observe(time.monotonic() - started)
     return results
 
 
@@ -215,14 +226,14 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:200]
 
 
-def _report(rows: list[ClaimedRow], outcomes: Outcomes) -> None:
+def _report(rows: list[ClaimedRow], outcomes: Outcomes, *, metrics: EnqueuerMetrics) -> None:
     streams = {r.id: r.stream for r in rows}
     for counter, ids in (
-        (metrics.PROCESSED, outcomes.sent),
-        (metrics.FAILED, [r.id for r in outcomes.retry]),
-        (metrics.DLQ, [r.id for r in outcomes.dead]),
+        (metrics.processed, outcomes.sent),
+        (metrics.failed, [r.id for r in outcomes.retry]),
+        (metrics.dlq, [r.id for r in outcomes.dead]),
     ):
-        for queue, n in collections.Counter(metrics.queue_label(streams[i]) for i in ids).items():
+        for queue, n in collections.Counter(queue_label(streams[i]) for i in ids).items():
             counter.labels(queue).inc(n)
     if outcomes.held:
         log.warning(
