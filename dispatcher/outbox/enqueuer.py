@@ -12,35 +12,33 @@ another enqueuer holds it, notifications are that one's and this one stands by.
 Above a high mark of Redis memory (``RedisMemoryGate``) it claims nothing and
 rows wait in the outbox, uncharged, until workers have made room.
 
-A maintenance loop reads the journal of batches that never settled
-(``maintenance``), plans the probes of their rows (``SuspectProbes``), which
-this scheduler runs with every slot held, and vacuums the outbox when nothing
-else has (``OutboxVacuum``).
+A maintenance loop (``Maintenance``) reads the journal of batches that never
+settled and plans the probes of their rows (``SuspectProbes``), which this
+scheduler runs with every slot held.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
+import functools
 import logging
 import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from dispatcher.outbox import maintenance
 from dispatcher.outbox.backpressure import MemoryMarks, RedisMemoryGate
 from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.idle_flag import IdleFlag
 from dispatcher.outbox.inflight import InFlight
 from dispatcher.outbox.listener import OutboxListener
+from dispatcher.outbox.maintenance import Maintenance
 from dispatcher.outbox.metrics import EnqueuerMetrics
 from dispatcher.outbox.notified import NotifiedRows
 from dispatcher.outbox.pipeline import BatchPipeline
 from dispatcher.outbox.probes import SuspectProbes
 from dispatcher.outbox.repository import OutboxRepository
-from dispatcher.outbox.vacuum import OutboxVacuum
 from dispatcher.stream.publisher import RedisStreamPublisher
 from dispatcher.stream.shard_count import LiveShardCount
 
@@ -78,7 +76,6 @@ class OutboxEnqueuer:
         )
         self.metrics = EnqueuerMetrics(registry if registry is not None else CollectorRegistry())
         self.metrics.backpressure.set_function(lambda: 1 if self.memory.paused else 0)
-        self._vacuum = OutboxVacuum(repository.pool, threshold=config.vacuum_threshold)
         shard_count = shard_count or LiveShardCount(publisher.client)
         inflight = InFlight()
         self.pipeline = BatchPipeline(
@@ -113,13 +110,23 @@ class OutboxEnqueuer:
             memory=self.memory,
             metrics=self.metrics,
             wake=self.wake,
-            published=self._notified_published,
+            # A publish from notifications counts as a claim for the idle flag's decisions.
+            published=functools.partial(self._after_claim, notified=True),
+        )
+        self.maintenance = Maintenance(
+            repository=repository,
+            metrics=self.metrics,
+            flag=self.idle_flag,
+            probes=self.probes,
+            vacuum_threshold=config.vacuum_threshold,
+            every=config.maintenance_interval,
+            wake=self.wake,
+            can_listen=self._can_listen,
         )
         self._kick = asyncio.Event()
         self._stopping = False
         self._backlog = False
         self._heartbeat = time.monotonic()
-        self._helpers: set[asyncio.Task[None]] = set()
         self.listener = (
             OutboxListener(
                 conninfo=listen_conninfo,
@@ -173,7 +180,7 @@ class OutboxEnqueuer:
         )
         first_pass = asyncio.Event()
         helpers = [
-            asyncio.create_task(self._maintenance_loop(first_pass), name="outbox-maintenance")
+            asyncio.create_task(self.maintenance.loop(first_pass), name="outbox-maintenance")
         ]
         if self.listener:
             helpers.append(asyncio.create_task(self.listener.run(), name="outbox-listener"))
@@ -189,7 +196,6 @@ class OutboxEnqueuer:
             with contextlib.suppress(TimeoutError):  # its deletes need the pool
                 async with asyncio.timeout(self.config.shutdown_timeout):
                     await self.notified.aclose()
-            await asyncio.gather(*self._helpers, return_exceptions=True)
             await self.idle_flag.aclose()
             await self._repo.aclose()
             log.info("outbox enqueuer stopped")
@@ -241,13 +247,7 @@ class OutboxEnqueuer:
         await self._after_claim(count, started)
         return count
 
-    def _notified_published(self, count: int, started: float) -> None:
-        """A publish from notifications counts as a claim for the idle flag's decisions."""
-        task = asyncio.get_running_loop().create_task(self._after_claim(count, started))
-        self._helpers.add(task)
-        task.add_done_callback(self._helpers.discard)
-
-    async def _after_claim(self, count: int, started: float) -> None:
+    async def _after_claim(self, count: int, started: float, *, notified: bool = False) -> None:
         full = count >= self.config.batch_size
         self._backlog = full
         try:
@@ -257,6 +257,7 @@ class OutboxEnqueuer:
                 ended=time.monotonic(),
                 full=full,
                 can_listen=self._can_listen(),
+                notified=notified,
             )
         except Exception as exc:
             log.warning("could not update the idle flag: %s", exc)
@@ -295,21 +296,6 @@ class OutboxEnqueuer:
                 log.warning("cancelled %d unfinished batches at shutdown", len(late))
         await self._withdraw_quietly()
 
-    async def _maintenance_loop(self, first_pass: asyncio.Event) -> None:
-        while True:
-            try:
-                await self.maintenance_once()
-            except Exception as exc:
-                log.error("outbox maintenance failed: %s", exc, exc_info=True)
-            first_pass.set()
-            await asyncio.sleep(self.config.maintenance_interval)
-
     async def maintenance_once(self) -> dict[str, Any]:
         """Settle the journal of batches that never did; plan probes; refresh the gauges."""
-        if not await self.idle_flag.check() and self._can_listen():
-            self.wake()  # the flag died with its session: an empty claim takes it again
-        found = await maintenance.recover(self._repo, self.metrics)
-        await self.probes.plan()
-        vacuumed = await self._vacuum.run_once()
-        await maintenance.refresh_depth(self._repo, self.metrics)
-        return {**dataclasses.asdict(found), "vacuumed": vacuumed}
+        return await self.maintenance.run_once()

@@ -47,8 +47,11 @@ IDLE_FLAG_KEY = 0x6F626964_6C65  # "obidle"
 
 @dataclass(frozen=True, slots=True)
 class IdlePolicy:
-    # Drop the flag when one claim finds at least this many rows.
+    # Drop the flag when one claim finds at least this many rows...
     busy_at_rows: int = 2
+    # ...or one publish from notifications holds this many: they cost no claim, so a few
+    # committed together (or read late by a loaded enqueuer) are no reason to stop.
+    busy_at_notified: int = 10
     # An empty claim is confirmed by a second one, started at least this many seconds after
     # the first ended, before taking the flag (concurrent empty claims do not confirm each
     # other).
@@ -94,6 +97,7 @@ class IdleDecider:
         held: bool,
         listening: bool,
         elsewhere: bool = False,
+        notified: bool = False,
     ) -> Step:
         policy = self.policy
         if elsewhere and not held and not full:
@@ -102,7 +106,7 @@ class IdleDecider:
             self._quiet_since = None
             self._last_found = ended
             self._blocked_delay = policy.blocked_claim_every
-            drop = held and count >= policy.busy_at_rows
+            drop = held and count >= (policy.busy_at_notified if notified else policy.busy_at_rows)
             if full:
                 return Step(drop=drop, delay=0.0)
             return Step(drop=drop, delay=None if held and not drop else policy.linger)
@@ -159,11 +163,19 @@ class IdleFlag:
         self.elsewhere = False
 
     async def after_claim(
-        self, *, count: int, started: float, ended: float, full: bool, can_listen: bool
+        self,
+        *,
+        count: int,
+        started: float,
+        ended: float,
+        full: bool,
+        can_listen: bool,
+        notified: bool = False,
     ) -> float | None:
         """Act on one claim's result; seconds until the next claim (None: await a wake-up).
 
-        ``started``/``ended`` are the claim's times on the ``clock``.
+        ``started``/``ended`` are the claim's times on the ``clock``; ``notified``:
+        the rows were published from their notifications, not claimed.
         """
         async with self._lock:
             if full:
@@ -176,6 +188,7 @@ class IdleFlag:
                 held=self.held,
                 listening=can_listen,
                 elsewhere=self.elsewhere,
+                notified=notified,
             )
             if step.drop:
                 await self._drop()

@@ -1,19 +1,27 @@
-"""The enqueuer's periodic pass over the database: the batch journal and the depth gauges.
+"""The enqueuer's periodic pass over the database (``Maintenance``).
 
-``recover`` settles the journal of batches that never did (an enqueuer
-crashed, hung or lost PostgreSQL mid-batch) and says what it did with their
-rows; ``refresh_depth`` sets the outbox depth gauges. The scheduler runs both
-every maintenance interval, with the vacuum and the probe planning.
+Every maintenance interval: check that the idle flag's session still lives,
+settle the journal of batches that never did (an enqueuer crashed, hung or
+lost PostgreSQL mid-batch; ``recover`` says what it did with their rows),
+plan the probes of their suspects, vacuum the outbox when nothing else has
+(``OutboxVacuum``) and set the depth gauges (``refresh_depth``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
+from collections.abc import Callable
+from typing import Any
 
+from dispatcher.outbox.idle_flag import IdleFlag
 from dispatcher.outbox.metrics import EnqueuerMetrics
+from dispatcher.outbox.probes import SuspectProbes
 from dispatcher.outbox.repository import STATUSES, OutboxRepository, Recovery
+from dispatcher.outbox.vacuum import OutboxVacuum
 
-__all__ = ["recover", "refresh_depth"]
+__all__ = ["Maintenance", "recover", "refresh_depth"]
 
 log = logging.getLogger(__name__)
 
@@ -49,3 +57,46 @@ async def refresh_depth(repository: OutboxRepository, metrics: EnqueuerMetrics) 
     for status in STATUSES:
         metrics.outbox_depth.labels(status).set(counts.by_status.get(status, 0))
     metrics.outbox_depth.labels("IN_FLIGHT").set(counts.in_flight)
+
+
+class Maintenance:
+    """The pass (``run_once``) and its loop, ``every`` seconds; ``wake`` asks for a claim."""
+
+    def __init__(
+        self,
+        *,
+        repository: OutboxRepository,
+        metrics: EnqueuerMetrics,
+        flag: IdleFlag,
+        probes: SuspectProbes,
+        vacuum_threshold: int,
+        every: float,
+        wake: Callable[[], None],
+        can_listen: Callable[[], bool],
+    ) -> None:
+        self._repo = repository
+        self._metrics = metrics
+        self._flag = flag
+        self._probes = probes
+        self._vacuum = OutboxVacuum(repository.pool, threshold=vacuum_threshold)
+        self._every = every
+        self._wake = wake
+        self._can_listen = can_listen
+
+    async def loop(self, first_pass: asyncio.Event) -> None:
+        while True:
+            try:
+                await self.run_once()
+            except Exception as exc:
+                log.error("outbox maintenance failed: %s", exc, exc_info=True)
+            first_pass.set()
+            await asyncio.sleep(self._every)
+
+    async def run_once(self) -> dict[str, Any]:
+        if not await self._flag.check() and self._can_listen():
+            self._wake()  # the flag died with its session: an empty claim takes it again
+        found = await recover(self._repo, self._metrics)
+        await self._probes.plan()
+        vacuumed = await self._vacuum.run_once()
+        await refresh_depth(self._repo, self._metrics)
+        return {**dataclasses.asdict(found), "vacuumed": vacuumed}

@@ -81,7 +81,7 @@ class NotifiedRows:
 
     ``wake`` asks the claim path to claim now; ``published(count, started)``
     reports each publish to the scheduler (the idle flag decides on it as on
-    a claim).
+    a claim) before the next one starts.
     """
 
     def __init__(
@@ -96,7 +96,7 @@ class NotifiedRows:
         memory: RedisMemoryGate,
         metrics: EnqueuerMetrics,
         wake: Callable[[], None],
-        published: Callable[[int, float], None],
+        published: Callable[[int, float], Awaitable[None]],
     ) -> None:
         self._repo = repository
         self._publisher = publisher
@@ -197,7 +197,7 @@ class NotifiedRows:
                 self._metrics.processed.labels(queue).inc(n)
             self._to_delete.update(ok)
             self._start("delete", self._delete_published)
-        self._published(len(rows), started)
+        await self._published(len(rows), started)
 
     def _failed(self, rows: Sequence[ClaimedRow], results: Sequence[PublishResult]) -> None:
         """Leave unpublished rows as they are and hand them to the claim path."""
