@@ -21,12 +21,12 @@ import psycopg
 
 from benchmarks.baselines import PerRowPublisher, per_row_relay, spec_cycle, spec_schema_url
 from benchmarks.env import BenchEnv
+from dispatcher._testing.data import insert_rows
 from dispatcher.models import TaskDispatch
 from dispatcher.outbox import EnqueuerConfig, OutboxEnqueuer, OutboxRepository, enqueue_dispatch
 from dispatcher.outbox.repository import enqueuer_pool
 from dispatcher.redis_client import connect_redis
 from dispatcher.stream import RedisStreamPublisher, publish_shard_count, task_stream
-from tests.fix_outbox import insert_rows
 
 PUBLISHERS: dict[str, Callable[..., RedisStreamPublisher]] = {
     "pipelined": RedisStreamPublisher,

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import psycopg
 
+from dispatcher._testing.servers import RedisProcess
 from dispatcher.outbox.schema import available_migrations
-from tests.fix_servers import RedisProcess
 
 ADMIN_URL = os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 

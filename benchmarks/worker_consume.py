@@ -1,7 +1,7 @@
 """Worker consume rate: ``python -m benchmarks.worker_consume [--messages N] [--rounds 5]``.
 
 What it measures: how many messages per second ``dispatcher worker`` settles
-with a no-op handler (``tests.handlers:noop``), at 1 and 2 processes, against
+with a no-op handler (``dispatcher._testing.handlers:noop``), at 1 and 2 processes, against
 a bare consumer in the same run: one XREADGROUP loop per shard stream and a
 pipelined XACK+XDEL per batch, no parsing, no dedup keys, no metrics. The gap
 is the price of what the worker adds per message (parse, lease + done-mark
@@ -41,10 +41,10 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from dispatcher._testing.data import GROUP, publish, tasks
+from dispatcher._testing.servers import RedisProcess
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.stream import publish_shard_count, queue_streams
-from tests.fix_servers import RedisProcess
-from tests.handlers import GROUP, publish, tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "benchmarks" / "results" / "worker_consume.md"
@@ -127,7 +127,8 @@ def workers(processes: int, *, root: Path = ROOT) -> Variant:
         procs = [
             await asyncio.create_subprocess_exec(
                 *(sys.executable, "-m", "dispatcher.cli", "worker", "--queue", queue),
-                *("--handler", "tests.handlers:noop", "--concurrency", str(CONCURRENCY)),
+                *("--handler", "dispatcher._testing.handlers:noop"),
+                *("--concurrency", str(CONCURRENCY)),
                 *("--consumer", f"bench-{i}", "--redis-url", url, "--log-level", "WARNING"),
                 cwd=root,
                 stdout=subprocess.DEVNULL,

@@ -19,6 +19,7 @@ import redis.asyncio
 from controller.conditions import OutboxDispatcherStatus
 from controller.operator import Operator
 from controller.render import Owner, migration_job_name
+from dispatcher._testing.waiting import eventually
 from dispatcher.stream.naming import SHARDS_KEY
 from tests.fix_kube import (
     CR_RESOURCE,
@@ -33,7 +34,6 @@ from tests.fix_kube import (
     running_operator,
     secret,
 )
-from tests.helpers import eventually
 
 CR_URL = f"/apis/dispatch.composer.dev/v1alpha1/namespaces/{NAMESPACE}/outboxdispatchers"
 SECRETS_URL = f"/api/v1/namespaces/{NAMESPACE}/secrets"
@@ -233,7 +233,8 @@ async def test_each_role_uses_its_own_redis_secret(
     await _secrets(kube, rd_worker="redis://dispatcher-worker:pw@redis:6379/0")
 
     async def applied() -> bool:
-        return kube.live(DEPLOYMENTS, "orders-enqueuer") is not None
+        names = ("orders-enqueuer", "orders-worker-emails")
+        return all(kube.live(DEPLOYMENTS, name) is not None for name in names)
 
     await eventually(applied, within=20)
 
