@@ -39,6 +39,7 @@ from dispatcher.stream.naming import parse_task_stream, queue_streams, task_stre
 from dispatcher.stream.protocol import Message
 from dispatcher.stream.shards import read_shard_count
 from dispatcher.stream.stats import stream_stats
+from dispatcher.worker.calls import HandlerCalls
 from dispatcher.worker.coalesce import Coalescer
 from dispatcher.worker.config import WorkerConfig
 from dispatcher.worker.dedup import AttemptGuard
@@ -49,6 +50,7 @@ from dispatcher.worker.metrics import WorkerMetrics
 from dispatcher.worker.reader import StreamReader
 from dispatcher.worker.settle import Settler
 from dispatcher.worker.slots import SlotPool
+from dispatcher.worker.verdicts import Verdicts
 
 __all__ = ["Worker"]
 
@@ -87,7 +89,6 @@ class Worker:
         self._loops: set[asyncio.Task[None]] = set()
         self._keeper: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[None]] = set()
-        self._in_flight: set[tuple[str, str]] = set()
         self._slots = SlotPool(config.concurrency)
         self._last_redis_ok = 0.0
         self._started = False
@@ -103,7 +104,7 @@ class Worker:
     @property
     def abandoned(self) -> int:
         """Sync handler threads still running (after ``run()``: left behind by the grace period)."""
-        return len(self._deliveries.threads)
+        return len(self._deliveries.calls.threads)
 
     def request_stop(self) -> None:
         """Stop reading; ``run()`` returns once handlers in hand are settled."""
@@ -143,7 +144,7 @@ class Worker:
             keeper = {self._keeper} if self._keeper else set()
             await self._cancel(self._loops | self._handlers | keeper)
             await self._deliveries.claims.aclose()
-            await self._deliveries.settler.aclose()
+            await self._deliveries.verdicts.settler.aclose()
             # A sync handler still running past the grace period cannot be
             # interrupted: we stop waiting for it, its entry stays pending, and
             # the caller ends the process (``abandoned``).
@@ -159,17 +160,26 @@ class Worker:
             lease_ttl_ms=int(self.config.lease_ttl * 1000),
             done_ttl_ms=int(self.config.dedup_window * 1000),
         )
-        return Deliveries(
-            client=self.client,
+        calls = HandlerCalls(
             handler=self._handler,
-            guard=guard,
-            claims=Coalescer(guard.claim_many, name="claim"),
             leases=LeaseKeeper(guard, reclaim_idle=self.config.reclaim_idle),
+            handler_timeout=self.config.handler_timeout,
+            executor=self._executor,
+        )
+        verdicts = Verdicts(
+            client=self.client,
+            guard=guard,
             settler=Settler(self.client, guard),
             metrics=self.metrics,
             max_runs=self.config.max_runs,
-            handler_timeout=self.config.handler_timeout,
-            executor=self._executor,
+        )
+        return Deliveries(
+            claims=Coalescer(guard.claim_many, name="claim"),
+            calls=calls,
+            verdicts=verdicts,
+            metrics=self.metrics,
+            max_runs=self.config.max_runs,
+            spawn=self._spawn_handling,
         )
 
     async def _start(self) -> None:
@@ -178,7 +188,7 @@ class Worker:
         await self._discover()
         self._last_redis_ok = self._clock()
         # Not a loop of its own: it renews leases of handlers still draining.
-        self._keeper = asyncio.create_task(self._deliveries.leases.run(), name="lease keeper")
+        self._keeper = asyncio.create_task(self._deliveries.calls.leases.run(), name="lease keeper")
         self._keeper.add_done_callback(_log_crash)
         self._spawn_loop(self._watch_shards(), "shard watch")
         self._spawn_loop(self._report_stats(), "stream stats")
@@ -278,7 +288,8 @@ class Worker:
 
         ``held`` slots were taken for the batch's first entries by the caller.
         """
-        todo = [m for m in batch if (m.stream, m.id) not in self._in_flight]
+        in_hand = reader.in_hand
+        todo = [m for m in batch if m.id not in in_hand] if in_hand else list(batch)
         if held:
             part, todo = todo[:held], todo[held:]
             self._slots.release(held - len(part))  # taken for entries already in hand
@@ -293,28 +304,18 @@ class Worker:
             self._start_batch(reader, part)
 
     def _start_batch(self, reader: StreamReader, messages: list[Message]) -> None:
-        self._in_flight.update((m.stream, m.id) for m in messages)
-        task = asyncio.create_task(self._process(reader, messages), name=f"batch {messages[0].id}")
+        reader.in_hand.update([m.id for m in messages])
+        self._spawn_handling(self._deliveries.process(reader, messages), f"batch {messages[0].id}")
+
+    def _spawn_handling(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
         self._handlers.add(task)
-        task.add_done_callback(self._handlers.discard)
+        task.add_done_callback(self._handled)
 
-    async def _process(self, reader: StreamReader, messages: list[Message]) -> None:
-        """Run one batch; a slot frees when its handler is done, ``_in_flight`` at the end."""
-        holding = {message.id for message in messages}
-
-        def freed(message: Message) -> None:
-            if message.id in holding:
-                holding.discard(message.id)
-                self._slots.release()
-
-        try:
-            await self._deliveries.process(reader.consumer, reader.queue, messages, freed=freed)
-        except Exception:
-            log.exception("unexpected error settling entries", extra={"stream": reader.stream})
-        finally:
-            for message in messages:
-                freed(message)
-                self._in_flight.discard((message.stream, message.id))
+    def _handled(self, task: asyncio.Task[None]) -> None:
+        self._handlers.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("unexpected error settling entries: %s", exc, exc_info=exc)
 
     # -- shutdown -----------------------------------------------------------------
 
@@ -329,7 +330,7 @@ class Worker:
         if self._handlers:
             log.warning(
                 "grace period over: %d entries in hand cancelled; they stay pending",
-                len(self._in_flight),
+                sum(len(reader.in_hand) for reader in self._readers.values()),
             )
             await self._cancel(self._handlers)
         if self.abandoned:

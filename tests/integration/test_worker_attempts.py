@@ -12,6 +12,8 @@ import asyncio
 import threading
 import time
 
+from redis.asyncio import Redis
+
 from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import dead_letter_stream, publish_shard_count, task_stream
@@ -88,6 +90,37 @@ async def test_a_deeply_nested_entry_is_one_dead_letter_and_its_batch_is_handled
     assert (fields["source_id"], fields["task_id"]) == (bad_id, "deep")
     assert fields["error"].startswith("malformed message: ")
     assert "nested too deeply" in fields["error"]
+    assert await redis_standalone.xlen(stream) == 0
+
+
+async def test_an_entry_with_invalid_utf8_is_one_dead_letter_with_its_bytes(
+    redis_url: str, redis_standalone: RedisClient, queue: str
+) -> None:
+    await publish_shard_count(redis_standalone, 1)
+    seen: list[str] = []
+
+    async def handle(message: TaskMessage) -> None:
+        seen.append(message.task_id)
+
+    stream = task_stream(queue, 0)
+    healthy = tasks(queue, 4)
+    raw = Redis.from_url(redis_url)  # bytes in, bytes out
+    await publish(redis_standalone, healthy[:2], shards=1)
+    bad_id = (await raw.xadd(stream, {b"task_id": b"bad\xff\xfe", b"input": b"null"})).decode()
+    await publish(redis_standalone, healthy[2:], shards=1)
+    worker = Worker(redis_standalone, handle, config(queue, shards=1, concurrency=8))
+    try:
+        async with running(worker):  # one read batch
+            await eventually(lambda: raw.xlen(dead_letter_stream(queue)), within=30)
+            await eventually(lambda: _handled(worker, queue, 4), within=30)
+        ((_, fields),) = await raw.xrange(dead_letter_stream(queue))
+    finally:
+        await raw.aclose()
+
+    assert sorted(seen) == sorted(t.task_id for t in healthy)
+    assert (fields[b"source_id"].decode(), fields[b"task_id"]) == (bad_id, b"bad\xff\xfe")
+    assert fields[b"error"].startswith(b"malformed message: ")
+    assert b"UTF-8" in fields[b"error"]
     assert await redis_standalone.xlen(stream) == 0
 
 
