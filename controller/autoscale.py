@@ -12,9 +12,9 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from controller.model import AUTOSCALING_EXTERNAL, QueueSpec, QueueStatus
+from controller.conditions import QueueStatus, iso
+from controller.model import AUTOSCALING_EXTERNAL, QueueSpec
 from controller.scaling import ScalePolicy, ScaleState, clamp, decide
-from controller.status import iso
 
 __all__ = ["ScaleStep", "autoscale_queue", "policy"]
 

@@ -18,18 +18,10 @@ from typing import Any
 
 import yaml
 
+from controller.conditions import OutboxDispatcherStatus
 from controller.coretypes import CORE_SCHEMAS_PATH, K8S_VERSION, build_core_schemas
-from controller.model import (
-    API_GROUP,
-    API_VERSION,
-    KIND,
-    NAME_RULE,
-    PLURAL,
-    SHORT_NAME,
-    SINGULAR,
-    OutboxDispatcherSpec,
-    OutboxDispatcherStatus,
-)
+from controller.model import NAME_RULE, OutboxDispatcherSpec
+from controller.resource import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAME, SINGULAR
 
 __all__ = ["CRD_PATH", "build_crd", "core_schemas_json", "crd_yaml", "structural"]
 

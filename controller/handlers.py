@@ -14,9 +14,9 @@ from typing import Any
 
 import kopf
 
-from controller.model import API_GROUP, API_VERSION, PLURAL
 from controller.operator import Operator, OperatorConfig
 from controller.render import MANAGED_BY
+from controller.resource import API_GROUP, API_VERSION, PLURAL
 
 __all__ = ["OPERATOR", "configure", "login", "register", "register_login"]
 

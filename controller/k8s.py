@@ -28,8 +28,9 @@ import kopf
 from kopf._cogs.clients import api as kopf_api
 from kopf._cogs.clients import errors as kopf_errors
 
-from controller.model import API_GROUP, API_VERSION, KIND, PLURAL, SecretRef
+from controller.model import SecretRef
 from controller.quantity import same_quantity
+from controller.resource import API_GROUP, API_VERSION, KIND, PLURAL
 
 __all__ = ["APIConflictError", "APIError", "KubeApi", "SecretMissing", "contains", "object_url"]
 

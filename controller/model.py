@@ -1,11 +1,12 @@
-"""The ``OutboxDispatcher`` custom resource as frozen pydantic models.
+"""The ``OutboxDispatcher`` spec as frozen pydantic models.
 
 This is the source of truth of the CRD: ``controller.crd`` renders the CRD's
-``openAPIV3Schema`` from these models (bounds, enums, defaults and the CEL
-rules in ``x-kubernetes-validations``), and a test fails if
-``crds/outboxdispatchers.yaml`` drifts from it. Every CEL rule has a pydantic
-twin here, so a spec that slips past the API server (an old CRD, a mock API)
-is still refused by the operator with the same message.
+``openAPIV3Schema`` from these models, the pod settings of
+``controller.podsettings`` and the status of ``controller.conditions`` (bounds,
+enums, defaults and the CEL rules in ``x-kubernetes-validations``), and a test
+fails if ``crds/outboxdispatchers.yaml`` drifts from it. Every CEL rule has a
+pydantic twin here, so a spec that slips past the API server (an old CRD, a
+mock API) is still refused by the operator with the same message.
 
 No credentials live in the spec: PostgreSQL and Redis are reached through
 ``secretRef: {name, key}`` to a Secret in the resource's namespace.
@@ -13,34 +14,27 @@ No credentials live in the spec: PostgreSQL and Redis are reached through
 
 from __future__ import annotations
 
-import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, model_validator
 
-from controller.coretypes import core_json_schema, core_validator
-from dispatcher.stream.naming import DEFAULT_SHARDS
+from controller.podsettings import DNS_SUBDOMAIN_PATTERN, PodSettings
+from controller.resource import ResourceModel
+from dispatcher.config import STREAM_SHARDS
+from dispatcher.options import option_of, pydantic_field
+from dispatcher.outbox.enqueuer import EnqueuerConfig
+from dispatcher.worker.config import WorkerConfig
 
 __all__ = [
-    "API_GROUP",
-    "API_VERSION",
     "AUTOSCALING_EXTERNAL",
     "DEFAULT_VERSION_TAG",
-    "KIND",
     "MAX_NAME",
+    "MAX_QUEUES",
     "NAME_RULE",
-    "PLURAL",
-    "SHORT_NAME",
-    "SINGULAR",
-    "Condition",
     "EnqueuerSpec",
     "OutboxDispatcherSpec",
-    "OutboxDispatcherStatus",
-    "PodSettings",
     "PostgresSpec",
     "QueueSpec",
-    "QueueStatus",
     "RedisSpec",
     "Resources",
     "Role",
@@ -48,33 +42,17 @@ __all__ = [
     "cel_rules",
 ]
 
-API_GROUP = "dispatch.composer.dev"
-API_VERSION = "v1alpha1"
-KIND = "OutboxDispatcher"
-PLURAL = "outboxdispatchers"
-SINGULAR = "outboxdispatcher"
-SHORT_NAME = "obd"
 DEFAULT_VERSION_TAG = "0.1.0"
 AUTOSCALING_EXTERNAL = "external"
 
 # Valid as a Redis queue name (dispatcher.stream.naming) and as a label value.
 QUEUE_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?$"
 HANDLER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$"
-# A DNS-1123 subdomain (Secret names) and a Secret data key.
-SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+# Secret names are DNS-1123 subdomains; a Secret data key.
+SECRET_NAME_PATTERN = DNS_SUBDOMAIN_PATTERN
 SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]{1,253}$"
-DNS_SUBDOMAIN_PATTERN = SECRET_NAME_PATTERN
-# Environment the operator sets itself: a pod setting may not shadow it.
-MANAGED_ENV = frozenset(
-    {"DATABASE_URL", "REDIS_URL", "REDIS_CLUSTER", "STREAM_SHARDS", "LOG_LEVEL", "LOG_FORMAT",
-     "METRICS_PORT"}
-)  # fmt: skip
-# The emptyDir every pod mounts on /tmp (the root filesystem is read-only).
-TMP_VOLUME = "tmp"
-# Label keys the operator sets on pods (its selectors rely on them).
-MANAGED_LABEL_PREFIXES = ("app.kubernetes.io/", f"{API_GROUP}/")
 MAX_QUEUES = 64
-MAX_RUNS = 5
+MAX_RUNS: int = option_of(WorkerConfig, "max_runs").default  # type: ignore[assignment]
 MAX_RUNS_CONFLICT = "maxDeliveries is the old name of maxRuns: set one, or both to the same value"
 # The resource name goes into Deployment names and label values (<= 63 characters).
 MAX_NAME = 50
@@ -94,17 +72,21 @@ Quantity = Annotated[
 ]
 
 
+def _enqueuer(name: str, **overrides: Any) -> Any:
+    """A field of the enqueuer's spec: the `dispatcher enqueuer` flag's default, bound, help."""
+    return pydantic_field(option_of(EnqueuerConfig, name), **overrides)
+
+
+def _worker(name: str, **overrides: Any) -> Any:
+    """A field of a queue's spec: the `dispatcher worker` flag's default, bound, help."""
+    return pydantic_field(option_of(WorkerConfig, name), **overrides)
+
+
 def _rule(rule: str, message: str) -> dict[str, Any]:
     return {"rule": rule, "message": message}
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        frozen=True, alias_generator=to_camel, populate_by_name=True, extra="forbid"
-    )
-
-
-class SecretRef(_Model):
+class SecretRef(ResourceModel):
     """A key of a Secret in the resource's namespace; the key holds a URL."""
 
     name: str = Field(pattern=SECRET_NAME_PATTERN, max_length=253, description="Secret name")
@@ -114,7 +96,7 @@ class SecretRef(_Model):
 Role = Literal["enqueuer", "worker", "operator"]
 
 
-class PostgresSpec(_Model):
+class PostgresSpec(ResourceModel):
     """Where the outbox lives: DATABASE_URL of the enqueuer (and of the migration Job)."""
 
     secret_ref: SecretRef
@@ -127,7 +109,7 @@ class PostgresSpec(_Model):
         return self.migration_secret_ref or self.secret_ref
 
 
-class RedisSpec(_Model):
+class RedisSpec(ResourceModel):
     """Where the streams live: REDIS_URL (and REDIS_CLUSTER) of every process.
 
     One URL for all, or one per role so each process logs in as its own ACL user; a role
@@ -176,7 +158,7 @@ class RedisSpec(_Model):
         return found
 
 
-class Resources(_Model):
+class Resources(ResourceModel):
     """Container resource requests and limits (cpu, memory, ...)."""
 
     requests: dict[str, Quantity] | None = Field(default=None, max_length=8)
@@ -196,90 +178,6 @@ def _default_resources(memory_limit: str) -> Any:
     )
 
 
-StringMap = Annotated[dict[str, str], Field(max_length=64)]
-_Objects = list[dict[str, Any]]
-EnvVars = Annotated[
-    _Objects, core_validator("EnvVar", many=True), core_json_schema("EnvVar", many=True)
-]
-EnvFromSources = Annotated[
-    _Objects,
-    core_validator("EnvFromSource", many=True),
-    core_json_schema("EnvFromSource", many=True),
-]
-Volumes = Annotated[
-    _Objects, core_validator("Volume", many=True), core_json_schema("Volume", many=True)
-]
-VolumeMounts = Annotated[
-    _Objects, core_validator("VolumeMount", many=True), core_json_schema("VolumeMount", many=True)
-]
-ObjectReferences = Annotated[
-    _Objects,
-    core_validator("LocalObjectReference", many=True),
-    core_json_schema("LocalObjectReference", many=True),
-]
-Tolerations = Annotated[
-    _Objects, core_validator("Toleration", many=True), core_json_schema("Toleration", many=True)
-]
-TopologySpread = Annotated[
-    _Objects,
-    core_validator("TopologySpreadConstraint", many=True),
-    core_json_schema("TopologySpreadConstraint", many=True),
-]
-Affinity = Annotated[
-    dict[str, Any], core_validator("Affinity", many=False), core_json_schema("Affinity", many=False)
-]
-
-
-class PodSettings(_Model):
-    """What a platform sets on every pod of a Deployment: config, identity, placement.
-
-    Core types (``env``, ``volumes``, ``tolerations``, ...) are the Kubernetes API's own, with
-    their official schemas. The operator's own environment, the ``tmp`` volume and the labels
-    its selectors use are reserved.
-    """
-
-    env: EnvVars = Field(default_factory=list)
-    env_from: EnvFromSources = Field(default_factory=list)
-    volumes: Volumes = Field(default_factory=list)
-    volume_mounts: VolumeMounts = Field(default_factory=list)
-    service_account_name: str | None = Field(
-        default=None, pattern=DNS_SUBDOMAIN_PATTERN, max_length=253,
-        description="the pods' ServiceAccount (workload identity); its token is not mounted",
-    )  # fmt: skip
-    image_pull_secrets: ObjectReferences = Field(default_factory=list)
-    node_selector: StringMap | None = None
-    tolerations: Tolerations = Field(default_factory=list)
-    affinity: Affinity | None = None
-    topology_spread_constraints: TopologySpread = Field(default_factory=list)
-    priority_class_name: str | None = Field(
-        default=None, pattern=DNS_SUBDOMAIN_PATTERN, max_length=253
-    )
-    pod_annotations: StringMap | None = None
-    pod_labels: StringMap | None = None
-
-    @model_validator(mode="after")
-    def _reserved(self) -> PodSettings:
-        problems = [
-            f"env {e['name']} is set by the operator"
-            for e in self.env
-            if e.get("name") in MANAGED_ENV
-        ]
-        volumes = {v.get("name") for v in self.volumes}
-        if TMP_VOLUME in volumes:
-            problems.append(f"volume name {TMP_VOLUME!r} is reserved (the /tmp emptyDir)")
-        for mount in self.volume_mounts:
-            if mount.get("name") not in volumes:
-                problems.append(f"volumeMount {mount.get('name')!r} names no volume in volumes")
-            if str(mount.get("mountPath", "")).rstrip("/") == "/tmp":
-                problems.append("mountPath /tmp is reserved (an emptyDir)")
-        for key in self.pod_labels or {}:
-            if key.startswith(MANAGED_LABEL_PREFIXES):
-                problems.append(f"pod label {key} is set by the operator")
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
-
-
 class EnqueuerSpec(PodSettings):
     """The enqueuer Deployment: `dispatcher enqueuer`."""
 
@@ -287,10 +185,10 @@ class EnqueuerSpec(PodSettings):
         default=None, min_length=1, max_length=512, description=IMAGE_DESCRIPTION
     )
     replicas: int = Field(default=1, ge=0, le=32)
-    batch_size: int = Field(default=100, ge=1, le=10000, description="rows per claim")
-    concurrency: int = Field(default=4, ge=1, le=256, description="batches in flight")
-    poll_interval: float = Field(default=1.0, ge=0.01, le=3600, description="seconds")
-    wait_replicas: int = Field(default=0, ge=0, le=16, description="Redis WAIT replicas")
+    batch_size: int = _enqueuer("batch_size", le=10000)
+    concurrency: int = _enqueuer("concurrency", le=256)
+    poll_interval: float = _enqueuer("poll_interval", le=3600)
+    wait_replicas: int = _enqueuer("wait_replicas", le=16)
     resources: Resources = Field(
         default_factory=_default_resources("256Mi"),
         description="default: requests cpu 100m, memory 128Mi; limits memory 256Mi; {} for none",
@@ -318,22 +216,23 @@ class QueueSpec(PodSettings):
         default=None, min_length=1, max_length=512, description=IMAGE_DESCRIPTION
     )
     handler: str = Field(pattern=HANDLER_PATTERN, max_length=512, description="module:function")
-    concurrency: int = Field(default=8, ge=1, le=1024, description="handlers at once per pod")
+    concurrency: int = _worker("concurrency", le=1024)
     # No schema default: an old resource sets only maxDeliveries, and a
     # defaulted maxRuns would then contradict it.
-    max_runs: int | None = Field(
+    max_runs: int | None = _worker(
+        "max_runs",
         default=None,
-        ge=1,
         le=1000,
-        description=f"handler runs of one task attempt, then dead-letter (default {MAX_RUNS})",
+        description="handler runs of one task attempt, then it is dead-lettered "
+        f"(default {MAX_RUNS})",
     )
-    max_deliveries: int | None = Field(
-        default=None, ge=1, le=1000, description="the old name of maxRuns, same meaning"
+    max_deliveries: int | None = _worker(
+        "max_runs", default=None, le=1000, description="the old name of maxRuns, same meaning"
     )
-    reclaim_idle_seconds: float = Field(default=30.0, ge=1, le=86400)
-    handler_timeout_seconds: float = Field(
-        default=0, ge=0, le=86400, description="seconds a run may take, then it fails; 0 = none"
-    )
+    # A deployed worker waits at least a second before it reclaims (the CLI takes less
+    # for tests).
+    reclaim_idle_seconds: float = _worker("reclaim_idle", ge=1, le=86400)
+    handler_timeout_seconds: float = _worker("handler_timeout", le=86400)
     min_replicas: int = Field(default=1, ge=0, le=1000)
     max_replicas: int = Field(default=10, ge=1, le=1000)
     target_backlog_per_replica: int = Field(default=100, ge=1, le=1_000_000)
@@ -367,7 +266,7 @@ class QueueSpec(PodSettings):
         return self.max_runs or self.max_deliveries or MAX_RUNS
 
 
-class OutboxDispatcherSpec(_Model):
+class OutboxDispatcherSpec(ResourceModel):
     """The desired dispatcher: shard count, connections, enqueuer and queues."""
 
     model_config = ConfigDict(
@@ -382,10 +281,8 @@ class OutboxDispatcherSpec(_Model):
         }
     )
 
-    shards: int = Field(
-        default=DEFAULT_SHARDS,
-        ge=1,
-        le=4096,
+    shards: int = pydantic_field(
+        STREAM_SHARDS,
         description="streams per queue, written to composer:stream_shards; lowering it is in "
         "force at once and the removed shards drain (condition ShardsDraining)",
     )
@@ -411,62 +308,6 @@ class OutboxDispatcherSpec(_Model):
 
     def queue(self, name: str) -> QueueSpec | None:
         return next((q for q in self.queues if q.name == name), None)
-
-
-class Condition(_Model):
-    """A standard Kubernetes condition (the metav1.Condition shape)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    type: str = Field(max_length=316)
-    status: Literal["True", "False", "Unknown"]
-    reason: str = Field(max_length=1024)
-    message: str = Field(default="", max_length=32768)
-    last_transition_time: datetime.datetime
-    observed_generation: int | None = Field(default=None, ge=0)
-
-
-class QueueStatus(_Model):
-    """What the autoscaler saw and did for one queue."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    name: str
-    backlog: int | None = Field(default=None, description="entries not yet completed")
-    pending: int | None = Field(default=None, description="delivered, not yet acked")
-    replicas: int | None = None
-    desired_replicas: int | None = None
-    last_scale_time: datetime.datetime | None = None
-    scale_down_since: datetime.datetime | None = Field(
-        default=None, description="since when fewer replicas would do (stabilization)"
-    )
-    scale_down_to: int | None = Field(
-        default=None, description="the highest recommendation within the window"
-    )
-
-
-class OutboxDispatcherStatus(_Model):
-    """Written by the operator only."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    observed_generation: int | None = None
-    shards: int | None = Field(default=None, description="the shard count published to Redis")
-    migrated_image: str | None = Field(
-        default=None, description="the enqueuer image whose `dispatcher migrate` succeeded"
-    )
-    conditions: list[Condition] = Field(
-        default_factory=list,
-        max_length=16,
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
-    )
-    queues: list[QueueStatus] = Field(default_factory=list, max_length=MAX_QUEUES)
-
-    def queue(self, name: str) -> QueueStatus | None:
-        return next((q for q in self.queues if q.name == name), None)
-
-    def condition(self, type_: str) -> Condition | None:
-        return next((c for c in self.conditions if c.type == type_), None)
 
 
 def cel_rules() -> list[tuple[str, dict[str, str]]]:

@@ -15,6 +15,9 @@ dispatcher needs no operator at all.
 
 The status is written whole after each pass, only when it changed, always with
 ``observedGeneration``. A failing pass is retried with exponential backoff.
+
+Its twin by name, ``dispatcher.cli.operator``, is the command layer that
+starts this (``dispatcher operator``).
 """
 
 from __future__ import annotations
@@ -34,10 +37,20 @@ import psycopg
 from prometheus_client import CollectorRegistry
 from psycopg.conninfo import conninfo_to_dict
 
+from controller.conditions import (
+    DEGRADED,
+    PROGRESSING,
+    QUEUES_DRAINING,
+    READY,
+    SHARDS_DRAINING,
+    OutboxDispatcherStatus,
+    Reason,
+    condition_dicts,
+    set_condition,
+)
 from controller.k8s import KubeApi
 from controller.metrics import OperatorMetrics
 from controller.migration import MIGRATED
-from controller.model import API_GROUP, API_VERSION, KIND, PLURAL, OutboxDispatcherStatus
 from controller.reconcile import (
     Cache,
     Context,
@@ -50,16 +63,7 @@ from controller.reconcile import (
 )
 from controller.redis_access import RedisPool
 from controller.render import DEFAULT_WORKLOADS, Owner, WorkloadDefaults
-from controller.status import (
-    DEGRADED,
-    PROGRESSING,
-    QUEUES_DRAINING,
-    READY,
-    SHARDS_DRAINING,
-    Reason,
-    condition_dicts,
-    set_condition,
-)
+from controller.resource import API_GROUP, API_VERSION, KIND, PLURAL
 
 __all__ = ["Operator", "OperatorConfig", "conditions", "utcnow"]
 
@@ -380,7 +384,7 @@ def conditions(
     now: datetime.datetime,
     generation: int | None,
 ) -> list[dict[str, Any]]:
-    """The conditions after a pass (see ``controller.status`` for what each means)."""
+    """The conditions after a pass (see ``controller.conditions`` for what each means)."""
     found = status.conditions
 
     def put(type_: str, value: bool, reason: str, message: str = "") -> None:

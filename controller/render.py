@@ -31,18 +31,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.model import (
-    API_GROUP,
-    API_VERSION,
     DEFAULT_VERSION_TAG,
-    KIND,
     EnqueuerSpec,
     OutboxDispatcherSpec,
-    PodSettings,
     QueueSpec,
     Resources,
     Role,
     SecretRef,
 )
+from controller.podsettings import PodSettings
+from controller.resource import API_GROUP, API_VERSION, KIND
 from dispatcher.stream.naming import fnv1a_32
 
 __all__ = [

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import hiredis  # a dependency: redis[hiredis]
 from redis.asyncio import Redis, RedisCluster
@@ -21,7 +20,6 @@ __all__ = [
     "check_eviction_policy",
     "connect_redis",
     "memory_infos",
-    "redact_url",
     "use_hiredis_packing",
 ]
 
@@ -123,18 +121,3 @@ async def check_eviction_policy(client: RedisClient) -> str | None:
             what,
         )
     return policy
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any password replaced by ``***``: safe to log."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    netloc = f"{user}:***@{host}{port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))

@@ -1,4 +1,8 @@
-"""Prometheus metrics of the enqueuer (``dispatcher_outbox_*``)."""
+"""Prometheus metrics of the enqueuer (``dispatcher_outbox_*``).
+
+The worker's twin is ``dispatcher.worker.metrics``, the operator's
+``controller.metrics``: one metrics module per process kind.
+"""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dispatcher.models import TaskMessage
-from dispatcher.stream.protocol import Message
+from dispatcher.stream.entries import Message
 from dispatcher.tracing import carries_trace, child_span
 from dispatcher.worker.dead_letter import describe_error
 from dispatcher.worker.handler import Handler, HandlerTimeout, thread_call

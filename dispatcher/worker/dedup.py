@@ -115,7 +115,7 @@ def attempt_key(dedup_key: str) -> str:
 
 
 class Claim(enum.IntEnum):
-    """What ``AttemptGuard.claim`` found, when it did not start a run.
+    """What ``AttemptGuard.claim_many`` found for an attempt, when it did not start a run.
 
     A claim is an ``int``: these two values, or the number (>= 1) of the run
     it started (the lease is ours: run the handler).
@@ -140,16 +140,11 @@ class AttemptGuard:
         self._claim = client.register_script(_CLAIM)
         self._cluster = isinstance(client, RedisCluster)
 
-    async def claim(self, dedup_key: str) -> int:
-        """Try to take the lease (and count the run) and read the done mark in one round trip."""
-        (claim,) = await self.claim_many([dedup_key])
-        return claim
-
     async def claim_many(self, dedup_keys: Sequence[str]) -> list[int]:
-        """``claim`` for many attempts in one round trip, in order.
+        """Per attempt, in order: take its lease (counting the run), read its done mark.
 
-        A key given twice is acquired at most once (SET NX): the later copy is
-        ``BUSY`` unless the attempt is done.
+        One round trip for the whole batch. A key given twice is acquired at most
+        once (SET NX): the later copy is ``BUSY`` unless the attempt is done.
         """
         if not dedup_keys:
             return []
@@ -190,9 +185,6 @@ class AttemptGuard:
         if taken_but_done:
             await asyncio.gather(*(self.release(key) for key in taken_but_done))
         return claims
-
-    async def mark_done(self, dedup_key: str) -> None:
-        await self.mark_done_many([dedup_key])
 
     async def mark_done_many(self, dedup_keys: Sequence[str]) -> None:
         """Write the done marks of ``dedup_keys`` in one pipelined round trip."""

@@ -41,7 +41,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from dispatcher.models import MalformedMessage, TaskMessage, parse_tasks
-from dispatcher.stream.protocol import Message
+from dispatcher.stream.entries import Message
 from dispatcher.tracing import carries_trace
 from dispatcher.worker.calls import HandlerCalls, timed_out
 from dispatcher.worker.coalesce import Coalescer

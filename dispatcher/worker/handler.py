@@ -24,7 +24,6 @@ __all__ = [
     "HandlerImportError",
     "HandlerTimeout",
     "Invoke",
-    "invoke",
     "invoker",
     "is_async",
     "load_handler",
@@ -74,7 +73,10 @@ Invoke = Callable[[TaskMessage], Awaitable[None]]
 
 
 def invoker(handler: Handler, *, executor: Executor | None) -> Invoke:
-    """``invoke`` bound to ``handler``, with the async-or-sync question answered once."""
+    """A callable running ``handler(message)``: awaited if async, in ``executor`` if sync.
+
+    The async-or-sync question is answered once, here, not per message.
+    """
     if is_async(handler):
         return handler  # an async handler is its own invoker
 
@@ -90,8 +92,3 @@ def invoker(handler: Handler, *, executor: Executor | None) -> Invoke:
 def thread_call(handler: Handler, message: TaskMessage) -> Callable[[], Any]:
     """``handler(message)`` for a thread, run in a copy of this context (it sees the span)."""
     return functools.partial(contextvars.copy_context().run, handler, message)
-
-
-async def invoke(handler: Handler, message: TaskMessage, *, executor: Executor | None) -> None:
-    """Run ``handler(message)``: awaited if async, in ``executor`` if sync."""
-    await invoker(handler, executor=executor)(message)

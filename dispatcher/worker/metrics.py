@@ -5,6 +5,9 @@ passes the process-wide default registry, tests and embedders may pass their
 own so several workers can live in one process. ``for_queue`` hands out the
 labelled children of one queue, looked up once and cached, so the per-message
 path never resolves labels.
+
+The enqueuer's twin is ``dispatcher.outbox.metrics``, the operator's
+``controller.metrics``: one metrics module per process kind.
 """
 
 from __future__ import annotations

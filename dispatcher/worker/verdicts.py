@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 
 from dispatcher.models import TaskMessage
 from dispatcher.redis_client import RedisClient
-from dispatcher.stream.protocol import Message
+from dispatcher.stream.entries import Message
 from dispatcher.worker.calls import log_fields
 from dispatcher.worker.dead_letter import describe_error, write_dead_letter
 from dispatcher.worker.dedup import AttemptGuard

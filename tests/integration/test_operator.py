@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import redis.asyncio
 
-from controller.model import OutboxDispatcherStatus
+from controller.conditions import OutboxDispatcherStatus
 from controller.operator import Operator
 from controller.render import CONFIG_HASH_ANNOTATION
 from dispatcher.stream.naming import SHARDS_KEY

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import RedisStreamConsumer, RedisStreamPublisher, task_stream
-from dispatcher.stream.protocol import Message
+from dispatcher.stream.entries import Message
 from dispatcher.worker import AttemptGuard, Claim, attempt_key, lease_key
 from dispatcher.worker.leases import LeaseKeeper
 from dispatcher.worker.reader import StreamReader
@@ -56,7 +56,7 @@ async def test_claim_many_takes_each_attempt_once_and_sees_done_marks(
 ) -> None:
     a, b, done = (f"{queue}-{name}:1" for name in ("a", "b", "done"))
     mine = guard(any_redis)
-    await mine.mark_done(done)
+    await mine.mark_done_many([done])
 
     claims = await mine.claim_many([a, b, a, done])
 

@@ -6,13 +6,12 @@ import datetime
 from decimal import Decimal
 from typing import Any
 
+from controller.conditions import OutboxDispatcherStatus, Rollout, rollout
 from controller.k8s import contains
 from controller.migration import MigrationState
-from controller.model import OutboxDispatcherStatus
 from controller.operator import conditions
 from controller.quantity import parse_quantity, same_quantity
 from controller.reconcile import Failure, Pass
-from controller.status import Rollout, rollout
 
 NOW = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
 

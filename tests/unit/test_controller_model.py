@@ -7,9 +7,9 @@ import datetime
 import pydantic
 import pytest
 
+from controller.conditions import DEGRADED, READY, set_condition
 from controller.model import OutboxDispatcherSpec
-from controller.shards import ShardDecision, decide_shards, draining_shards
-from controller.status import DEGRADED, READY, set_condition
+from controller.shard_policy import ShardDecision, decide_shards, draining_shards
 
 SECRETS = {
     "postgres": {"secretRef": {"name": "db", "key": "url"}},

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from dispatcher.models import TaskMessage
-from dispatcher.stream.protocol import Message
+from dispatcher.stream.entries import Message
 from dispatcher.worker import (
     HandlerImportError,
     WorkerConfig,
@@ -19,7 +19,7 @@ from dispatcher.worker import (
     load_handler,
 )
 from dispatcher.worker.dead_letter import MAX_ERROR_CHARS, describe_error
-from dispatcher.worker.handler import invoke
+from dispatcher.worker.handler import invoker
 from dispatcher.worker.slots import SlotPool
 
 MESSAGE = TaskMessage(
@@ -64,7 +64,7 @@ async def test_invoke_awaits_async_handlers_on_the_loop() -> None:
     async def handler(message: TaskMessage) -> None:
         seen.append((message.task_id, threading.current_thread().name))
 
-    await invoke(handler, MESSAGE, executor=None)
+    await invoker(handler, executor=None)(MESSAGE)
     assert seen == [("t1", threading.main_thread().name)]
 
 
@@ -74,7 +74,7 @@ async def test_invoke_runs_sync_handlers_in_a_thread_and_propagates_errors() -> 
         raise ValueError(f"bad {message.task_id}")
 
     with pytest.raises(ValueError, match="bad t1"):
-        await invoke(handler, MESSAGE, executor=None)
+        await invoker(handler, executor=None)(MESSAGE)
 
 
 async def test_invoke_supports_objects_with_async_call() -> None:
@@ -86,7 +86,7 @@ async def test_invoke_supports_objects_with_async_call() -> None:
             self.seen.append(message.attempt)
 
     handler = Handler()
-    await invoke(handler, MESSAGE, executor=None)
+    await invoker(handler, executor=None)(MESSAGE)
     assert handler.seen == [2]
 
 

@@ -1,4 +1,7 @@
-"""Status conditions of an ``OutboxDispatcher``: pure updates of the condition list.
+"""The status of an ``OutboxDispatcher``: its models and pure updates of its conditions.
+
+Only the operator writes the status; its models ignore fields they do not know, so an
+older operator still reads what a newer one wrote. The conditions:
 
 - ``Ready``: every owned Deployment is available at its current generation,
   and PostgreSQL and Redis answer. False with the reason otherwise.
@@ -24,7 +27,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from controller.model import Condition
+from pydantic import ConfigDict, Field
+
+from controller.model import MAX_QUEUES
+from controller.resource import ResourceModel
 
 __all__ = [
     "DEGRADED",
@@ -32,6 +38,9 @@ __all__ = [
     "QUEUES_DRAINING",
     "READY",
     "SHARDS_DRAINING",
+    "Condition",
+    "OutboxDispatcherStatus",
+    "QueueStatus",
     "Reason",
     "Rollout",
     "condition_dicts",
@@ -45,6 +54,62 @@ PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 QUEUES_DRAINING = "QueuesDraining"
 SHARDS_DRAINING = "ShardsDraining"
+
+
+class Condition(ResourceModel):
+    """A standard Kubernetes condition (the metav1.Condition shape)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: str = Field(max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(max_length=1024)
+    message: str = Field(default="", max_length=32768)
+    last_transition_time: datetime.datetime
+    observed_generation: int | None = Field(default=None, ge=0)
+
+
+class QueueStatus(ResourceModel):
+    """What the autoscaler saw and did for one queue."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    backlog: int | None = Field(default=None, description="entries not yet completed")
+    pending: int | None = Field(default=None, description="delivered, not yet acked")
+    replicas: int | None = None
+    desired_replicas: int | None = None
+    last_scale_time: datetime.datetime | None = None
+    scale_down_since: datetime.datetime | None = Field(
+        default=None, description="since when fewer replicas would do (stabilization)"
+    )
+    scale_down_to: int | None = Field(
+        default=None, description="the highest recommendation within the window"
+    )
+
+
+class OutboxDispatcherStatus(ResourceModel):
+    """Written by the operator only."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    observed_generation: int | None = None
+    shards: int | None = Field(default=None, description="the shard count published to Redis")
+    migrated_image: str | None = Field(
+        default=None, description="the enqueuer image whose `dispatcher migrate` succeeded"
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    queues: list[QueueStatus] = Field(default_factory=list, max_length=MAX_QUEUES)
+
+    def queue(self, name: str) -> QueueStatus | None:
+        return next((q for q in self.queues if q.name == name), None)
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
 
 
 class Reason:

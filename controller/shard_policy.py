@@ -1,4 +1,4 @@
-"""The shard count in Redis (``composer:stream_shards``): the pure decision of what to do with it.
+"""The operator's shard policy: what to do with the count in ``composer:stream_shards``, pure.
 
 The key follows ``spec.shards`` at once, up or down. Enqueuers route each row
 when they publish it, by the count they read live, so after a decrease nothing
@@ -8,6 +8,7 @@ pending entries until it is empty. ``decide_shards`` is the rule; the operator
 measures the key and the streams in its Redis round trip
 (``controller.redis_access``), writes the key when told, and reports the
 removed shards that still hold work (``draining_shards``) as ``ShardsDraining``.
+Reading and writing the key itself is ``dispatcher.stream.shard_count``.
 """
 
 from __future__ import annotations
