@@ -1,22 +1,17 @@
 """``Worker``: consume a queue's shard streams, run the handler, settle each entry.
 
-One worker process reads every shard stream of its queues, each with its own
-read and reclaim loops (``reader.py``), and runs handlers in one bounded pool
-of slots: each read batch is one task that claims all its entries at once and
-then runs them concurrently (``delivery.py``); finished entries are acked in
-groups (``settle.py``) and long runs keep their leases (``leases.py``). It
-re-reads ``composer:stream_shards`` every few seconds and starts loops for new
-shards without a restart. It does not trust the count for reading: it never
-stops reading a shard it read, and it looks for other shard streams of its
-queues that still hold entries or pending entries (a decrease made before it
-started, a writer that still had the old count) and reads those too
-(``stream/discovery.py``). ``request_stop()`` stops reading; handlers in hand finish
-within the grace period, the rest stay pending for another worker; a consumer
-with nothing pending is then removed from its group. Until ``run()`` returns,
-every handler still running keeps its lease and its entry fresh; a sync
-handler's thread cannot be stopped, so ``abandoned`` counts the threads still
-running when ``run()`` returns, and the process should then end at once (the
-CLI exits hard) before their leases can lapse.
+One worker process reads every shard stream of its queues (``streams.py``),
+each with its own read and reclaim loops (``reader.py``), and runs handlers
+in one bounded pool of slots (``slots.py``): each read batch is one task that
+claims all its entries at once, starts their handlers and settles them
+together (``delivery.py``); long runs keep their leases and their entries
+fresh (``leases.py``). ``request_stop()`` stops reading; handlers in hand
+finish within the grace period, the rest stay pending for another worker; a
+consumer with nothing pending is then removed from its group. Until
+``run()`` returns, every handler still running keeps its lease and its entry
+fresh; a sync handler's thread cannot be stopped, so ``abandoned`` counts the
+threads still running when ``run()`` returns, and the process should then
+end at once (the CLI exits hard) before their leases can lapse.
 """
 
 from __future__ import annotations
@@ -33,11 +28,7 @@ from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
 from dispatcher.redis_client import RedisClient
-from dispatcher.stream.consumer import RedisStreamConsumer
-from dispatcher.stream.discovery import existing_shards
 from dispatcher.stream.entries import Message
-from dispatcher.stream.naming import parse_task_stream, queue_streams, task_stream
-from dispatcher.stream.shard_count import read_shard_count
 from dispatcher.stream.stats import stream_stats
 from dispatcher.worker.calls import HandlerCalls
 from dispatcher.worker.coalesce import Coalescer
@@ -50,6 +41,7 @@ from dispatcher.worker.metrics import WorkerMetrics
 from dispatcher.worker.reader import StreamReader
 from dispatcher.worker.settle import Settler
 from dispatcher.worker.slots import SlotPool
+from dispatcher.worker.streams import WorkerStreams
 from dispatcher.worker.verdicts import Verdicts
 
 __all__ = ["Worker"]
@@ -61,9 +53,6 @@ REDIS_UNREADY_AFTER = 15.0
 # ... and only after this long is it presumed stuck (liveness): a Redis failover can take
 # minutes, and restarting every worker for it only adds a storm of reconnects.
 REDIS_DEAD_AFTER = 600.0
-# Look for left-over shard streams (a keyspace SCAN) every this many shard-count polls, and
-# whenever the count drops.
-DISCOVER_EVERY_POLLS = 6
 
 
 class Worker:
@@ -82,14 +71,22 @@ class Worker:
         self._clock = clock
         self.config = config
         self.metrics = WorkerMetrics(registry if registry is not None else CollectorRegistry())
-        self.shards = 0
         self._handler = handler
         self._stopping = asyncio.Event()
-        self._readers: dict[str, StreamReader] = {}
         self._loops: set[asyncio.Task[None]] = set()
         self._keeper: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         self._slots = SlotPool(config.concurrency)
+        self._streams = WorkerStreams(
+            client=client,
+            config=config,
+            metrics=self.metrics,
+            slots=self._slots,
+            submit=self._submit,
+            stopping=self._stopping,
+            on_redis_ok=self._redis_ok,
+            spawn_loop=self._spawn_loop,
+        )
         self._last_redis_ok = 0.0
         self._started = False
         self._executor = ThreadPoolExecutor(config.concurrency, thread_name_prefix="handler")
@@ -99,7 +96,11 @@ class Worker:
 
     @property
     def streams(self) -> list[str]:
-        return list(self._readers)
+        return list(self._streams.readers)
+
+    @property
+    def shards(self) -> int:
+        return self._streams.shards
 
     @property
     def abandoned(self) -> int:
@@ -139,7 +140,7 @@ class Worker:
             await self._stopping.wait()
             log.info("stopping: no new reads; waiting for handlers in hand")
             await self._drain()
-            await self._leave_groups()
+            await self._streams.leave_groups()
         finally:
             keeper = {self._keeper} if self._keeper else set()
             await self._cancel(self._loops | self._handlers | keeper)
@@ -151,7 +152,7 @@ class Worker:
             self._executor.shutdown(wait=False, cancel_futures=True)
             log.info("worker stopped", extra={"consumer": self.config.consumer})
 
-    # -- start-up and shard growth -------------------------------------------
+    # -- start-up -------------------------------------------------------------
 
     def _make_deliveries(self) -> Deliveries:
         guard = AttemptGuard(
@@ -183,14 +184,12 @@ class Worker:
         )
 
     async def _start(self) -> None:
-        shards = await read_shard_count(self.client, fallback=self.config.shards)
-        await self._grow_to(shards)
-        await self._discover()
+        shards = await self._streams.start()
         self._last_redis_ok = self._clock()
         # Not a loop of its own: it renews leases of handlers still draining.
         self._keeper = asyncio.create_task(self._deliveries.calls.leases.run(), name="lease keeper")
         self._keeper.add_done_callback(_log_crash)
-        self._spawn_loop(self._watch_shards(), "shard watch")
+        self._spawn_loop(self._streams.watch(), "shard watch")
         self._spawn_loop(self._report_stats(), "stream stats")
         self._started = True
         log.info(
@@ -204,75 +203,9 @@ class Worker:
             },
         )
 
-    async def _grow_to(self, shards: int) -> None:
-        """Start reading the streams of ``shards`` shards that are not read yet."""
-        for stream in queue_streams(self.config.queues, shards):
-            if stream not in self._readers:
-                await self._add_stream(stream)
-        self.shards = shards
-        self.metrics.streams.set(len(self._readers))
-
-    async def _discover(self) -> None:
-        """Start reading other shard streams of our queues that still hold work."""
-        try:
-            await self._discover_each()
-        except (RedisError, OSError) as exc:  # e.g. an ACL without SCAN: the count still works
-            log.warning("cannot look for left-over shard streams: %s", exc)
-
-    async def _discover_each(self) -> None:
-        for queue in self.config.queues:
-            for shard in sorted(await existing_shards(self.client, queue)):
-                stream = task_stream(queue, shard)
-                if stream in self._readers:
-                    continue
-                stats = await stream_stats(self.client, stream, self.config.group)
-                if stats.length or stats.pending:
-                    log.info("reading a shard beyond the count until it is empty: %s", stream)
-                    await self._add_stream(stream)
-        self.metrics.streams.set(len(self._readers))
-
-    async def _add_stream(self, stream: str) -> None:
-        consumer = RedisStreamConsumer(
-            client=self.client,
-            stream=stream,
-            group=self.config.group,
-            consumer=self.config.consumer,
-            block_ms=self.config.block_ms,
-            reclaim_limit=self.config.concurrency,
-            reclaim_batch=self.config.concurrency,
-        )
-        await consumer.setup()
-        reader = StreamReader(
-            consumer=consumer,
-            queue=_queue_of(stream),
-            slots=self._slots,
-            submit=self._submit,
-            stopping=self._stopping,
-            reclaim_idle_ms=self.config.reclaim_idle_ms,
-            on_redis_ok=self._redis_ok,
-        )
-        self._readers[stream] = reader
-        self._spawn_loop(reader.read_loop(), f"read {stream}")
-        self._spawn_loop(reader.reclaim_loop(), f"reclaim {stream}")
-
-    async def _watch_shards(self) -> None:
-        polls = 0
-        while not await self._stopped_within(self.config.shard_poll_interval):
-            polls += 1
-            try:
-                shards = await read_shard_count(self.client, fallback=self.shards)
-                if shards != self.shards:
-                    log.info("shard count changed from %d to %d", self.shards, shards)
-                dropped = shards < self.shards
-                await self._grow_to(shards)
-                if dropped or polls % DISCOVER_EVERY_POLLS == 0:
-                    await self._discover()
-            except (RedisError, OSError, ValueError) as exc:
-                log.warning("cannot refresh the shard count: %s", exc)
-
     async def _report_stats(self) -> None:
         while not await self._stopped_within(self.config.stats_interval):
-            for stream, reader in list(self._readers.items()):
+            for stream, reader in list(self._streams.readers.items()):
                 try:
                     stats = await stream_stats(self.client, stream, self.config.group)
                 except (RedisError, OSError) as exc:
@@ -330,7 +263,7 @@ class Worker:
         if self._handlers:
             log.warning(
                 "grace period over: %d entries in hand cancelled; they stay pending",
-                sum(len(reader.in_hand) for reader in self._readers.values()),
+                self._streams.in_hand(),
             )
             await self._cancel(self._handlers)
         if self.abandoned:
@@ -339,21 +272,6 @@ class Worker:
                 "kept until the process exits",
                 self.abandoned,
             )
-
-    async def _leave_groups(self) -> None:
-        """XGROUP DELCONSUMER on every stream where this consumer holds nothing."""
-        for stream, reader in self._readers.items():
-            try:
-                if await reader.consumer.pending_count() == 0:
-                    await self.client.xgroup_delconsumer(
-                        stream, self.config.group, self.config.consumer
-                    )
-                else:
-                    log.info(
-                        "consumer keeps pending entries; not removed", extra={"stream": stream}
-                    )
-            except (RedisError, OSError) as exc:
-                log.warning("cannot remove the consumer: %s", exc, extra={"stream": stream})
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -377,11 +295,6 @@ class Worker:
             task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-
-
-def _queue_of(stream: str) -> str:
-    queue, _shard = parse_task_stream(stream)
-    return queue
 
 
 def _log_crash(task: asyncio.Task[None]) -> None:
