@@ -24,6 +24,8 @@ import psycopg
 from dispatcher.outbox.schema import available_migrations
 from tests.fix_servers import RedisProcess
 
+__all__ = ["ADMIN_URL", "BenchEnv", "RedisProcess", "bench_env", "machine_facts"]
+
 ADMIN_URL = os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 

@@ -1,0 +1,189 @@
+"""What the benchmarks feed the system: realistic dispatches, pre-filled outboxes, processes.
+
+A realistic dispatch is a ``TaskDispatch`` whose ``input`` looks like a resolved
+task input (an order with a customer, an amount and line items); its stored
+payload is ~433 bytes, as an application's would be, where a ``{"x": 1}`` input
+gives ~150. ``payload_of_size`` pads the line items to reach a larger size
+(4 KB), which PostgreSQL then stores compressed or out of line (TOAST).
+
+The product runs as its own process, started from its command line with its
+defaults (``dispatcher enqueuer``, ``dispatcher worker``), as in production;
+``cpu_seconds`` reads what each process spent from /proc, so a figure can say
+µs per row in the product, in PostgreSQL and in Redis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from dispatcher.models import TaskDispatch
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = 512  # "0.5 KB"
+LARGE = 4096  # "4 KB"
+
+
+def _input(items: int, note: str = "") -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "order_id": "ord_9f2c41d7",
+        "customer": {"id": "cus_51b7e0", "email": "ana@example.com"},
+        "amount": {"value": 129.9, "currency": "EUR"},
+        "items": [
+            {"sku": f"SKU-{4410 + i:05d}", "qty": 1 + i % 3, "price": 21.65 + i}
+            for i in range(items)
+        ],
+    }
+    if note:
+        body["note"] = note
+    return body
+
+
+def dispatch(task_id: str, queue: str, *, items: int = 1, note: str = "") -> TaskDispatch:
+    """A realistic dispatch (with a uuid ``task_id`` and 1 line item: a 433-byte payload)."""
+    return TaskDispatch(
+        task_id=task_id,
+        run_id="run_3c5e8a17",
+        workflow_id="order-fulfilment",
+        workflow_version=7,
+        node_id="charge",
+        node_type="http",
+        queue=queue,
+        attempt=1,
+        input=json.dumps(_input(items, note)),
+    )
+
+
+def payload_size(d: TaskDispatch) -> int:
+    return len(json.dumps(d.payload()))
+
+
+def sized_dispatch(task_id: str, queue: str, size: int) -> TaskDispatch:
+    """A realistic dispatch whose payload is ``size`` bytes (line items, then a note to fill)."""
+    items = 1
+    while payload_size(dispatch(task_id, queue, items=items + 1)) <= size - 20:
+        items += 1
+    pad = size - payload_size(dispatch(task_id, queue, items=items, note="-"))
+    return dispatch(task_id, queue, items=items, note="-" * (1 + max(pad, 0)))
+
+
+# Rows as enqueue_dispatch writes them, built in SQL from one payload so 50k rows take
+# seconds: only the ids differ. Works on the project's table and on the spec's (same columns).
+PREFILL = """
+INSERT INTO outbox (id, task_id, stream, payload, type)
+SELECT %(prefix)s || g, %(prefix)s || g, %(stream)s,
+       jsonb_set(%(payload)s::jsonb, '{task_id}', to_jsonb(%(prefix)s || g)),
+       'TASK_EXECUTION'
+  FROM generate_series(1, %(n)s) AS g
+"""
+
+
+def prefill(url: str, rows: int, *, queue: str, size: int, stream: str | None = None) -> None:
+    """A fresh outbox with ``rows`` due rows of ~``size``-byte payloads.
+
+    TRUNCATE first: a drain leaves its rows as dead tuples (and index entries) that slow
+    whichever variant runs next until vacuum gets to them.
+    """
+    payload = json.dumps(sized_dispatch("t", queue, size).payload())
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE outbox")
+        conn.execute(
+            PREFILL,
+            {"prefix": f"{queue}-", "stream": stream or f"workflow.tasks.{queue}",
+             "payload": payload, "n": rows},
+        )  # fmt: skip
+        conn.execute("ANALYZE outbox")
+
+
+def outbox_count(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM outbox").fetchone()
+    return int(row[0]) if row else 0
+
+
+@contextlib.contextmanager
+def processes(commands: Sequence[Sequence[str]]) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Start ``commands`` (from the checkout root, output to a temporary log); SIGTERM after."""
+    log = Path(tempfile.mkstemp(prefix="od-bench-proc-", suffix=".log")[1])
+    with log.open("wb") as out:
+        procs = [
+            subprocess.Popen(list(c), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+            for c in commands
+        ]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        log.unlink(missing_ok=True)
+
+
+def enqueuer_command(db_url: str, redis_url: str, *extra: str) -> list[str]:
+    """``dispatcher enqueuer`` with its defaults (LISTEN on), as production starts it."""
+    return [sys.executable, "-m", "dispatcher.cli", "enqueuer",
+            "--database-url", db_url, "--redis-url", redis_url, *extra]  # fmt: skip
+
+
+def relay_command(db_url: str, redis_url: str, *extra: str) -> list[str]:
+    """The pipelined reference relay (``benchmarks.baselines``) as its own process."""
+    return [sys.executable, "-m", "benchmarks.baselines",
+            "--database-url", db_url, "--redis-url", redis_url, *extra]  # fmt: skip
+
+
+def cpu_seconds(names: set[str]) -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) so far of every process whose command is in ``names``."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found: dict[int, tuple[str, float]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:  # gone meanwhile
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        if name in names:
+            fields = text[text.rindex(")") + 2 :].split()
+            found[int(stat.parent.name)] = (name, (int(fields[11]) + int(fields[12])) / tick)
+    return found
+
+
+def cpu_seconds_of(pids: list[int]) -> float:
+    """User + system CPU seconds of ``pids`` so far (Linux /proc)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_spent(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], pids: set[int]
+) -> dict[str, float]:
+    """CPU seconds between two readings: "product" (``pids``), "postgres", "redis-server"."""
+    spent = {"product": 0.0, "postgres": 0.0, "redis-server": 0.0}
+    for pid, (name, cpu) in after.items():
+        used = cpu - before.get(pid, (name, 0.0))[1]
+        key = "product" if pid in pids else name
+        if key in spent:
+            spent[key] += used
+    return spent
+
+
+def load_average() -> str:
+    return " / ".join(f"{v:.2f}" for v in os.getloadavg())
