@@ -112,18 +112,23 @@ Publish = Callable[[list[tuple[Any, ...]]], Awaitable[None]]
 
 
 async def spec_cycle(
-    db_url: str, rows: int, publish: Publish | None, *, done: Callable[[], None] | None = None
+    db_url: str,
+    rows: int,
+    publish: Publish | None,
+    *,
+    done: Callable[[], None] | None = None,
+    batch: int | None = None,
 ) -> float:
     """Rows/s of loops of: spec claim, ``publish`` (if any), DELETE.
 
     ``done`` is called when the rows are gone, while the connections (and so their
     PostgreSQL backends, whose CPU time a caller may read) are still open.
 
-    Batch size and loop count are the enqueuer's defaults, so the comparison is always at
-    the same batch size and connection count.
+    Batch size (unless ``batch``) and loop count are the enqueuer's defaults, so the
+    comparison is always at the same batch size and connection count.
     """
     defaults = EnqueuerConfig()
-    batch, connections = defaults.batch_size, defaults.concurrency
+    batch, connections = batch or defaults.batch_size, defaults.concurrency
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
         db_url,
         min_size=connections,

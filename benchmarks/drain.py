@@ -19,6 +19,7 @@ drain that misses its target.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 
@@ -28,18 +29,17 @@ import redis as sync_redis
 from benchmarks.baselines import spec_cycle, spec_schema_url
 from benchmarks.env import BenchEnv
 from benchmarks.workload import (
-    cpu_seconds,
-    cpu_spent,
+    Around,
+    CpuMeter,
     enqueuer_command,
-    outbox_count,
     prefill,
     processes,
     relay_command,
+    wait_empty,
 )
 from dispatcher.stream import DEFAULT_SHARDS, SHARDS_KEY, queue_streams
 
 ROWS = 50_000
-WATCHED = {"postgres", "redis-server", "python", "python3", "dispatcher"}
 
 
 def _published(client: sync_redis.Redis, streams: list[str]) -> int:
@@ -49,9 +49,17 @@ def _published(client: sync_redis.Redis, streams: list[str]) -> int:
     return sum(pipe.execute())
 
 
-def _timed_drain(env: BenchEnv, command: list[str], rows: int, size: int) -> dict[str, float]:
+def _timed_drain(
+    env: BenchEnv,
+    command: list[str],
+    rows: int,
+    size: int,
+    *,
+    fresh: bool = True,
+    around: Around | None = None,
+) -> dict[str, float]:
     queue = f"dr{uuid.uuid4().hex[:6]}"
-    prefill(env.db_url, rows, queue=queue, size=size)
+    prefill(env.db_url, rows, queue=queue, size=size, fresh=fresh)
     client = sync_redis.Redis.from_url(env.redis_url)
     client.set(SHARDS_KEY, str(DEFAULT_SHARDS))
     streams = queue_streams([queue], DEFAULT_SHARDS)
@@ -59,19 +67,21 @@ def _timed_drain(env: BenchEnv, command: list[str], rows: int, size: int) -> dic
         with processes([command]) as procs:
             while _published(client, streams) == 0:
                 time.sleep(0.002)
-            started, before = time.perf_counter(), cpu_seconds(WATCHED)
-            first = _published(client, streams)
-            while _published(client, streams) < rows:
-                time.sleep(0.005)
-            while outbox_count(env.db_url):
-                time.sleep(0.005)
-            wall = time.perf_counter() - started
-            spent = cpu_spent(before, cpu_seconds(WATCHED), {p.pid for p in procs})
+            pids = [p.pid for p in procs]
+            with around(pids) if around else contextlib.nullcontext():
+                meter = CpuMeter(env.db_url, product=set(pids), redis_pid=env.redis_pid)
+                started = time.perf_counter()
+                first = _published(client, streams)
+                while _published(client, streams) < rows:
+                    time.sleep(0.005)
+                wait_empty(env.db_url)
+                wall = time.perf_counter() - started
+                spent = meter.spent()
         moved = rows - first
         return {
             "product_us_per_row": spent["product"] / moved * 1e6,
             "postgres_us_per_row": spent["postgres"] / moved * 1e6,
-            "redis_us_per_row": spent["redis-server"] / moved * 1e6,
+            "redis_us_per_row": spent["redis"] / moved * 1e6,
             "rows_per_s": moved / wall,
         }
     finally:
@@ -79,25 +89,29 @@ def _timed_drain(env: BenchEnv, command: list[str], rows: int, size: int) -> dic
         client.close()
 
 
-def enqueuer(env: BenchEnv, size: int, rows: int = ROWS) -> dict[str, float]:
-    return _timed_drain(env, enqueuer_command(env.db_url, env.redis_url), rows, size)
+def enqueuer(
+    env: BenchEnv, size: int, rows: int = ROWS, fresh: bool = True, around: Around | None = None
+) -> dict[str, float]:
+    command = enqueuer_command(env.db_url, env.redis_url)
+    return _timed_drain(env, command, rows, size, fresh=fresh, around=around)
 
 
 def relay(env: BenchEnv, size: int, rows: int = ROWS) -> dict[str, float]:
     return _timed_drain(env, relay_command(env.db_url, env.redis_url), rows, size)
 
 
-async def sql_only(env: BenchEnv, size: int, rows: int = ROWS) -> dict[str, float]:
+async def sql_only(
+    env: BenchEnv, size: int, rows: int = ROWS, batch: int | None = None, fresh: bool = True
+) -> dict[str, float]:
     url = spec_schema_url(env.db_url)
-    prefill(url, rows, queue=f"sq{uuid.uuid4().hex[:6]}", size=size)
-    before = cpu_seconds(WATCHED)
-    after: dict[int, tuple[str, float]] = {}
+    prefill(url, rows, queue=f"sq{uuid.uuid4().hex[:6]}", size=size, fresh=fresh)
+    meter = CpuMeter(env.db_url, product=set(), redis_pid=0)
+    spent: dict[str, float] = {}
 
-    def done() -> None:
-        after.update(cpu_seconds(WATCHED))
+    def done() -> None:  # while the cycle's backends are still there to read
+        spent.update(meter.spent())
 
-    rate = await spec_cycle(url, rows, publish=None, done=done)
-    spent = cpu_spent(before, after, set())
+    rate = await spec_cycle(url, rows, publish=None, done=done, batch=batch)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("TRUNCATE outbox")
     return {

@@ -34,9 +34,9 @@ PUBLISHERS: dict[str, Callable[..., RedisStreamPublisher]] = {
 }
 
 
-def prefill(url: str, rows: int, *, queue: str) -> None:
-    """``rows`` due rows of realistic ~0.5 KB payloads in a fresh table."""
-    workload.prefill(url, rows, queue=queue, size=workload.SMALL)
+def prefill(url: str, rows: int, *, queue: str, size: int = workload.SMALL) -> None:
+    """``rows`` due rows of realistic ~0.5 KB payloads (or ``size``) in a fresh table."""
+    workload.prefill(url, rows, queue=queue, size=size)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -64,7 +64,9 @@ async def _with_enqueuer(env: BenchEnv, variant: str, listen: bool, body: Any) -
         await redis.aclose()
 
 
-async def idle_latency(env: BenchEnv, variant: str, samples: int = 200) -> dict[str, float]:
+async def idle_latency(
+    env: BenchEnv, variant: str, samples: int = 200, size: int = workload.SMALL
+) -> dict[str, float]:
     """Commit one dispatch at a time on an idle system; time until its entry is in Redis."""
 
     async def body(enqueuer: OutboxEnqueuer, redis: Any) -> dict[str, float]:
@@ -79,7 +81,7 @@ async def idle_latency(env: BenchEnv, variant: str, samples: int = 200) -> dict[
             reader = asyncio.create_task(redis.xread({stream: last_id}, block=5000, count=1))
             await asyncio.sleep(0.02)  # idle gap; the reader is blocked before the commit
             with psycopg.connect(env.db_url) as sync_conn:
-                enqueue_dispatch(sync_conn, _dispatch(f"t{i}", queue))
+                enqueue_dispatch(sync_conn, workload.sized_dispatch(f"t{i}", queue, size))
                 sync_conn.commit()
                 committed = time.perf_counter()
             reply = await reader
@@ -96,10 +98,12 @@ async def idle_latency(env: BenchEnv, variant: str, samples: int = 200) -> dict[
     return result
 
 
-async def drain(env: BenchEnv, variant: str, rows: int = 50_000) -> dict[str, float]:
+async def drain(
+    env: BenchEnv, variant: str, rows: int = 50_000, size: int = workload.SMALL
+) -> dict[str, float]:
     """Pre-fill ``rows`` due rows, then time the enqueuer (default settings) emptying the outbox."""
     queue = f"dr{uuid.uuid4().hex[:6]}"
-    prefill(env.db_url, rows, queue=queue)
+    prefill(env.db_url, rows, queue=queue, size=size)
 
     async def body(enqueuer: OutboxEnqueuer, redis: Any) -> dict[str, float]:
         started = time.perf_counter()

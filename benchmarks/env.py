@@ -33,6 +33,7 @@ ADMIN_URL = os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.
 class BenchEnv:
     db_url: str
     redis_url: str
+    redis_pid: int = 0  # the benchmark's own redis-server (its CPU is measured)
 
 
 @contextlib.contextmanager
@@ -47,7 +48,7 @@ def bench_env() -> Iterator[BenchEnv]:
         for migration in available_migrations():
             conn.execute(migration.sql.encode())
     try:
-        yield BenchEnv(db_url=db_url, redis_url=redis.url)
+        yield BenchEnv(db_url=db_url, redis_url=redis.url, redis_pid=redis.proc.pid)
     finally:
         redis.kill()
         with psycopg.connect(ADMIN_URL, autocommit=True) as admin:

@@ -38,7 +38,14 @@ import redis as sync_redis
 
 from benchmarks import insert_bench
 from benchmarks.env import BenchEnv
-from benchmarks.workload import dispatch, enqueuer_command, processes, relay_command
+from benchmarks.workload import (
+    CpuMeter,
+    dispatch,
+    enqueuer_command,
+    processes,
+    relay_command,
+    tiny_dispatch,
+)
 from dispatcher.outbox import enqueue_dispatch
 from dispatcher.stream import DEFAULT_SHARDS, SHARDS_KEY, queue_streams
 
@@ -47,6 +54,9 @@ SAMPLES = 300
 WARMUP = 10  # connections, prepared statements, the relay's first poll
 CHANNEL = "outbox_new"
 TIMEOUT = 10.0
+# How long after its entry reached the stream a dispatch's notification may still come: it
+# was sent before the relay could publish, but the listening thread may be scheduled late.
+NOTIFY_LAG = 0.5
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -114,35 +124,69 @@ def _summary(name: str, values: list[float]) -> dict[str, float]:
     return {f"p50_{name}_ms": statistics.median(values), f"p99_{name}_ms": percentile(values, 99)}
 
 
-def probe(env: BenchEnv, queue: str, r: Receivers, *, samples: int, clock: str) -> dict[str, float]:
-    """``samples`` dispatches, one at a time; latencies to the stream or to the notification."""
+def probe(
+    env: BenchEnv,
+    queue: str,
+    r: Receivers,
+    *,
+    samples: int,
+    clock: str,
+    pids: list[int],
+    tiny: bool = False,
+) -> dict[str, float]:
+    """``samples`` dispatches, one at a time; latencies to the stream or to the notification.
+
+    ``not_notified_pct``: the share of dispatches whose INSERT sent no notification (the
+    trigger notifies only while an enqueuer is idle); the floor leaves them out. Also the
+    CPU per dispatch of the relay's process (``pids``) and of every PostgreSQL
+    backend (the probe's and the receivers' included, alike in every variant).
+    ``tiny``: the earlier harness's ~150-byte payload instead of the realistic one.
+    """
     from_insert: list[float] = []
     from_commit: list[float] = []
     writes: list[float] = []
+    silent = 0
     with psycopg.connect(env.db_url) as conn:
         # Until the relay is up: its first poll publishes what was committed before it listened.
         r.seen(_send(conn, queue)[0], 60.0)
         for i in range(WARMUP + samples):
+            if i == WARMUP:
+                meter = CpuMeter(env.db_url, product=set(pids), redis_pid=env.redis_pid)
             time.sleep(GAP)
             while not r.notified.empty():
                 r.notified.get_nowait()
-            outbox_id, sent, acked = _send(conn, queue)
+            outbox_id, sent, acked = _send(conn, queue, tiny=tiny)
             visible = r.seen(outbox_id, TIMEOUT)
+            try:
+                notified = r.notified.get(timeout=NOTIFY_LAG)
+            except queues.Empty:  # the trigger did not NOTIFY: no enqueuer was idle
+                silent += i >= WARMUP
+                if clock == "notify":
+                    continue
             if clock == "notify":
-                visible = r.notified.get(timeout=TIMEOUT)
+                visible = notified
             if i >= WARMUP:
                 from_insert.append((visible - sent) * 1000)
                 from_commit.append((visible - acked) * 1000)
                 writes.append((acked - sent) * 1000)
+    spent = meter.spent()
     return (
         _summary("insert", from_insert)
         | _summary("commit", from_commit)
-        | {"p50_write_ms": statistics.median(writes)}
+        | {
+            "p50_write_ms": statistics.median(writes),
+            "not_notified_pct": silent * 100 / samples,
+            "product_us_per_dispatch": spent["product"] / samples * 1e6,
+            "postgres_us_per_dispatch": spent["postgres"] / samples * 1e6,
+        }
     )
 
 
-def _send(conn: psycopg.Connection[Any], queue: str) -> tuple[str, float, float]:
-    d = dispatch(str(uuid.uuid4()), queue)
+def _send(
+    conn: psycopg.Connection[Any], queue: str, tiny: bool = False
+) -> tuple[str, float, float]:
+    task_id = str(uuid.uuid4())
+    d = tiny_dispatch(task_id, queue) if tiny else dispatch(task_id, queue)
     sent = time.perf_counter()
     outbox_id = enqueue_dispatch(conn, d)
     conn.commit()
@@ -156,14 +200,17 @@ def _fresh_queue(env: BenchEnv) -> str:
     return f"idle{uuid.uuid4().hex[:6]}"
 
 
-def idle_enqueuer(env: BenchEnv, samples: int = SAMPLES, clock: str = "stream") -> dict[str, float]:
+def idle_enqueuer(
+    env: BenchEnv, samples: int = SAMPLES, clock: str = "stream", tiny: bool = False
+) -> dict[str, float]:
     """The enqueuer process (defaults); ``clock`` "notify" times the plain LISTEN session."""
     queue = _fresh_queue(env)
     with (
-        processes([enqueuer_command(env.db_url, env.redis_url)]),
+        processes([enqueuer_command(env.db_url, env.redis_url)]) as procs,
         receivers(env, queue) as r,
     ):
-        return probe(env, queue, r, samples=samples, clock=clock)
+        pids = [p.pid for p in procs]
+        return probe(env, queue, r, samples=samples, clock=clock, pids=pids, tiny=tiny)
 
 
 def idle_relay(env: BenchEnv, samples: int = SAMPLES) -> dict[str, float]:
@@ -171,8 +218,11 @@ def idle_relay(env: BenchEnv, samples: int = SAMPLES) -> dict[str, float]:
     queue = _fresh_queue(env)
     insert_bench.set_trigger(env.db_url, "spec trigger")
     try:
-        with processes([relay_command(env.db_url, env.redis_url)]), receivers(env, queue) as r:
-            return probe(env, queue, r, samples=samples, clock="stream")
+        with (
+            processes([relay_command(env.db_url, env.redis_url)]) as procs,
+            receivers(env, queue) as r,
+        ):
+            return probe(env, queue, r, samples=samples, clock="stream", pids=[procs[0].pid])
     finally:
         insert_bench.set_trigger(env.db_url, insert_bench.PROJECT)
 

@@ -8,8 +8,8 @@ gives ~150. ``payload_of_size`` pads the line items to reach a larger size
 
 The product runs as its own process, started from its command line with its
 defaults (``dispatcher enqueuer``, ``dispatcher worker``), as in production;
-``cpu_seconds`` reads what each process spent from /proc, so a figure can say
-µs per row in the product, in PostgreSQL and in Redis.
+``CpuMeter`` reads what each side spent from /proc, so a figure can say µs per
+row in the product, in PostgreSQL and in Redis.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +32,11 @@ import psycopg
 from dispatcher.models import TaskDispatch
 
 ROOT = Path(__file__).resolve().parents[1]
+# Entered with the product's pids while a figure measures them (a profiler, say).
+Around = Callable[[list[int]], AbstractContextManager[object]]
 SMALL = 512  # "0.5 KB"
 LARGE = 4096  # "4 KB"
+TINY = 0  # the earlier harness's payload: one-letter ids and a '{"x": 1}' input
 
 
 def _input(items: int, note: str = "") -> dict[str, Any]:
@@ -68,8 +73,19 @@ def payload_size(d: TaskDispatch) -> int:
     return len(json.dumps(d.payload()))
 
 
+def tiny_dispatch(task_id: str, queue: str) -> TaskDispatch:
+    """The earlier harness's dispatch (a ~150-byte payload): to show what payload size costs."""
+    return TaskDispatch(
+        task_id=task_id, run_id="r", workflow_id="wf", workflow_version=1, node_id="n",
+        node_type="t", queue=queue, attempt=1, input='{"x": 1}',
+    )  # fmt: skip
+
+
 def sized_dispatch(task_id: str, queue: str, size: int) -> TaskDispatch:
-    """A realistic dispatch whose payload is ``size`` bytes (line items, then a note to fill)."""
+    """A realistic dispatch whose payload is ``size`` bytes (line items, then a note to fill);
+    ``TINY``: the earlier harness's."""
+    if size == TINY:
+        return tiny_dispatch(task_id, queue)
     items = 1
     while payload_size(dispatch(task_id, queue, items=items + 1)) <= size - 20:
         items += 1
@@ -88,27 +104,31 @@ SELECT %(prefix)s || g, %(prefix)s || g, %(stream)s,
 """
 
 
-def prefill(url: str, rows: int, *, queue: str, size: int, stream: str | None = None) -> None:
+def prefill(
+    url: str, rows: int, *, queue: str, size: int, stream: str | None = None, fresh: bool = True
+) -> None:
     """A fresh outbox with ``rows`` due rows of ~``size``-byte payloads.
 
     TRUNCATE first: a drain leaves its rows as dead tuples (and index entries) that slow
-    whichever variant runs next until vacuum gets to them.
+    whichever variant runs next until vacuum gets to them. ``fresh=False`` shows that
+    state: the table as a drain of ``rows`` rows just before left it.
     """
     payload = json.dumps(sized_dispatch("t", queue, size).payload())
+    params = {"stream": stream or f"workflow.tasks.{queue}", "payload": payload, "n": rows}
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("TRUNCATE outbox")
-        conn.execute(
-            PREFILL,
-            {"prefix": f"{queue}-", "stream": stream or f"workflow.tasks.{queue}",
-             "payload": payload, "n": rows},
-        )  # fmt: skip
+        if not fresh:
+            conn.execute(PREFILL, params | {"prefix": f"{queue}-old-"})
+            conn.execute("DELETE FROM outbox")
+        conn.execute(PREFILL, params | {"prefix": f"{queue}-"})
         conn.execute("ANALYZE outbox")
 
 
-def outbox_count(url: str) -> int:
+def wait_empty(url: str) -> None:
+    """Until the outbox has no rows (one connection; a new one per look costs a fork)."""
     with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM outbox").fetchone()
-    return int(row[0]) if row else 0
+        while (row := conn.execute("SELECT count(*) FROM outbox").fetchone()) and row[0]:
+            time.sleep(0.005)
 
 
 @contextlib.contextmanager
@@ -172,17 +192,50 @@ def cpu_seconds_of(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_spent(
-    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], pids: set[int]
-) -> dict[str, float]:
-    """CPU seconds between two readings: "product" (``pids``), "postgres", "redis-server"."""
-    spent = {"product": 0.0, "postgres": 0.0, "redis-server": 0.0}
-    for pid, (name, cpu) in after.items():
-        used = cpu - before.get(pid, (name, 0.0))[1]
-        key = "product" if pid in pids else name
-        if key in spent:
-            spent[key] += used
-    return spent
+def backends(db_url: str) -> set[int]:
+    """PostgreSQL backends connected to ``db_url``'s database now (other databases' not)."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchall()
+    return {int(r[0]) for r in rows}
+
+
+def _cpu_by_pid(pids: set[int]) -> dict[int, float]:
+    found = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):  # gone meanwhile
+            found[pid] = cpu_seconds_of([pid])
+    return found
+
+
+class CpuMeter:
+    """CPU seconds spent since it was made, per side: the product's processes, the
+    PostgreSQL backends of the benchmark's database, the benchmark's own redis-server.
+
+    Only these processes count, so other work on a shared server is left out; so is
+    PostgreSQL's shared background work (WAL writer, checkpointer), and a backend that
+    connected and ended between two readings.
+    """
+
+    def __init__(self, db_url: str, *, product: set[int], redis_pid: int) -> None:
+        self.db_url, self.product, self.redis_pid = db_url, product, redis_pid
+        self.before = self._read()
+
+    def _read(self) -> dict[str, dict[int, float]]:
+        return {
+            "product": _cpu_by_pid(self.product),
+            "postgres": _cpu_by_pid(backends(self.db_url)),
+            "redis": _cpu_by_pid({self.redis_pid} if self.redis_pid else set()),
+        }
+
+    def spent(self) -> dict[str, float]:
+        after = self._read()
+        return {
+            side: sum(cpu - self.before[side].get(pid, 0.0) for pid, cpu in found.items())
+            for side, found in after.items()
+        }
 
 
 def load_average() -> str:
