@@ -18,10 +18,11 @@ import psycopg
 from dispatcher.models import TaskDispatch, payload_fields
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import RedisStreamPublisher, shard_for, task_stream
+from dispatcher.stream.naming import WORKER_GROUP
 
 __all__ = ["GROUP", "insert_rows", "publish", "tasks"]
 
-GROUP = "workers"
+GROUP = WORKER_GROUP
 
 BULK_INSERT = """
 INSERT INTO outbox (id, task_id, stream, payload, type, max_retries, backoff_seconds)

@@ -30,10 +30,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dispatcher.outbox import metrics
+from prometheus_client import CollectorRegistry
+
+from dispatcher.options import option
 from dispatcher.outbox.backpressure import MemoryMarks, RedisMemoryGate
 from dispatcher.outbox.idle_flag import IdleFlag, IdlePolicy
 from dispatcher.outbox.listener import OutboxListener
+from dispatcher.outbox.metrics import EnqueuerMetrics
 from dispatcher.outbox.pipeline import BatchPipeline, BatchSettings
 from dispatcher.outbox.repository import STATUSES, OutboxRepository
 from dispatcher.outbox.vacuum import OutboxVacuum
@@ -50,17 +53,32 @@ PROBES_PER_TURN = 10
 
 @dataclass(frozen=True, slots=True)
 class EnqueuerConfig:
-    batch_size: int = 100
-    concurrency: int = 4
-    poll_interval: float = 1.0
-    # A batch's transaction idle longer than this (a paused or hung enqueuer) is ended by
-    # PostgreSQL and its rows are due again.
-    recover_in_flight_after: float = 30.0
-    maintenance_interval: float = 30.0
-    wait_replicas: int = 0
+    batch_size: int = option(100, minimum=1, help="rows per claim (one transaction)")
+    concurrency: int = option(4, minimum=1, help="batches in flight at once")
+    poll_interval: float = option(
+        1.0, minimum=0.01, help="seconds between polls when no NOTIFY wakes the enqueuer"
+    )
+    recover_in_flight_after: float = option(
+        30.0,
+        minimum=1,
+        help="seconds a batch may hang before PostgreSQL ends its transaction and its rows "
+        "are due again (must exceed --publish-timeout)",
+    )
+    maintenance_interval: float = option(
+        30.0,
+        minimum=0.1,
+        help="seconds between runs that count the attempts of batches that never settled",
+    )
+    wait_replicas: int = option(
+        0,
+        minimum=0,
+        help="Redis replicas that must acknowledge a batch (WAIT) before its rows are deleted",
+    )
     wait_timeout_ms: int = 1000
-    publish_timeout: float = 10.0
-    shutdown_timeout: float = 30.0
+    publish_timeout: float = option(10.0, minimum=0.1, help="seconds to publish one batch")
+    shutdown_timeout: float = option(
+        30.0, minimum=0, help="seconds to finish in-flight batches after SIGTERM"
+    )
     listener_rotate_after: float = 600.0
     # The idle flag's policy (see IdlePolicy for each).
     busy_at_rows: int = 2
@@ -68,12 +86,23 @@ class EnqueuerConfig:
     linger: float = 0.002
     blocked_claim_every: float = 0.005
     blocked_backoff_after: float = 2.0
-    # Stop claiming at this share of Redis maxmemory, resume below the low one (0 = never).
-    redis_memory_high: float = 0.85
-    redis_memory_low: float = 0.75
-    # Maintenance vacuums the outbox past this many dead tuples when nothing else has for a
-    # minute (autovacuum off or starved); 0 = leave it to autovacuum.
-    vacuum_threshold: int = 10_000
+    redis_memory_high: float = option(
+        MemoryMarks().high,
+        minimum=0,
+        help="share of Redis maxmemory at which claims pause and rows wait in the outbox "
+        "(no attempt counted); 0 = never pause",
+    )
+    redis_memory_low: float = option(
+        MemoryMarks().low,
+        minimum=0,
+        help="share of Redis maxmemory below which paused claims resume",
+    )
+    vacuum_threshold: int = option(
+        10_000,
+        minimum=0,
+        help="dead tuples in the outbox past which maintenance vacuums it when nothing else "
+        "has for a minute (autovacuum off or starved); 0 = leave it to autovacuum",
+    )
 
     def __post_init__(self) -> None:
         MemoryMarks(self.redis_memory_high, self.redis_memory_low)  # validates them
@@ -112,7 +141,9 @@ class OutboxEnqueuer:
 
     ``listen_conninfo`` enables the LISTEN wake-up; without it the enqueuer
     only polls. ``shard_count`` is the count rows are routed by when published
-    (by default read live from the publisher's Redis).
+    (by default read live from the publisher's Redis). Metrics go to
+    ``registry`` (the CLI passes the process-wide one it serves; by default a
+    registry of this enqueuer's own).
     """
 
     def __init__(
@@ -123,12 +154,15 @@ class OutboxEnqueuer:
         config: EnqueuerConfig = EnqueuerConfig(),
         listen_conninfo: str | None = None,
         shard_count: LiveShardCount | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.config = config
         self._repo = repository
+        self.metrics = EnqueuerMetrics(registry if registry is not None else CollectorRegistry())
         self.memory = RedisMemoryGate(
             publisher.client, marks=MemoryMarks(config.redis_memory_high, config.redis_memory_low)
         )
+        self.metrics.backpressure.set_function(lambda: 1 if self.memory.paused else 0)
         self._vacuum = OutboxVacuum(repository.pool, threshold=config.vacuum_threshold)
         self.pipeline = BatchPipeline(
             repository=repository,
@@ -136,10 +170,14 @@ class OutboxEnqueuer:
             settings=config.batch_settings(),
             shard_count=shard_count,
             memory=self.memory,
+            metrics=self.metrics,
         )
         conninfo, kwargs = repository.session_settings()
         self.idle_flag = IdleFlag(
-            conninfo=conninfo, connect_kwargs=kwargs, policy=config.idle_policy()
+            conninfo=conninfo,
+            connect_kwargs=kwargs,
+            metrics=self.metrics,
+            policy=config.idle_policy(),
         )
         self._kick = asyncio.Event()
         self._stopping = False
@@ -307,7 +345,7 @@ class OutboxEnqueuer:
         return bool(self.listener and self.listener.connected and not self._stopping)
 
     def _listener_state(self, connected: bool) -> None:
-        metrics.LISTENER_CONNECTED.set(1 if connected else 0)
+        self.metrics.listener_connected.set(1 if connected else 0)
         if not connected and self.idle_announced:
             # Nobody hears NOTIFY now; the poll takes over.
             asyncio.get_running_loop().create_task(self._withdraw_quietly())
@@ -348,14 +386,14 @@ class OutboxEnqueuer:
                 found.foreign,
             )
         if found.retried or found.dead:
-            metrics.RECOVERED.labels("retry").inc(found.retried)
-            metrics.RECOVERED.labels("dlq").inc(found.dead)
+            self.metrics.recovered.labels("retry").inc(found.retried)
+            self.metrics.recovered.labels("dlq").inc(found.dead)
             log.warning(
                 "counted an attempt for rows that did not settle when claimed alone",
                 extra={"retried": found.retried, "dead_lettered": found.dead},
             )
         if found.suspects:
-            metrics.RECOVERED.labels("suspect").inc(found.suspects)
+            self.metrics.recovered.labels("suspect").inc(found.suspects)
             log.warning(
                 "rows of batches that did not settle come back one at a time, uncharged",
                 extra={"suspects": found.suspects},
@@ -364,8 +402,8 @@ class OutboxEnqueuer:
         vacuumed = await self._vacuum.run_once()
         counts = await self._repo.status_counts()
         for status in STATUSES:
-            metrics.OUTBOX_DEPTH.labels(status).set(counts.by_status.get(status, 0))
-        metrics.OUTBOX_DEPTH.labels("IN_FLIGHT").set(counts.in_flight)
+            self.metrics.outbox_depth.labels(status).set(counts.by_status.get(status, 0))
+        self.metrics.outbox_depth.labels("IN_FLIGHT").set(counts.in_flight)
         return {
             "retried": found.retried,
             "dead": found.dead,

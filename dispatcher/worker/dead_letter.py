@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from dispatcher.redis_client import RedisClient
+from dispatcher.stream.entries import Message
 from dispatcher.stream.naming import dead_letter_stream
-from dispatcher.stream.protocol import Message
 
 __all__ = [
     "DEAD_LETTER_FIELDS",
@@ -57,5 +57,11 @@ async def write_dead_letter(
     client: RedisClient, *, queue: str, message: Message, error: str, runs: int = 0
 ) -> str:
     """Append the dead letter of ``message`` to its queue's dead stream; return its id."""
-    fields = dead_letter_fields(message, error=error, runs=runs)
-    return str(await client.xadd(dead_letter_stream(queue), dict[Any, Any](fields)))
+    fields: dict[Any, Any] = dead_letter_fields(message, error=error, runs=runs)
+    if message.error is not None:  # not UTF-8: write its original bytes back, not the escapes
+        fields = {_bytes(k): _bytes(v) for k, v in fields.items()}
+    return str(await client.xadd(dead_letter_stream(queue), fields))
+
+
+def _bytes(text: str) -> bytes:
+    return text.encode(errors="surrogateescape")

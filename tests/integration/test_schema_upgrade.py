@@ -60,19 +60,15 @@ def _rows(conn: psycopg.Connection[Any]) -> dict[str, tuple[Any, ...]]:
 
 
 @pytest.fixture
-def at_0006(database_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+def at_0006(empty_db_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """A database migrated through 0006 only, holding a row of every status of that schema."""
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(
-            "DROP TABLE IF EXISTS outbox, outbox_dlq, outbox_batches, outbox_schema_version"
-        )
     upto_0006 = [m for m in available_migrations() if m.version <= 6]
     with monkeypatch.context() as patch:
         patch.setattr(schema, "available_migrations", lambda: upto_0006)
-        assert _migrate(database_url) == [1, 2, 3, 4, 5, 6]
-    with psycopg.connect(database_url) as conn:
+        assert _migrate(empty_db_url) == [1, 2, 3, 4, 5, 6]
+    with psycopg.connect(empty_db_url) as conn:
         conn.execute(ROWS)
-    return database_url
+    return empty_db_url
 
 
 def test_upgrading_keeps_every_row_that_still_has_to_be_dispatched(at_0006: str) -> None:

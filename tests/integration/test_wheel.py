@@ -2,7 +2,7 @@
 
 Every other test imports the editable checkout, so a file the code loads at run
 time (SQL, migrations) but the wheel leaves out goes unnoticed there. This one
-copies what the Dockerfiles copy into a temp dir, runs ``pip wheel --no-deps``
+copies what the Dockerfile's wheel stage copies into a temp dir, runs ``pip wheel --no-deps``
 on it, installs the wheel into a new venv outside the checkout and drives
 ``dispatcher migrate``, ``enqueuer``, ``worker`` and ``status`` from that venv
 against the real servers.
@@ -25,21 +25,11 @@ import redis as sync_redis
 
 from dispatcher._testing.data import insert_rows
 from dispatcher._testing.waiting import eventually_sync
+from tests.unit.test_deploy_images import build_sources
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILE = ROOT / "deploy" / "images" / "enqueuer" / "Dockerfile"
-
-
-def build_context() -> list[str]:
-    """What the image's build stage copies from the repository (its ``COPY`` sources)."""
-    sources: list[str] = []
-    for line in DOCKERFILE.read_text().splitlines():
-        words = line.split()
-        if words[:1] == ["COPY"] and not any(w.startswith("--") for w in words):
-            sources += [w.rstrip("/") for w in words[1:-1]]
-    return sources
 
 
 def _run(*args: str | Path, cwd: Path, env: dict[str, str], timeout: float = 600) -> str:
@@ -56,7 +46,7 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("wheel")
     context = work / "context"
     context.mkdir()
-    sources = build_context()
+    sources = build_sources()
     assert {"pyproject.toml", "dispatcher"} <= set(sources), sources
     for name in sources:
         source = ROOT / name
