@@ -12,6 +12,9 @@ The enqueuer's twin is ``dispatcher.outbox.metrics``, the operator's
 
 from __future__ import annotations
 
+import bisect
+import collections
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -19,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from dispatcher.observability import PrefixedMetrics
 from dispatcher.stream.stats import StreamStats
 
-__all__ = ["QueueMetrics", "WorkerMetrics"]
+__all__ = ["QueueMetrics", "WorkerMetrics", "observe_many"]
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
@@ -94,3 +97,23 @@ class WorkerMetrics:
     def observe_stream(self, queue: str, stats: StreamStats) -> None:
         self.stream_length.labels(queue, stats.stream).set(stats.length)
         self.stream_pending.labels(queue, stats.stream).set(stats.pending)
+
+
+def observe_many(histogram: Histogram, values: Sequence[float]) -> None:
+    """``histogram.observe(v)`` for each of ``values``, with one update per bucket hit.
+
+    A batch of short runs lands in one or two buckets: counted here, each
+    bucket and the sum are updated once (every update takes a lock). A
+    histogram without the internals this relies on is observed value by value.
+    """
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None:
+        for value in values:
+            histogram.observe(value)
+        return
+    hits = collections.Counter(bisect.bisect_left(bounds, value) for value in values)
+    for index, count in hits.items():
+        buckets[index].inc(count)
+    total.inc(sum(values))
