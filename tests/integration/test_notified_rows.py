@@ -19,12 +19,13 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from dispatcher._testing.data import insert_rows
+from dispatcher._testing.waiting import eventually
 from dispatcher.outbox import OutboxEnqueuer
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.stream import queue_streams
-from tests.fix_outbox import charged, insert_rows, make_enqueuer, outbox_status, running
+from tests.fix_outbox import charged, make_enqueuer, outbox_status, running
 from tests.fix_servers import RedisProcess
-from tests.helpers import eventually
 
 INSERT = """
 INSERT INTO outbox (id, task_id, stream, payload, type, next_attempt_at)
