@@ -187,6 +187,8 @@ class OutboxEnqueuer:
         batches: set[asyncio.Task[int]] = set()
         try:
             await first_pass.wait()  # settle the journal a crash left before claiming
+            with contextlib.suppress(Exception):  # if it fails, the first claims find out
+                await self.idle_flag.look()
             await self._main_loop(batches)
         finally:
             await self._drain(batches)
@@ -236,7 +238,7 @@ class OutboxEnqueuer:
     async def _batch_in_slot(self, slots: asyncio.Semaphore) -> int:
         started = time.monotonic()
         # Standing by, leave the flag holder what it is publishing from notifications.
-        min_age = self.config.poll_interval if self.idle_flag.elsewhere else 0.0
+        min_age = self.config.standby_min_age if self.idle_flag.elsewhere else 0.0
         try:
             count = await self.pipeline.run(min_age=min_age)
         except Exception:

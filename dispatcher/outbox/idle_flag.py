@@ -208,6 +208,13 @@ class IdleFlag:
         if not self.held and self._clock() - self._lost_at > self.policy.max_delay:
             self.elsewhere = True
 
+    async def look(self) -> None:
+        """Whether another enqueuer holds the flag, before this one's first claim."""
+        async with self._lock:
+            if not self.held:
+                row = await self._run("idle_elsewhere", {"key": IDLE_FLAG_KEY})
+                self.elsewhere = bool(row and row[0])
+
     async def check(self) -> bool:
         """Whether the flag is still held: a session that died took it along."""
         async with self._lock:

@@ -225,6 +225,11 @@ SELECT taken,
            AS elsewhere
   FROM attempt;
 
+-- name: idle_elsewhere
+-- Whether another session holds the flag, without taking it (autocommitted: the shared try
+-- ends with the statement).
+SELECT NOT pg_try_advisory_xact_lock_shared(%(key)s) AS elsewhere;
+
 -- name: ping
 SELECT 1;
 
