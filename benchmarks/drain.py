@@ -29,6 +29,7 @@ import redis as sync_redis
 from benchmarks.baselines import spec_cycle, spec_schema_url
 from benchmarks.env import BenchEnv
 from benchmarks.workload import (
+    STEP_US,
     Around,
     CpuMeter,
     enqueuer_command,
@@ -57,9 +58,10 @@ def _timed_drain(
     *,
     fresh: bool = True,
     around: Around | None = None,
+    step_us: int = STEP_US,
 ) -> dict[str, float]:
     queue = f"dr{uuid.uuid4().hex[:6]}"
-    prefill(env.db_url, rows, queue=queue, size=size, fresh=fresh)
+    prefill(env.db_url, rows, queue=queue, size=size, fresh=fresh, step_us=step_us)
     client = sync_redis.Redis.from_url(env.redis_url)
     client.set(SHARDS_KEY, str(DEFAULT_SHARDS))
     streams = queue_streams([queue], DEFAULT_SHARDS)
@@ -90,10 +92,15 @@ def _timed_drain(
 
 
 def enqueuer(
-    env: BenchEnv, size: int, rows: int = ROWS, fresh: bool = True, around: Around | None = None
+    env: BenchEnv,
+    size: int,
+    rows: int = ROWS,
+    fresh: bool = True,
+    around: Around | None = None,
+    step_us: int = STEP_US,
 ) -> dict[str, float]:
     command = enqueuer_command(env.db_url, env.redis_url)
-    return _timed_drain(env, command, rows, size, fresh=fresh, around=around)
+    return _timed_drain(env, command, rows, size, fresh=fresh, around=around, step_us=step_us)
 
 
 def relay(env: BenchEnv, size: int, rows: int = ROWS) -> dict[str, float]:
@@ -101,10 +108,16 @@ def relay(env: BenchEnv, size: int, rows: int = ROWS) -> dict[str, float]:
 
 
 async def sql_only(
-    env: BenchEnv, size: int, rows: int = ROWS, batch: int | None = None, fresh: bool = True
+    env: BenchEnv,
+    size: int,
+    rows: int = ROWS,
+    batch: int | None = None,
+    fresh: bool = True,
+    step_us: int = STEP_US,
 ) -> dict[str, float]:
     url = spec_schema_url(env.db_url)
-    prefill(url, rows, queue=f"sq{uuid.uuid4().hex[:6]}", size=size, fresh=fresh)
+    queue = f"sq{uuid.uuid4().hex[:6]}"
+    prefill(url, rows, queue=queue, size=size, fresh=fresh, step_us=step_us)
     meter = CpuMeter(env.db_url, product=set(), redis_pid=0)
     spent: dict[str, float] = {}
 
