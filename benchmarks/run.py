@@ -245,9 +245,10 @@ async def measure_all(
         if (only and name not in only) or (not only and name not in RECORDED):
             continue
         runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
-        for r in range(1 if name in ONCE else rounds):
+        its_rounds = 1 if name in ONCE else rounds
+        for r in range(its_rounds):
             for variant, measure in variants.items():
-                print(f"[{name}] round {r + 1}/{rounds}: {variant} (load {load_average()})",
+                print(f"[{name}] round {r + 1}/{its_rounds}: {variant} (load {load_average()})",
                       file=sys.stderr, flush=True)  # fmt: skip
                 runs[variant].append(await _call(measure, env))
                 print(f"    {runs[variant][-1]}", file=sys.stderr, flush=True)
