@@ -67,7 +67,10 @@ def _timed_drain(
     streams = queue_streams([queue], DEFAULT_SHARDS)
     try:
         with processes([command]) as procs:
+            deadline = time.perf_counter() + 60
             while _published(client, streams) == 0:
+                if time.perf_counter() > deadline or procs[0].poll() is not None:
+                    raise RuntimeError(f"{command[2:4]} published nothing in 60 s")
                 time.sleep(0.002)
             pids = [p.pid for p in procs]
             with around(pids) if around else contextlib.nullcontext():
