@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from controller.report import Pass
+
 __all__ = ["OperatorMetrics"]
 
 _PREFIX = "dispatcher_operator_"
@@ -58,6 +60,32 @@ class OperatorMetrics:
             _QUEUE,
             registry=registry,
         )
+
+    def count_pass(self, *, namespace: str, dispatcher: str, result: Pass) -> None:
+        """One pass over a dispatcher: it both reconciles and autoscales."""
+        migration = result.migration
+        if not result.applied:
+            outcome = "failed"
+        elif migration is not None and not migration.done:
+            outcome = "migrating"
+        else:
+            outcome = "applied"
+        self.reconciles.labels(outcome).inc()
+        if not result.applied:
+            return
+        self.autoscale_ticks.labels("ok" if result.measured else "redis_unavailable").inc()
+        for direction in result.scaled:
+            self.scale_events.labels(direction).inc()
+        for row in result.queues:
+            self.queue(
+                namespace=namespace,
+                dispatcher=dispatcher,
+                queue=row["name"],
+                backlog=row.get("backlog"),
+                replicas=int(row.get("replicas") or 0),
+            )
+        kept = frozenset(r["name"] for r in result.queues)
+        self.forget(namespace=namespace, dispatcher=dispatcher, keep=kept)
 
     def queue(
         self, *, namespace: str, dispatcher: str, queue: str, backlog: int | None, replicas: int

@@ -1,8 +1,9 @@
 """All database I/O of the enqueuer, through one narrow async interface.
 
 A batch is one transaction on a pooled connection: its row locks are the
-claim, and its commit deletes the published rows (``claim_batch``). Every
-other statement runs autocommitted as one short transaction.
+claim (``claim_batch`` opens it, ``claim.ClaimedBatch`` settles it), and its
+commit deletes the published rows. Every other statement runs autocommitted
+as one short transaction.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextlib
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,14 +22,12 @@ from psycopg import AsyncClientCursor, AsyncConnection
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher.outbox.idle_flag import IDLE_FLAG_KEY
-from dispatcher.outbox.outcomes import ClaimedRow, Retry
+from dispatcher.outbox.claim import ClaimedBatch
+from dispatcher.outbox.outcomes import ClaimedRow
 from dispatcher.outbox.queries import QUERIES
 
 __all__ = [
-    "IDLE_FLAG_KEY",
     "STATUSES",
-    "ClaimedBatch",
     "OutboxRepository",
     "Recovery",
     "StatusCounts",
@@ -85,55 +84,6 @@ class StatusCounts:
     oldest_age_seconds: dict[str, float]
     dlq: int
     in_flight: int
-
-
-class ClaimedBatch:
-    """Due rows locked by an open transaction: the claim of one batch.
-
-    Made by ``OutboxRepository.claim_batch``. ``settle`` deletes, reschedules
-    and dead-letters in that transaction and commits it, in one round trip.
-    If the batch is abandoned (an exception, a cancellation, a crash) the
-    transaction rolls back and the rows are due again, untouched.
-    """
-
-    def __init__(self, conn: AsyncConnection[Any], token: uuid.UUID, rows: list[ClaimedRow]):
-        self._conn = conn
-        self.token = token
-        self.rows = rows
-        self.settled = False
-        self.journal: asyncio.Task[None] | None = None  # the journal row being written
-
-    async def settle(
-        self, sent: Sequence[str], retries: Sequence[Retry] = (), dead: Sequence[Retry] = ()
-    ) -> None:
-        if self.journal is not None:
-            await self.journal  # its row must exist before the commit that deletes it
-        if not retries and not dead:  # the common case: one statement and COMMIT, one execute
-            cur = AsyncClientCursor(self._conn)
-            await cur.execute(_SETTLE_SENT, {"token": self.token, "ids": list(sent)})
-            self.settled = True
-            return
-        async with self._conn.pipeline():
-            await self._conn.execute(QUERIES["close_journal"], {"token": self.token})
-            if sent:
-                await self._conn.execute(QUERIES["delete_published"], {"ids": list(sent)})
-            if retries:
-                await self._conn.execute(QUERIES["schedule_retries"], _retry_params(retries))
-            if dead:
-                params = _retry_params(dead)
-                del params["delays"]
-                await self._conn.execute(QUERIES["move_to_dlq"], params)
-            await self._conn.execute("COMMIT")
-        self.settled = True
-
-
-def _retry_params(retries: Sequence[Retry]) -> dict[str, Any]:
-    return {
-        "ids": [r.id for r in retries],
-        "attempts": [r.attempt for r in retries],
-        "delays": [r.delay for r in retries],
-        "errors": [r.error for r in retries],
-    }
 
 
 class OutboxRepository:
@@ -286,15 +236,6 @@ class OutboxRepository:
             dlq=int(dlq["count"]),
             in_flight=int(open_batches["rows"]),
         )
-
-
-_SETTLE_SENT = "; ".join(
-    [
-        QUERIES["close_journal"].rstrip(";"),
-        QUERIES["delete_published"].rstrip(";"),
-        "COMMIT",
-    ]
-)
 
 
 def _begin(claim: str) -> str:
