@@ -40,9 +40,9 @@ e2e: $(STAMP)
 BENCH_VENV := .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
 
-$(BENCH_STAMP): pyproject.toml benchmarks/requirements-procrastinate.txt
+$(BENCH_STAMP): pyproject.toml benchmarks/requirements-bench.txt
 	test -x $(BENCH_VENV)/bin/python || python3 -m venv $(BENCH_VENV)
-	$(BENCH_VENV)/bin/pip install --quiet -e . -r benchmarks/requirements-procrastinate.txt
+	$(BENCH_VENV)/bin/pip install --quiet -e . -r benchmarks/requirements-bench.txt
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

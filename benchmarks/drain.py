@@ -19,6 +19,7 @@ drain that misses its target.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 
@@ -28,6 +29,7 @@ import redis as sync_redis
 from benchmarks.baselines import spec_cycle, spec_schema_url
 from benchmarks.env import BenchEnv
 from benchmarks.workload import (
+    Around,
     CpuMeter,
     enqueuer_command,
     prefill,
@@ -48,7 +50,13 @@ def _published(client: sync_redis.Redis, streams: list[str]) -> int:
 
 
 def _timed_drain(
-    env: BenchEnv, command: list[str], rows: int, size: int, *, fresh: bool = True
+    env: BenchEnv,
+    command: list[str],
+    rows: int,
+    size: int,
+    *,
+    fresh: bool = True,
+    around: Around | None = None,
 ) -> dict[str, float]:
     queue = f"dr{uuid.uuid4().hex[:6]}"
     prefill(env.db_url, rows, queue=queue, size=size, fresh=fresh)
@@ -59,14 +67,16 @@ def _timed_drain(
         with processes([command]) as procs:
             while _published(client, streams) == 0:
                 time.sleep(0.002)
-            meter = CpuMeter(env.db_url, product={p.pid for p in procs}, redis_pid=env.redis_pid)
-            started = time.perf_counter()
-            first = _published(client, streams)
-            while _published(client, streams) < rows:
-                time.sleep(0.005)
-            wait_empty(env.db_url)
-            wall = time.perf_counter() - started
-            spent = meter.spent()
+            pids = [p.pid for p in procs]
+            with around(pids) if around else contextlib.nullcontext():
+                meter = CpuMeter(env.db_url, product=set(pids), redis_pid=env.redis_pid)
+                started = time.perf_counter()
+                first = _published(client, streams)
+                while _published(client, streams) < rows:
+                    time.sleep(0.005)
+                wait_empty(env.db_url)
+                wall = time.perf_counter() - started
+                spent = meter.spent()
         moved = rows - first
         return {
             "product_us_per_row": spent["product"] / moved * 1e6,
@@ -79,9 +89,11 @@ def _timed_drain(
         client.close()
 
 
-def enqueuer(env: BenchEnv, size: int, rows: int = ROWS, fresh: bool = True) -> dict[str, float]:
+def enqueuer(
+    env: BenchEnv, size: int, rows: int = ROWS, fresh: bool = True, around: Around | None = None
+) -> dict[str, float]:
     command = enqueuer_command(env.db_url, env.redis_url)
-    return _timed_drain(env, command, rows, size, fresh=fresh)
+    return _timed_drain(env, command, rows, size, fresh=fresh, around=around)
 
 
 def relay(env: BenchEnv, size: int, rows: int = ROWS) -> dict[str, float]:

@@ -23,7 +23,7 @@ procrastinate is NOT a dependency of outbox-dispatcher. It lives in a separate
 venv that only the benchmarks use::
 
     python3 -m venv .venv-bench
-    .venv-bench/bin/pip install -e . -r benchmarks/requirements-procrastinate.txt
+    .venv-bench/bin/pip install -e . -r benchmarks/requirements-bench.txt
     .venv-bench/bin/python -m benchmarks.run --rounds 3 --only handled_latency
 
 Run from the main ``.venv`` (no procrastinate), the ``handled_latency`` figure is

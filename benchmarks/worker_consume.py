@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -43,7 +44,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from benchmarks.env import BenchEnv, RedisProcess
-from benchmarks.workload import ROOT, cpu_seconds_of, dispatch, load_average
+from benchmarks.workload import ROOT, Around, cpu_seconds_of, dispatch, load_average
 from dispatcher.models import TaskMessage, payload_fields
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.stream import (
@@ -99,18 +100,25 @@ async def wait_backlog(client: RedisClient, queue: str, *, at_most: float) -> in
 
 
 async def drain_rate(
-    client: RedisClient, queue: str, total: int, *, pids: list[int] | None = None
+    client: RedisClient,
+    queue: str,
+    total: int,
+    *,
+    pids: list[int] | None = None,
+    around: Around | None = None,
 ) -> Sample:
     """Messages/s from 5 % consumed until the backlog is empty, and CPU us/msg of ``pids``.
 
     CPU time (user + system, from /proc) is much less skewed than the rate
-    when other processes compete for the cores.
+    when other processes compete for the cores. ``around`` (a profiler) is
+    entered with ``pids`` over the same window.
     """
     left = await wait_backlog(client, queue, at_most=total * 0.95)
-    started, cpu_started = time.perf_counter(), cpu_seconds_of(pids or [])
-    await wait_backlog(client, queue, at_most=0)
-    rate = left / (time.perf_counter() - started)
-    cpu = (cpu_seconds_of(pids) - cpu_started) / left * 1e6 if pids else None
+    with around(pids or []) if around else contextlib.nullcontext():
+        started, cpu_started = time.perf_counter(), cpu_seconds_of(pids or [])
+        await wait_backlog(client, queue, at_most=0)
+        rate = left / (time.perf_counter() - started)
+        cpu = (cpu_seconds_of(pids) - cpu_started) / left * 1e6 if pids else None
     return rate, cpu
 
 
@@ -136,8 +144,9 @@ async def bare(client: RedisClient, url: str, queue: str, total: int) -> Sample:
         await asyncio.gather(*loops, return_exceptions=True)
 
 
-def workers(processes: int, *, root: Path = ROOT) -> Variant:
-    """``processes`` worker processes of the checkout at ``root`` (``-m`` imports from there)."""
+def workers(processes: int, *, root: Path = ROOT, around: Around | None = None) -> Variant:
+    """``processes`` worker processes of the checkout at ``root`` (``-m`` imports from there);
+    ``around`` (a profiler) is entered with their pids while they drain."""
 
     async def run(client: RedisClient, url: str, queue: str, total: int) -> Sample:
         procs = [
@@ -150,8 +159,9 @@ def workers(processes: int, *, root: Path = ROOT) -> Variant:
             )
             for i in range(processes)
         ]
+        pids = [p.pid for p in procs]
         try:
-            return await drain_rate(client, queue, total, pids=[p.pid for p in procs])
+            return await drain_rate(client, queue, total, pids=pids, around=around)
         finally:
             for proc in procs:
                 proc.send_signal(signal.SIGTERM)

@@ -22,7 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ import psycopg
 from dispatcher.models import TaskDispatch
 
 ROOT = Path(__file__).resolve().parents[1]
+# Entered with the product's pids while a figure measures them (a profiler, say).
+Around = Callable[[list[int]], AbstractContextManager[object]]
 SMALL = 512  # "0.5 KB"
 LARGE = 4096  # "4 KB"
 TINY = 0  # the earlier harness's payload: one-letter ids and a '{"x": 1}' input

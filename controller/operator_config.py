@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controller.render import DEFAULT_WORKLOADS, WorkloadDefaults
+from controller.pods import DEFAULT_WORKLOADS, WorkloadDefaults
 
 __all__ = ["OperatorConfig", "default_workloads", "utcnow"]
 

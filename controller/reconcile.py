@@ -34,17 +34,12 @@ from controller.autoscale import autoscale_queue
 from controller.cache import Cache
 from controller.conditions import SHARDS_DRAINING, OutboxDispatcherStatus, Reason, rollout
 from controller.effects import apply_budgets, apply_deployment, drain_queues, migrate
+from controller.identity import QUEUE_LABEL, Owner, worker_name
 from controller.k8s import APIError, KubeApi, SecretMissing
 from controller.model import MAX_NAME, OutboxDispatcherSpec, SecretRef
+from controller.pods import WorkloadDefaults
 from controller.redis_access import Measurement, RedisProblem, measure, redis_message
-from controller.render import (
-    QUEUE_LABEL,
-    Owner,
-    WorkloadDefaults,
-    build_enqueuer_deployment,
-    build_worker_deployment,
-    worker_name,
-)
+from controller.render import build_enqueuer_deployment, build_worker_deployment
 from controller.report import Failure, Pass
 from controller.shard_policy import ShardDecision, decide_shards, draining_shards
 from dispatcher.redis_client import RedisClient

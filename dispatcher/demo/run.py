@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher.demo.report import Latency, Verdict, latency, verdict
+from dispatcher.demo.verdict import Latency, Verdict, latency, verdict
 from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.outbox import (
     EnqueuerConfig,

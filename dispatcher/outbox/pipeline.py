@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from redis.exceptions import RedisError
 
 from dispatcher.models import payload_fields
-from dispatcher.outbox import metrics
 from dispatcher.outbox.backpressure import RedisMemoryGate
+from dispatcher.outbox.metrics import EnqueuerMetrics, queue_label
 from dispatcher.outbox.outcomes import ClaimedRow, Outcomes, plan_outcomes
 from dispatcher.outbox.repository import OutboxRepository
 from dispatcher.stream.entries import PublishResult
@@ -66,7 +66,8 @@ class BatchPipeline:
 
     ``shard_count`` is the count rows are routed by when published (by default
     read live from the publisher's Redis). ``memory`` is told what each batch
-    published and when Redis refused it for lack of memory.
+    published and when Redis refused it for lack of memory. ``metrics`` is the
+    enqueuer's, updated for every batch.
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class BatchPipeline:
         *,
         repository: OutboxRepository,
         publisher: RedisStreamPublisher,
+        metrics: EnqueuerMetrics,
         settings: BatchSettings = BatchSettings(),
         shard_count: LiveShardCount | None = None,
         memory: RedisMemoryGate | None = None,
@@ -83,6 +85,7 @@ class BatchPipeline:
         self._publisher = publisher
         self._shards = shard_count or LiveShardCount(publisher.client)
         self._memory = memory
+        self._metrics = metrics
 
     async def run(self, *, probe: bool = False) -> int:
         """Lock, publish and settle one batch; return how many rows it held.
@@ -94,7 +97,7 @@ class BatchPipeline:
             if not batch.rows:
                 return 0
             rows = batch.rows
-            metrics.IN_FLIGHT.inc(len(rows))
+            self._metrics.in_flight.inc(len(rows))
             try:
                 with contextlib.ExitStack() as spans:
                     results = await self._publish(rows, spans)
@@ -106,7 +109,7 @@ class BatchPipeline:
                 try:
                     await batch.settle(outcomes.sent, outcomes.retry, outcomes.dead)
                 except BaseException:
-                    metrics.UNSETTLED.inc()
+                    self._metrics.unsettled.inc()
                     log.error(
                         "could not settle a batch of %d rows (%d published): they stay in the "
                         "outbox and are published again",
@@ -115,9 +118,9 @@ class BatchPipeline:
                     )
                     raise
             finally:
-                metrics.IN_FLIGHT.dec(len(rows))
-        _report(rows, outcomes)
-        metrics.BATCHES.inc()
+                self._metrics.in_flight.dec(len(rows))
+        _report(rows, outcomes, metrics=self._metrics)
+        self._metrics.batches.inc()
         return len(rows)
 
     async def _publish(
@@ -144,7 +147,7 @@ class BatchPipeline:
         merged = [r if r is not None else next(sent) for r in results]
         for row, result in zip(rows, merged, strict=True):
             if result.ok:
-                metrics.COMMIT_TO_PUBLISH.observe(row.age_seconds + elapsed)
+                self._metrics.commit_to_publish.observe(row.age_seconds + elapsed)
         return merged
 
     async def _publish_entries(self, entries: list[Entry]) -> list[PublishResult]:
@@ -159,7 +162,7 @@ class BatchPipeline:
             )
         except (TimeoutError, RedisError, OSError) as exc:
             results = [PublishResult(stream=stream, error=exc) for stream, _ in entries]
-        metrics.PUBLISH_LATENCY.observe(time.monotonic() - started)
+        self._metrics.publish_latency.observe(time.monotonic() - started)
         return results
 
 
@@ -182,14 +185,14 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:200]
 
 
-def _report(rows: list[ClaimedRow], outcomes: Outcomes) -> None:
+def _report(rows: list[ClaimedRow], outcomes: Outcomes, *, metrics: EnqueuerMetrics) -> None:
     streams = {r.id: r.stream for r in rows}
     for counter, ids in (
-        (metrics.PROCESSED, outcomes.sent),
-        (metrics.FAILED, [r.id for r in outcomes.retry]),
-        (metrics.DLQ, [r.id for r in outcomes.dead]),
+        (metrics.processed, outcomes.sent),
+        (metrics.failed, [r.id for r in outcomes.retry]),
+        (metrics.dlq, [r.id for r in outcomes.dead]),
     ):
-        for queue, n in collections.Counter(metrics.queue_label(streams[i]) for i in ids).items():
+        for queue, n in collections.Counter(queue_label(streams[i]) for i in ids).items():
             counter.labels(queue).inc(n)
     if outcomes.held:
         log.warning(

@@ -17,8 +17,8 @@ import pytest
 import redis.asyncio
 
 from controller.conditions import OutboxDispatcherStatus
+from controller.identity import Owner, migration_job_name
 from controller.operator import Operator
-from controller.render import Owner, migration_job_name
 from dispatcher.stream.naming import SHARDS_KEY
 from tests.fix_kube import (
     CR_RESOURCE,
