@@ -23,6 +23,7 @@ from dispatcher.models import payload_fields
 from dispatcher.outbox import EnqueuerConfig
 from dispatcher.redis_client import connect_redis
 from dispatcher.stream import Fields, PublishResult, RedisStreamPublisher
+from dispatcher.stream.naming import WORKER_GROUP
 
 # The spec page's "Step 3" table and indexes, verbatim but for the schema.
 SPEC_SCHEMA = """
@@ -133,7 +134,7 @@ async def spec_cycle(db_url: str, rows: int, publish: Publish | None) -> float:
 
 def per_row_relay(redis_url: str) -> tuple[Publish, Callable[[], Awaitable[None]]]:
     """The spec page's publishRow loop: one awaited XADD per claimed row."""
-    publisher = PerRowPublisher(connect_redis(redis_url), group="workers")
+    publisher = PerRowPublisher(connect_redis(redis_url), group=WORKER_GROUP)
 
     async def publish(claimed: list[tuple[Any, ...]]) -> None:
         for row_id, stream, payload, *_ in claimed:

@@ -26,6 +26,7 @@ from dispatcher.outbox import EnqueuerConfig, OutboxEnqueuer, OutboxRepository, 
 from dispatcher.outbox.repository import enqueuer_pool
 from dispatcher.redis_client import connect_redis
 from dispatcher.stream import RedisStreamPublisher, publish_shard_count, task_stream
+from dispatcher.stream.naming import WORKER_GROUP
 from tests.fix_outbox import insert_rows
 
 PUBLISHERS: dict[str, Callable[..., RedisStreamPublisher]] = {
@@ -53,7 +54,7 @@ async def _with_enqueuer(env: BenchEnv, variant: str, listen: bool, body: Any) -
     await pool.open(wait=True)
     enqueuer = OutboxEnqueuer(
         repository=OutboxRepository(pool),
-        publisher=PUBLISHERS[variant](redis, group="workers"),
+        publisher=PUBLISHERS[variant](redis, group=WORKER_GROUP),
         config=EnqueuerConfig(maintenance_interval=3600),
         listen_conninfo=env.db_url if listen else None,
     )

@@ -50,6 +50,7 @@ from dispatcher.outbox import EnqueuerConfig, OutboxEnqueuer, OutboxRepository, 
 from dispatcher.outbox.repository import enqueuer_pool
 from dispatcher.redis_client import connect_redis
 from dispatcher.stream import RedisStreamPublisher, publish_shard_count
+from dispatcher.stream.naming import WORKER_GROUP
 from dispatcher.worker import Worker, WorkerConfig
 
 SAMPLES = 200
@@ -101,7 +102,7 @@ async def ours(env: BenchEnv, samples: int = SAMPLES) -> dict[str, float]:
     await publish_shard_count(enqueuer_redis, 1)  # one shard, as the worker reads
     enqueuer = OutboxEnqueuer(
         repository=OutboxRepository(pool),
-        publisher=RedisStreamPublisher(enqueuer_redis, group="workers"),
+        publisher=RedisStreamPublisher(enqueuer_redis, group=WORKER_GROUP),
         config=config,
         listen_conninfo=env.db_url,
     )

@@ -20,7 +20,10 @@ from pydantic import ConfigDict, Field, model_validator
 
 from controller.podsettings import DNS_SUBDOMAIN_PATTERN, PodSettings
 from controller.resource import ResourceModel
-from dispatcher.stream.naming import DEFAULT_SHARDS
+from dispatcher.config import STREAM_SHARDS
+from dispatcher.options import option_of, pydantic_field
+from dispatcher.outbox.enqueuer import EnqueuerConfig
+from dispatcher.worker.config import WorkerConfig
 
 __all__ = [
     "AUTOSCALING_EXTERNAL",
@@ -49,7 +52,7 @@ HANDLER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$"
 SECRET_NAME_PATTERN = DNS_SUBDOMAIN_PATTERN
 SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]{1,253}$"
 MAX_QUEUES = 64
-MAX_RUNS = 5
+MAX_RUNS: int = option_of(WorkerConfig, "max_runs").default  # type: ignore[assignment]
 MAX_RUNS_CONFLICT = "maxDeliveries is the old name of maxRuns: set one, or both to the same value"
 # The resource name goes into Deployment names and label values (<= 63 characters).
 MAX_NAME = 50
@@ -67,6 +70,16 @@ Quantity = Annotated[
         }
     ),
 ]
+
+
+def _enqueuer(name: str, **overrides: Any) -> Any:
+    """A field of the enqueuer's spec: the `dispatcher enqueuer` flag's default, bound, help."""
+    return pydantic_field(option_of(EnqueuerConfig, name), **overrides)
+
+
+def _worker(name: str, **overrides: Any) -> Any:
+    """A field of a queue's spec: the `dispatcher worker` flag's default, bound, help."""
+    return pydantic_field(option_of(WorkerConfig, name), **overrides)
 
 
 def _rule(rule: str, message: str) -> dict[str, Any]:
@@ -172,10 +185,10 @@ class EnqueuerSpec(PodSettings):
         default=None, min_length=1, max_length=512, description=IMAGE_DESCRIPTION
     )
     replicas: int = Field(default=1, ge=0, le=32)
-    batch_size: int = Field(default=100, ge=1, le=10000, description="rows per claim")
-    concurrency: int = Field(default=4, ge=1, le=256, description="batches in flight")
-    poll_interval: float = Field(default=1.0, ge=0.01, le=3600, description="seconds")
-    wait_replicas: int = Field(default=0, ge=0, le=16, description="Redis WAIT replicas")
+    batch_size: int = _enqueuer("batch_size", le=10000)
+    concurrency: int = _enqueuer("concurrency", le=256)
+    poll_interval: float = _enqueuer("poll_interval", le=3600)
+    wait_replicas: int = _enqueuer("wait_replicas", le=16)
     resources: Resources = Field(
         default_factory=_default_resources("256Mi"),
         description="default: requests cpu 100m, memory 128Mi; limits memory 256Mi; {} for none",
@@ -203,22 +216,23 @@ class QueueSpec(PodSettings):
         default=None, min_length=1, max_length=512, description=IMAGE_DESCRIPTION
     )
     handler: str = Field(pattern=HANDLER_PATTERN, max_length=512, description="module:function")
-    concurrency: int = Field(default=8, ge=1, le=1024, description="handlers at once per pod")
+    concurrency: int = _worker("concurrency", le=1024)
     # No schema default: an old resource sets only maxDeliveries, and a
     # defaulted maxRuns would then contradict it.
-    max_runs: int | None = Field(
+    max_runs: int | None = _worker(
+        "max_runs",
         default=None,
-        ge=1,
         le=1000,
-        description=f"handler runs of one task attempt, then dead-letter (default {MAX_RUNS})",
+        description="handler runs of one task attempt, then it is dead-lettered "
+        f"(default {MAX_RUNS})",
     )
-    max_deliveries: int | None = Field(
-        default=None, ge=1, le=1000, description="the old name of maxRuns, same meaning"
+    max_deliveries: int | None = _worker(
+        "max_runs", default=None, le=1000, description="the old name of maxRuns, same meaning"
     )
-    reclaim_idle_seconds: float = Field(default=30.0, ge=1, le=86400)
-    handler_timeout_seconds: float = Field(
-        default=0, ge=0, le=86400, description="seconds a run may take, then it fails; 0 = none"
-    )
+    # A deployed worker waits at least a second before it reclaims (the CLI takes less
+    # for tests).
+    reclaim_idle_seconds: float = _worker("reclaim_idle", ge=1, le=86400)
+    handler_timeout_seconds: float = _worker("handler_timeout", le=86400)
     min_replicas: int = Field(default=1, ge=0, le=1000)
     max_replicas: int = Field(default=10, ge=1, le=1000)
     target_backlog_per_replica: int = Field(default=100, ge=1, le=1_000_000)
@@ -267,10 +281,8 @@ class OutboxDispatcherSpec(ResourceModel):
         }
     )
 
-    shards: int = Field(
-        default=DEFAULT_SHARDS,
-        ge=1,
-        le=4096,
+    shards: int = pydantic_field(
+        STREAM_SHARDS,
         description="streams per queue, written to composer:stream_shards; lowering it is in "
         "force at once and the removed shards drain (condition ShardsDraining)",
     )

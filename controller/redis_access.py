@@ -20,7 +20,7 @@ from typing import Any
 from redis.exceptions import RedisError, ResponseError
 
 from dispatcher.redis_client import RedisClient, connect_redis
-from dispatcher.stream.naming import SHARDS_KEY, task_stream
+from dispatcher.stream.naming import SHARDS_KEY, WORKER_GROUP, task_stream
 from dispatcher.stream.shard_count import InvalidShardCount, parse_shard_count
 
 __all__ = [
@@ -32,7 +32,6 @@ __all__ = [
     "redis_message",
 ]
 
-WORKER_GROUP = "workers"  # the consumer group the enqueuer creates and workers read
 RedisProblem = (RedisError, OSError, InvalidShardCount)
 
 

@@ -1,7 +1,8 @@
 """Process settings from the environment (flags override them in the CLI).
 
-Connection URLs are ``SecretStr`` so they never show up in a repr, a log line
-or a validation error.
+Each setting is an ``Option`` (its env variable, flag, default and help) and
+``Settings`` reads the environment by them. Connection URLs are ``SecretStr``
+so they never show up in a repr, a log line or a validation error.
 
 Settings at two layers share the name ``config``: this module is what every
 process reads from its environment; ``dispatcher.worker.config`` is the
@@ -12,16 +13,85 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from dispatcher.options import Option, pydantic_field
 from dispatcher.stream.naming import DEFAULT_SHARDS
 
-__all__ = ["ConfigError", "Settings"]
+__all__ = [
+    "CONNECTION_OPTIONS",
+    "METRICS_PORT",
+    "STREAM_SHARDS",
+    "ConfigError",
+    "Settings",
+]
 
 
 class ConfigError(ValueError):
     """A setting is missing or unusable; the message names it."""
+
+
+DATABASE_URL = Option(
+    name="database_url",
+    kind=str,
+    default=None,
+    shown="",
+    env="DATABASE_URL",
+    help="PostgreSQL URL; required by migrate, enqueuer, status and dlq",
+)
+REDIS_URL = Option(
+    name="redis_url",
+    kind=str,
+    default="redis://127.0.0.1:6379/0",
+    env="REDIS_URL",
+    help="Redis URL, redis:// or rediss://",
+)
+REDIS_CLUSTER = Option(
+    name="redis_cluster",
+    kind=bool,
+    default=False,
+    shown="0",
+    env="REDIS_CLUSTER",
+    help="Redis is a Redis Cluster (in the environment: 1 or 0)",
+)
+LOG_LEVEL = Option(
+    name="log_level",
+    kind=str,
+    default="INFO",
+    env="LOG_LEVEL",
+    help="DEBUG (tracebacks), INFO, WARNING, ERROR",
+)
+LOG_FORMAT = Option(
+    name="log_format",
+    kind=str,
+    default="text",
+    env="LOG_FORMAT",
+    choices=("text", "json"),
+    help="text, or json (one object per line, extra fields as keys)",
+)
+STREAM_SHARDS = Option(
+    name="stream_shards",
+    kind=int,
+    default=DEFAULT_SHARDS,
+    flag="--shards",
+    minimum=1,
+    maximum=4096,
+    env="STREAM_SHARDS",
+    help="the shard count while composer:stream_shards is absent; the first enqueuer writes "
+    "it there (never over it); change it later with `dispatcher shards set N`",
+)
+METRICS_PORT = Option(
+    name="metrics_port",
+    kind=int,
+    default=0,
+    minimum=0,
+    maximum=65535,
+    env="METRICS_PORT",
+    help="port serving /metrics, /healthz and /readyz; 0 = off",
+)
+# The flags every subcommand takes.
+CONNECTION_OPTIONS = (DATABASE_URL, REDIS_URL, REDIS_CLUSTER, LOG_LEVEL, LOG_FORMAT)
 
 
 class Settings(BaseSettings):
@@ -29,13 +99,13 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(extra="ignore", frozen=True, case_sensitive=False)
 
-    database_url: SecretStr | None = None
-    redis_url: SecretStr = SecretStr("redis://127.0.0.1:6379/0")
-    redis_cluster: bool = False
-    stream_shards: int = Field(default=DEFAULT_SHARDS, ge=1, le=4096)
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
-    log_format: Literal["json", "text"] = "text"
-    metrics_port: int = Field(default=0, ge=0, le=65535)
+    database_url: SecretStr | None = pydantic_field(DATABASE_URL)
+    redis_url: SecretStr = pydantic_field(REDIS_URL, default=SecretStr(str(REDIS_URL.default)))
+    redis_cluster: bool = pydantic_field(REDIS_CLUSTER)
+    stream_shards: int = pydantic_field(STREAM_SHARDS)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = pydantic_field(LOG_LEVEL)
+    log_format: Literal["json", "text"] = pydantic_field(LOG_FORMAT)
+    metrics_port: int = pydantic_field(METRICS_PORT)
 
     def require_database_url(self) -> str:
         if self.database_url is None:

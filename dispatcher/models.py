@@ -2,8 +2,9 @@
 
 ``TaskDispatch`` is what an application enqueues; its JSON payload is stored
 in the outbox row. The enqueuer turns a payload into stream fields
-(``payload_fields``, the contract in ARCHITECTURE.md); a worker parses those
-fields back into a ``TaskMessage``. Pure code, no I/O.
+(``payload_fields``: the payload's top-level keys, strings as they are and
+other values as JSON, plus ``outbox_id``); a worker parses those fields back
+into a ``TaskMessage``. Pure code, no I/O.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class TaskDispatch(BaseModel):
     """One task attempt to dispatch: self-contained, a worker never reads the database.
 
     ``input`` is the task's resolved input as JSON text (any JSON value); it
-    travels as a string field, as in the spec page.
+    travels as one string field, as written, and the worker decodes it.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

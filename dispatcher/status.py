@@ -14,7 +14,12 @@ from psycopg_pool import AsyncConnectionPool
 from dispatcher.outbox.backpressure import MemoryMarks, memory_ratio
 from dispatcher.outbox.repository import STATUSES, OutboxRepository
 from dispatcher.redis_client import RedisClient, memory_infos
-from dispatcher.stream.naming import DEAD_STREAM_PREFIX, SHARDS_KEY, TASK_STREAM_PREFIX
+from dispatcher.stream.naming import (
+    DEAD_STREAM_PREFIX,
+    SHARDS_KEY,
+    TASK_STREAM_PREFIX,
+    WORKER_GROUP,
+)
 from dispatcher.stream.stats import StreamStats, streams_stats
 
 __all__ = ["StatusReport", "gather_status", "render_text"]
@@ -51,7 +56,7 @@ async def find_streams(client: RedisClient, prefix: str) -> list[str]:
 
 
 async def gather_status(
-    *, pool: AsyncConnectionPool[Any], redis: RedisClient, group: str = "workers"
+    *, pool: AsyncConnectionPool[Any], redis: RedisClient, group: str = WORKER_GROUP
 ) -> StatusReport:
     counts = await OutboxRepository(pool).status_counts()
     waiting = [counts.oldest_age_seconds[s] for s in ("PENDING", "RETRY") if s in counts.by_status]

@@ -1,12 +1,14 @@
-"""PostgreSQL fixtures: a fresh, migrated database per test module on the machine's server.
+"""PostgreSQL fixtures on the machine's server: ``empty_db_url``, ``outbox_db_url``, ``pool``.
 
-Each module gets its own database (created from ``template0`` and dropped
-with FORCE at the end), so modules never see each other's rows, triggers or
-listeners. Each test starts with empty outbox tables.
+Each test module gets its own migrated database (created from ``template0``
+and dropped with FORCE at the end), so modules never see each other's rows,
+triggers or listeners; each test starts with the outbox tables emptied.
+A test that wants a database without the schema asks for ``empty_db_url``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -21,48 +23,62 @@ from dispatcher.outbox.schema import migrate
 ADMIN_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
-def _url_for(database: str) -> str:
-    return psycopg.conninfo.make_conninfo(ADMIN_URL, dbname=database)
-
-
-@pytest.fixture(scope="module")
-def database_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    """An empty database of this test module's own."""
-    name = f"od_{request.module.__name__.rsplit('.', 1)[-1][:30]}_{uuid.uuid4().hex[:8]}"
+def _create_database(prefix: str) -> str:
+    name = f"od_{prefix[:30]}_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
-    try:
-        yield _url_for(name)
-    finally:
-        with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    return psycopg.conninfo.make_conninfo(ADMIN_URL, dbname=name)
 
 
-@pytest.fixture(scope="module")
-def migrated_url(database_url: str) -> str:
-    """The module's database with the outbox schema applied."""
-    import asyncio
+def _drop_database(url: str) -> None:
+    name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def migrate_url(url: str) -> None:
+    """Apply the outbox schema to the database at ``url``."""
 
     async def run() -> None:
-        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
             await migrate(conn)
 
     asyncio.run(run())
-    return database_url
 
 
 @pytest.fixture
-def db_url(migrated_url: str) -> str:
-    """The migrated database, outbox tables emptied for this test."""
-    with psycopg.connect(migrated_url, autocommit=True) as conn:
+def empty_db_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A new database with nothing in it, for this test alone."""
+    url = _create_database(request.node.name.removeprefix("test_"))
+    try:
+        yield url
+    finally:
+        _drop_database(url)
+
+
+@pytest.fixture(scope="module")
+def _module_outbox_db_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    url = _create_database(request.module.__name__.rsplit(".", 1)[-1])
+    try:
+        migrate_url(url)
+        yield url
+    finally:
+        _drop_database(url)
+
+
+@pytest.fixture
+def outbox_db_url(_module_outbox_db_url: str) -> str:
+    """This test module's database with the outbox schema, its tables emptied for this test."""
+    with psycopg.connect(_module_outbox_db_url, autocommit=True) as conn:
         conn.execute("TRUNCATE outbox, outbox_dlq, outbox_batches")
-    return migrated_url
+    return _module_outbox_db_url
 
 
 @pytest.fixture
-async def pool(db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+async def pool(outbox_db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    """An autocommit pool on ``outbox_db_url``."""
     p: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        db_url, min_size=1, max_size=10, kwargs={"autocommit": True}, open=False
+        outbox_db_url, min_size=1, max_size=10, kwargs={"autocommit": True}, open=False
     )
     await p.open(wait=True)
     yield p

@@ -138,11 +138,11 @@ CREATE TRIGGER test_audit_attempt AFTER UPDATE OF attempt_count ON outbox FOR EA
 
 
 @pytest.fixture
-def audited(db_url: str) -> Iterator[str]:
-    with psycopg.connect(db_url, autocommit=True) as conn:
+def audited(outbox_db_url: str) -> Iterator[str]:
+    with psycopg.connect(outbox_db_url, autocommit=True) as conn:
         conn.execute(ATTEMPT_AUDIT)
-    yield db_url
-    with psycopg.connect(db_url, autocommit=True) as conn:
+    yield outbox_db_url
+    with psycopg.connect(outbox_db_url, autocommit=True) as conn:
         conn.execute("DROP TRIGGER IF EXISTS test_audit_attempt ON outbox")
 
 

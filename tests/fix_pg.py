@@ -9,7 +9,6 @@ socket in the temp dir so nothing collides with the machine's cluster.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import shutil
@@ -22,11 +21,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from dispatcher.outbox.schema import migrate
 from tests.faults.load import BUSINESS_TABLE
+from tests.fix_db import migrate_url
 from tests.fix_servers import free_port, wait_until
 
-__all__ = ["PostgresProcess", "pg_db", "pg_process"]
+__all__ = ["PostgresProcess", "own_pg_db_url", "pg_process"]
 
 PG_BIN = Path(os.environ.get("PG_BIN", "/usr/lib/postgresql/15/bin"))
 PG_USER = "postgres"
@@ -123,21 +122,11 @@ def pg_process() -> Iterator[PostgresProcess]:
 
 
 @pytest.fixture
-def pg_db(pg_process: PostgresProcess) -> str:
-    """A fresh database on the suite's own PostgreSQL with the outbox schema migrated."""
+def own_pg_db_url(pg_process: PostgresProcess) -> str:
+    """A new database on the suite's own PostgreSQL: the outbox schema and the load
+    generator's business table (the application's own writes)."""
     url = pg_process.create_database()
-
-    async def run() -> None:
-        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-            await migrate(conn)
-
-    asyncio.run(run())
-    return url
-
-
-@pytest.fixture
-def business_db(pg_db: str) -> str:
-    """``pg_db`` with the load generator's business table (the application's own writes)."""
-    with psycopg.connect(pg_db, autocommit=True) as conn:
+    migrate_url(url)
+    with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(BUSINESS_TABLE)
-    return pg_db
+    return url

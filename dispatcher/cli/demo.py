@@ -25,10 +25,16 @@ def register(sub: Any, common: Common) -> None:
         "handled. Uses DATABASE_URL / REDIS_URL when they are set and answer; otherwise starts "
         "throwaway servers in a temp dir that is removed on exit.",
     )
-    p.add_argument("--tasks", type=int, default=10_000, help="dispatches to commit (10000)")
-    p.add_argument("--workers", type=int, default=2, help="worker instances (2)")
-    p.add_argument("--timeout", type=float, default=300.0, help="give up after seconds (300)")
-    p.add_argument("--seed", type=int, default=None, help="seed for which batches roll back")
+    p.add_argument(
+        "--tasks", type=int, default=10_000, help="dispatches to commit (default: %(default)s)"
+    )
+    p.add_argument("--workers", type=int, default=2, help="worker instances (default: %(default)s)")
+    p.add_argument(
+        "--timeout", type=float, default=300, help="give up after seconds (default: %(default)s)"
+    )
+    p.add_argument(
+        "--seed", type=int, default=None, help="seed for which batches roll back (default: random)"
+    )
     common(p)
     p.set_defaults(handler=_demo)
 

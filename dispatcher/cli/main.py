@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -20,10 +19,11 @@ import psycopg
 import pydantic
 import redis.exceptions
 
-from dispatcher.config import ConfigError, Settings
+from dispatcher.cli.flags import add_options
+from dispatcher.config import CONNECTION_OPTIONS, METRICS_PORT, STREAM_SHARDS, ConfigError, Settings
 from dispatcher.logs import configure_logging
 
-__all__ = ["Common", "UsageError", "main", "number"]
+__all__ = ["Common", "UsageError", "main"]
 
 log = logging.getLogger("dispatcher")
 
@@ -36,35 +36,9 @@ class UsageError(Exception):
     """A user mistake in flags or settings: exit 2 with the message."""
 
 
-def number(kind: type[float] | type[int], minimum: float = 0) -> Callable[[str], Any]:
-    """argparse ``type=``: a finite ``kind`` >= ``minimum``, else one clear error."""
-
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not math.isfinite(value):  # nan/inf would spin or disable a timer
-            raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
-        return value
-
-    return parse
-
-
 def _common_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("connections and logging (override the environment)")
-    g.add_argument("--database-url", help="PostgreSQL URL (env DATABASE_URL)")
-    g.add_argument("--redis-url", help="Redis URL, redis:// or rediss:// (env REDIS_URL)")
-    g.add_argument(
-        "--redis-cluster",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="Redis is a Redis Cluster (env REDIS_CLUSTER=1)",
-    )
-    g.add_argument("--log-level", help="DEBUG, INFO, WARNING, ERROR (env LOG_LEVEL)")
-    g.add_argument("--log-format", choices=["text", "json"], help="env LOG_FORMAT")
+    add_options(g, CONNECTION_OPTIONS)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,14 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def settings_from(args: argparse.Namespace) -> Settings:
     overrides: dict[str, Any] = {
-        key: value
-        for key in ("database_url", "redis_url", "redis_cluster", "log_level", "log_format")
-        if (value := getattr(args, key, None)) is not None
+        opt.name: value
+        for opt in (*CONNECTION_OPTIONS, STREAM_SHARDS, METRICS_PORT)
+        if (value := getattr(args, opt.name, None)) is not None
     }
-    if getattr(args, "shards", None) is not None:
-        overrides["stream_shards"] = args.shards
-    if getattr(args, "metrics_port", None) is not None:
-        overrides["metrics_port"] = args.metrics_port
     if "log_level" in overrides:
         overrides["log_level"] = str(overrides["log_level"]).upper()
     return Settings(**overrides)

@@ -16,8 +16,9 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from dispatcher.cli.flags import add_options
 from dispatcher.cli.main import Common, UsageError
-from dispatcher.config import Settings
+from dispatcher.config import METRICS_PORT, Settings
 
 __all__ = ["register"]
 
@@ -44,25 +45,25 @@ def register(sub: Any, common: Common) -> None:
     g.add_argument(
         "--liveness",
         default="http://0.0.0.0:8080/healthz",
-        help="kopf liveness endpoint URL, '' to disable (http://0.0.0.0:8080/healthz)",
+        help="kopf liveness endpoint URL, '' to disable (default: %(default)s)",
     )
     g.add_argument(
         "--autoscale-interval",
         type=float,
-        default=15.0,
-        help="seconds between backlog measurements per resource (15)",
+        default=15,
+        help="seconds between backlog measurements per resource (default: %(default)s)",
     )
-    g.add_argument("--metrics-port", type=int, default=None, help="env METRICS_PORT; 0 = off")
+    add_options(g, [METRICS_PORT])
     g.add_argument(
         "--enqueuer-image",
         default=None,
         help="image of enqueuers whose OutboxDispatcher names none (env "
-        "DISPATCHER_ENQUEUER_IMAGE; default: outbox-dispatcher-enqueuer at this version)",
+        "DISPATCHER_ENQUEUER_IMAGE, default: outbox-dispatcher-enqueuer at this version)",
     )
     g.add_argument(
         "--worker-image",
         default=None,
-        help="image of workers whose queue names none (env DISPATCHER_WORKER_IMAGE; default: "
+        help="image of workers whose queue names none (env DISPATCHER_WORKER_IMAGE, default: "
         "outbox-dispatcher-worker at this version)",
     )
     g.add_argument(

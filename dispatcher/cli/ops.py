@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,16 +13,19 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from dispatcher.cli.flags import add_options
 from dispatcher.cli.main import Common, UsageError
 from dispatcher.config import Settings
+from dispatcher.options import option_of
 from dispatcher.outbox.queries import QUERIES
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.replay import ReplayError, replay_dead_stream, replay_outbox_dlq
 from dispatcher.status import gather_status, render_text
 from dispatcher.stream.naming import InvalidQueueName, dead_letter_stream, validate_queue
 from dispatcher.stream.shard_count import read_shard_count
+from dispatcher.worker.config import WorkerConfig
 
-__all__ = ["redis_client", "register_dlq", "register_status"]
+__all__ = ["REPORT_GROUP", "redis_client", "register_dlq", "register_status"]
 
 
 @contextlib.asynccontextmanager
@@ -33,13 +37,19 @@ async def redis_client(settings: Settings) -> AsyncIterator[RedisClient]:
         await client.aclose()
 
 
+# The consumer group whose pending entries and lag `status` and `shards` report.
+REPORT_GROUP = dataclasses.replace(
+    option_of(WorkerConfig, "group"), help="the consumer group whose pending entries count"
+)
+
+
 def register_status(sub: Any, common: Common) -> None:
     p = sub.add_parser(
         "status",
         help="outbox rows by status, DLQ size, and every task stream's length/pending/lag",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--group", default="workers", help="consumer group to report (workers)")
+    add_options(p, [REPORT_GROUP])
     common(p)
     p.set_defaults(handler=_status)
 
@@ -68,7 +78,7 @@ def register_dlq(sub: Any, common: Common) -> None:
     )
     dlq = p.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
     lst = dlq.add_parser("list", help="show dead letters, newest first")
-    lst.add_argument("--limit", type=int, default=50, help="rows to show (50)")
+    lst.add_argument("--limit", type=int, default=50, help="rows to show (default: %(default)s)")
     lst.add_argument("--queue", help="list workflow.dead.<queue> instead of outbox_dlq")
     common(lst)
     lst.set_defaults(handler=_dlq_list)

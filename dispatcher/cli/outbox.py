@@ -10,19 +10,22 @@ from typing import Any
 
 import psycopg
 
-from dispatcher.cli.main import Common, UsageError, number
-from dispatcher.config import Settings
+from dispatcher.cli.flags import add_options
+from dispatcher.cli.main import Common, UsageError
+from dispatcher.config import METRICS_PORT, STREAM_SHARDS, Settings
 from dispatcher.lifecycle import run_until_signalled
 from dispatcher.observability import ObservabilityServer
+from dispatcher.options import Option, options
 from dispatcher.outbox.enqueuer import EnqueuerConfig, OutboxEnqueuer
 from dispatcher.outbox.pooler import require_session_pooling
 from dispatcher.outbox.repository import ENQUEUER_SESSION, OutboxRepository, enqueuer_pool
 from dispatcher.outbox.schema import migrate
 from dispatcher.redis_client import check_eviction_policy, connect_redis
+from dispatcher.stream.naming import WORKER_GROUP
 from dispatcher.stream.publisher import RedisStreamPublisher
 from dispatcher.stream.shard_count import LiveShardCount, ensure_shard_count
 
-__all__ = ["register_enqueuer", "register_migrate"]
+__all__ = ["ENQUEUER_OPTIONS", "register_enqueuer", "register_migrate"]
 
 log = logging.getLogger("dispatcher.enqueuer")
 
@@ -48,6 +51,13 @@ async def _migrate(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+NO_LISTEN = Option(
+    name="no_listen", kind=bool, default=False, help="poll only, no LISTEN connection"
+)
+# Every flag of `dispatcher enqueuer`, in --help order.
+ENQUEUER_OPTIONS = (*options(EnqueuerConfig).values(), STREAM_SHARDS, METRICS_PORT, NO_LISTEN)
+
+
 def register_enqueuer(sub: Any, common: Common) -> None:
     p = sub.add_parser(
         "enqueuer",
@@ -56,93 +66,14 @@ def register_enqueuer(sub: Any, common: Common) -> None:
         "outbox_new, claims due rows with FOR UPDATE SKIP LOCKED, publishes each batch in one "
         "pipelined round trip, deletes what was published and retries the rest with backoff.",
     )
-    g = p.add_argument_group("enqueuer")
-    g.add_argument(
-        "--batch-size",
-        type=number(int, 1),
-        default=EnqueuerConfig().batch_size,
-        help="rows per claim (one transaction)",
-    )
-    g.add_argument("--concurrency", type=number(int, 1), default=4, help="batches at once")
-    g.add_argument(
-        "--poll-interval", type=number(float, 0.01), default=1.0, help="seconds between polls"
-    )
-    g.add_argument(
-        "--shards",
-        type=number(int, 1),
-        help="shard count written to composer:stream_shards only if it is absent (first start; "
-        "env STREAM_SHARDS); change it later with `dispatcher shards set`",
-    )
-    g.add_argument(
-        "--recover-in-flight-after",
-        type=number(float, 1),
-        default=30.0,
-        help="seconds a batch may hang before PostgreSQL ends its transaction and its rows "
-        "are due again (must exceed --publish-timeout)",
-    )
-    g.add_argument(
-        "--maintenance-interval",
-        type=number(float, 0.1),
-        default=30.0,
-        help="seconds between runs that count the attempts of batches that never settled",
-    )
-    g.add_argument(
-        "--wait-replicas",
-        type=number(int, 0),
-        default=0,
-        help="Redis replicas that must acknowledge a batch (WAIT) before its rows are deleted",
-    )
-    g.add_argument(
-        "--publish-timeout", type=number(float, 0.1), default=10.0, help="seconds per batch"
-    )
-    g.add_argument(
-        "--shutdown-timeout",
-        type=number(float, 0),
-        default=30.0,
-        help="seconds to finish in-flight batches after SIGTERM",
-    )
-    g.add_argument(
-        "--redis-memory-high",
-        type=number(float, 0),
-        default=EnqueuerConfig().redis_memory_high,
-        help="share of Redis maxmemory at which claims pause and rows wait in the outbox "
-        "(no attempt counted); 0 = never pause (default %(default)s)",
-    )
-    g.add_argument(
-        "--redis-memory-low",
-        type=number(float, 0),
-        default=EnqueuerConfig().redis_memory_low,
-        help="share of Redis maxmemory below which paused claims resume (default %(default)s)",
-    )
-    g.add_argument(
-        "--vacuum-threshold",
-        type=number(int, 0),
-        default=EnqueuerConfig().vacuum_threshold,
-        help="dead tuples in the outbox past which maintenance vacuums it when nothing else "
-        "has for a minute (autovacuum off or starved); 0 = leave it to autovacuum "
-        "(default %(default)s)",
-    )
-    g.add_argument("--metrics-port", type=number(int, 0), help="env METRICS_PORT; 0 = off")
-    g.add_argument("--no-listen", action="store_true", help="poll only, no LISTEN connection")
+    add_options(p.add_argument_group("enqueuer"), ENQUEUER_OPTIONS)
     common(p)
     p.set_defaults(handler=_enqueuer)
 
 
 def _config(args: argparse.Namespace) -> EnqueuerConfig:
     try:
-        return EnqueuerConfig(
-            batch_size=args.batch_size,
-            concurrency=args.concurrency,
-            poll_interval=args.poll_interval,
-            recover_in_flight_after=args.recover_in_flight_after,
-            maintenance_interval=args.maintenance_interval,
-            wait_replicas=args.wait_replicas,
-            publish_timeout=args.publish_timeout,
-            shutdown_timeout=args.shutdown_timeout,
-            redis_memory_high=args.redis_memory_high,
-            redis_memory_low=args.redis_memory_low,
-            vacuum_threshold=args.vacuum_threshold,
-        )
+        return EnqueuerConfig(**{name: getattr(args, name) for name in options(EnqueuerConfig)})
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -160,7 +91,7 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
             log.info("composer:stream_shards was absent; set it to %d", settings.stream_shards)
         enqueuer = OutboxEnqueuer(
             repository=OutboxRepository(pool),
-            publisher=RedisStreamPublisher(redis, group="workers"),
+            publisher=RedisStreamPublisher(redis, group=WORKER_GROUP),
             config=config,
             listen_conninfo=None if args.no_listen else dsn,
             shard_count=LiveShardCount(redis, fallback=settings.stream_shards),

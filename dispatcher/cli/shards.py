@@ -15,8 +15,9 @@ import asyncio
 import time
 from typing import Any
 
-from dispatcher.cli.main import Common, number
-from dispatcher.cli.ops import redis_client
+from dispatcher.cli.flags import add_options, number
+from dispatcher.cli.main import Common
+from dispatcher.cli.ops import REPORT_GROUP, redis_client
 from dispatcher.config import Settings
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.discovery import ShardState, queue_shards, task_queues
@@ -38,7 +39,7 @@ def register(sub: Any, common: Common) -> None:
         "each shard stream's length and pending entries (shards beyond the count that still "
         "hold entries are marked draining).",
     )
-    p.add_argument("--group", default="workers", help="consumer group to report (workers)")
+    add_options(p, [REPORT_GROUP])
     common(p)
     p.set_defaults(handler=_show)
     actions = p.add_subparsers(dest="shards_command", metavar="ACTION")
@@ -50,24 +51,28 @@ def register(sub: Any, common: Common) -> None:
         "reading removed ones until they are empty. Exits 0 once that is done.",
     )
     s.add_argument("count", type=number(int, 1), help="the new shard count (>= 1)")
-    s.add_argument("--group", default="workers", help="consumer group whose pending counts")
+    add_options(s, [REPORT_GROUP])
     s.add_argument(
         "--refresh-wait",
         type=number(float, 0),
         default=SETTLE_AFTER,
-        help=f"seconds for every process to read the new count ({SETTLE_AFTER:g})",
+        help="seconds for every process to read the new count (default: %(default)g)",
     )
     s.add_argument(
         "--timeout",
         type=number(float, 0),
         default=0,
-        help="give up waiting for the drain after this many seconds, exit 1 (0 = wait)",
+        help="give up waiting for the drain after this many seconds, exit 1; 0 = wait "
+        "(default: %(default)s)",
     )
     s.add_argument(
         "--no-wait", action="store_true", help="write the count and exit without waiting"
     )
     s.add_argument(
-        "--progress-every", type=number(float, 0.1), default=5.0, help="seconds between reports"
+        "--progress-every",
+        type=number(float, 0.1),
+        default=5.0,
+        help="seconds between reports (default: %(default)g)",
     )
     common(s)
     s.set_defaults(handler=_set)

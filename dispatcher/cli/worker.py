@@ -10,10 +10,12 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from dispatcher.cli.main import Common, UsageError, number
-from dispatcher.config import Settings
+from dispatcher.cli.flags import add_options
+from dispatcher.cli.main import Common, UsageError
+from dispatcher.config import METRICS_PORT, STREAM_SHARDS, Settings
 from dispatcher.lifecycle import run_until_signalled
 from dispatcher.observability import ObservabilityServer
+from dispatcher.options import Option, options
 from dispatcher.redis_client import check_eviction_policy, connect_redis
 from dispatcher.worker import (
     Handler,
@@ -24,9 +26,44 @@ from dispatcher.worker import (
     load_handler,
 )
 
-__all__ = ["register"]
+__all__ = ["WORKER_OPTIONS", "register"]
 
 log = logging.getLogger(__name__)
+
+
+QUEUE = Option(
+    name="queue",
+    kind=str,
+    default=None,
+    required=True,
+    repeat=True,
+    help="queue to read (repeatable)",
+)
+HANDLER = Option(
+    # ``handler`` is the subcommand's entry point in main.
+    name="handler_path",
+    flag="--handler",
+    kind=str,
+    default=None,
+    required=True,
+    help="the handler, as module:function",
+)
+CONSUMER = Option(
+    name="consumer",
+    kind=str,
+    default=None,
+    shown="hostname-pid",
+    help="consumer name, unique per process",
+)
+# Every flag of `dispatcher worker`, in --help order.
+WORKER_OPTIONS = (
+    QUEUE,
+    HANDLER,
+    *options(WorkerConfig).values(),
+    CONSUMER,
+    STREAM_SHARDS,
+    METRICS_PORT,
+)
 
 
 def register(sub: Any, common: Common) -> None:
@@ -37,43 +74,7 @@ def register(sub: Any, common: Common) -> None:
         "through a consumer group, run the handler (sync in a thread, or async), ack on "
         "success, reclaim idle entries, dead-letter poison messages to workflow.dead.<queue>.",
     )
-    g = p.add_argument_group("worker")
-    seconds = number(float)  # finite: nan/inf would spin or disable a timer
-    g.add_argument("--queue", action="append", required=True, help="queue to read (repeatable)")
-    g.add_argument(
-        "--handler",
-        required=True,
-        dest="handler_path",  # ``handler`` is the subcommand's entry point in main
-        help="the handler, as module:function",
-    )
-    g.add_argument("--concurrency", type=int, default=8, help="handlers at once (8)")
-    g.add_argument("--group", default="workers", help="consumer group (workers)")
-    g.add_argument("--consumer", default=None, help="consumer name (hostname-pid)")
-    g.add_argument(
-        "--max-runs",
-        "--max-deliveries",
-        dest="max_runs",
-        type=int,
-        default=5,
-        help="handler runs of one task attempt, then dead-letter (5); --max-deliveries is "
-        "its old name, same meaning",
-    )
-    g.add_argument(
-        "--reclaim-idle", type=seconds, default=30.0, help="seconds before reclaiming an entry (30)"
-    )
-    g.add_argument("--shards", type=int, default=None, help="shards if the key is unset (env)")
-    g.add_argument("--metrics-port", type=int, default=None, help="env METRICS_PORT; 0 = off")
-    g.add_argument("--grace-period", type=seconds, default=30.0, help="seconds on stop (30)")
-    g.add_argument("--lease-ttl", type=seconds, default=30.0, help="attempt lease seconds (30)")
-    g.add_argument(
-        "--handler-timeout",
-        type=seconds,
-        default=0.0,
-        help="seconds a run may take, then it counts as failed (0 = no limit)",
-    )
-    g.add_argument(
-        "--dedup-window", type=seconds, default=86400.0, help="seconds a done attempt is remembered"
-    )
+    add_options(p.add_argument_group("worker"), WORKER_OPTIONS)
     common(p)
     p.set_defaults(handler=_run)
 
@@ -84,16 +85,9 @@ def _run(args: argparse.Namespace, settings: Settings) -> Any:
     try:
         config = WorkerConfig(
             queues=tuple(dict.fromkeys(args.queue)),
-            group=args.group,
             consumer=args.consumer or default_consumer_name(),
-            concurrency=args.concurrency,
-            max_runs=args.max_runs,
-            reclaim_idle=args.reclaim_idle,
-            lease_ttl=args.lease_ttl,
-            handler_timeout=args.handler_timeout,
-            dedup_window=args.dedup_window,
             shards=settings.stream_shards,
-            grace_period=args.grace_period,
+            **{name: getattr(args, name) for name in options(WorkerConfig)},
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -40,6 +40,7 @@ from dispatcher.stream import (
     queue_streams,
     read_shard_count,
 )
+from dispatcher.stream.naming import WORKER_GROUP
 from dispatcher.stream.shard_count import ensure_shard_count
 from dispatcher.worker import Worker, WorkerConfig
 
@@ -77,7 +78,7 @@ class _RecordingPublisher(RedisStreamPublisher):
     """Notes when each task's entry was stored, for the commit -> stream latency."""
 
     def __init__(self, client: RedisClient, progress: Progress) -> None:
-        super().__init__(client, group="workers")
+        super().__init__(client, group=WORKER_GROUP)
         self._progress = progress
 
     async def publish_many(

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from dispatcher.options import option
 from dispatcher.outbox import metrics
 from dispatcher.outbox.backpressure import MemoryMarks, RedisMemoryGate
 from dispatcher.outbox.idle_flag import IdleFlag, IdlePolicy
@@ -50,17 +51,32 @@ PROBES_PER_TURN = 10
 
 @dataclass(frozen=True, slots=True)
 class EnqueuerConfig:
-    batch_size: int = 100
-    concurrency: int = 4
-    poll_interval: float = 1.0
-    # A batch's transaction idle longer than this (a paused or hung enqueuer) is ended by
-    # PostgreSQL and its rows are due again.
-    recover_in_flight_after: float = 30.0
-    maintenance_interval: float = 30.0
-    wait_replicas: int = 0
+    batch_size: int = option(100, minimum=1, help="rows per claim (one transaction)")
+    concurrency: int = option(4, minimum=1, help="batches in flight at once")
+    poll_interval: float = option(
+        1.0, minimum=0.01, help="seconds between polls when no NOTIFY wakes the enqueuer"
+    )
+    recover_in_flight_after: float = option(
+        30.0,
+        minimum=1,
+        help="seconds a batch may hang before PostgreSQL ends its transaction and its rows "
+        "are due again (must exceed --publish-timeout)",
+    )
+    maintenance_interval: float = option(
+        30.0,
+        minimum=0.1,
+        help="seconds between runs that count the attempts of batches that never settled",
+    )
+    wait_replicas: int = option(
+        0,
+        minimum=0,
+        help="Redis replicas that must acknowledge a batch (WAIT) before its rows are deleted",
+    )
     wait_timeout_ms: int = 1000
-    publish_timeout: float = 10.0
-    shutdown_timeout: float = 30.0
+    publish_timeout: float = option(10.0, minimum=0.1, help="seconds to publish one batch")
+    shutdown_timeout: float = option(
+        30.0, minimum=0, help="seconds to finish in-flight batches after SIGTERM"
+    )
     listener_rotate_after: float = 600.0
     # The idle flag's policy (see IdlePolicy for each).
     busy_at_rows: int = 2
@@ -68,12 +84,21 @@ class EnqueuerConfig:
     linger: float = 0.002
     blocked_claim_every: float = 0.005
     blocked_backoff_after: float = 2.0
-    # Stop claiming at this share of Redis maxmemory, resume below the low one (0 = never).
-    redis_memory_high: float = 0.85
-    redis_memory_low: float = 0.75
-    # Maintenance vacuums the outbox past this many dead tuples when nothing else has for a
-    # minute (autovacuum off or starved); 0 = leave it to autovacuum.
-    vacuum_threshold: int = 10_000
+    redis_memory_high: float = option(
+        0.85,
+        minimum=0,
+        help="share of Redis maxmemory at which claims pause and rows wait in the outbox "
+        "(no attempt counted); 0 = never pause",
+    )
+    redis_memory_low: float = option(
+        0.75, minimum=0, help="share of Redis maxmemory below which paused claims resume"
+    )
+    vacuum_threshold: int = option(
+        10_000,
+        minimum=0,
+        help="dead tuples in the outbox past which maintenance vacuums it when nothing else "
+        "has for a minute (autovacuum off or starved); 0 = leave it to autovacuum",
+    )
 
     def __post_init__(self) -> None:
         MemoryMarks(self.redis_memory_high, self.redis_memory_low)  # validates them

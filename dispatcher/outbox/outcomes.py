@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from redis.exceptions import OutOfMemoryError
 
 from dispatcher.outbox.backoff import retry_delay
-from dispatcher.stream.protocol import PublishResult
+from dispatcher.stream.entries import PublishResult
 
 __all__ = [
     "ClaimedRow",

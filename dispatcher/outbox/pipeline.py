@@ -28,8 +28,8 @@ from dispatcher.outbox import metrics
 from dispatcher.outbox.backpressure import RedisMemoryGate
 from dispatcher.outbox.outcomes import ClaimedRow, Outcomes, plan_outcomes
 from dispatcher.outbox.repository import OutboxRepository
+from dispatcher.stream.entries import PublishResult
 from dispatcher.stream.naming import route_stream
-from dispatcher.stream.protocol import PublishResult
 from dispatcher.stream.publisher import RedisStreamPublisher
 from dispatcher.stream.shard_count import InvalidShardCount, LiveShardCount
 from dispatcher.tracing import child_span

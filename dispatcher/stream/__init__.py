@@ -1,6 +1,7 @@
-"""The stream layer: shard naming, the stream contract and its Redis implementation."""
+"""The stream layer: shard naming and count, stream entries, publishing and consuming on Redis."""
 
 from dispatcher.stream.consumer import RedisStreamConsumer
+from dispatcher.stream.entries import Fields, Message, PublishResult
 from dispatcher.stream.naming import (
     DEAD_STREAM_PREFIX,
     DEFAULT_SHARDS,
@@ -18,7 +19,6 @@ from dispatcher.stream.naming import (
     task_stream,
     validate_queue,
 )
-from dispatcher.stream.protocol import Consumer, Fields, Message, Publisher, PublishResult
 from dispatcher.stream.publisher import (
     InsufficientReplicas,
     RedisStreamPublisher,
@@ -37,14 +37,12 @@ __all__ = [
     "DEFAULT_SHARDS",
     "SHARDS_KEY",
     "TASK_STREAM_PREFIX",
-    "Consumer",
     "Fields",
     "InsufficientReplicas",
     "InvalidQueueName",
     "InvalidShardCount",
     "Message",
     "PublishResult",
-    "Publisher",
     "RedisStreamConsumer",
     "RedisStreamPublisher",
     "dead_letter_stream",

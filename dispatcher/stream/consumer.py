@@ -21,7 +21,7 @@ from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import ClusterPipeline
 
 from dispatcher.redis_client import RedisClient
-from dispatcher.stream.protocol import Message
+from dispatcher.stream.entries import Message
 from dispatcher.stream.publisher import ensure_group
 
 __all__ = ["RedisPipeline", "RedisStreamConsumer"]
@@ -31,7 +31,7 @@ RedisPipeline = Pipeline | ClusterPipeline
 
 @dataclass
 class RedisStreamConsumer:
-    """``Consumer`` of one stream on Redis (standalone or Cluster).
+    """A consumer (one name in one group) of one stream on Redis (standalone or Cluster).
 
     ``reclaim_batch`` is the XAUTOCLAIM COUNT of one call; ``reclaim_limit``
     bounds how many entries one ``reclaim_orphaned`` call takes while it

@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_SHARDS",
     "SHARDS_KEY",
     "TASK_STREAM_PREFIX",
+    "WORKER_GROUP",
     "InvalidQueueName",
     "dead_letter_stream",
     "fnv1a_32",
@@ -38,6 +39,8 @@ TASK_STREAM_PREFIX = "workflow.tasks."
 DEAD_STREAM_PREFIX = "workflow.dead."
 DEFAULT_SHARDS = 4
 SHARDS_KEY = "composer:stream_shards"
+# The consumer group the enqueuer creates on every task stream and workers read through.
+WORKER_GROUP = "workers"
 
 _FNV32_OFFSET = 0x811C9DC5
 _FNV32_PRIME = 0x01000193

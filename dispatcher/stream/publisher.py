@@ -19,7 +19,7 @@ from redis.asyncio import RedisCluster
 from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
 
 from dispatcher.redis_client import RedisClient
-from dispatcher.stream.protocol import Fields, PublishResult
+from dispatcher.stream.entries import Fields, PublishResult
 
 __all__ = ["InsufficientReplicas", "RedisStreamPublisher", "ensure_group", "error_code"]
 
@@ -62,7 +62,7 @@ async def _group_exists(client: RedisClient, stream: str, group: str) -> bool:
 
 
 class RedisStreamPublisher:
-    """``Publisher`` on Redis Streams, standalone or Cluster.
+    """Publishes entries to Redis Streams, standalone or Cluster; safe for concurrent use.
 
     ``group``: if set, the consumer group is created on each stream before the
     first entry is published to it (once per stream per publisher), so no

@@ -10,7 +10,8 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from dispatcher.stream.naming import validate_queue
+from dispatcher.options import check_bounds, option
+from dispatcher.stream.naming import WORKER_GROUP, validate_queue
 
 __all__ = ["WorkerConfig", "default_consumer_name"]
 
@@ -30,18 +31,41 @@ class WorkerConfig:
     """
 
     queues: tuple[str, ...]
-    group: str = "workers"
+    group: str = option(WORKER_GROUP, help="the consumer group to read through")
     consumer: str = field(default_factory=default_consumer_name)
-    concurrency: int = 8
-    max_runs: int = 5
-    reclaim_idle: float = 30.0
-    lease_ttl: float = 30.0
-    handler_timeout: float = 0.0  # 0: none
-    dedup_window: float = 24 * 3600.0
+    concurrency: int = option(8, minimum=1, help="handlers running at once")
+    max_runs: int = option(
+        5,
+        minimum=1,
+        aliases=("--max-deliveries",),
+        help="handler runs of one task attempt, then it is dead-lettered; --max-deliveries "
+        "is its old name, same meaning",
+    )
+    reclaim_idle: float = option(
+        30.0,
+        minimum=0,
+        above=True,
+        help="seconds an entry may sit unacked before a worker reclaims it",
+    )
+    lease_ttl: float = option(
+        30.0,
+        minimum=0,
+        above=True,
+        help="seconds the lease of a run lasts (kept fresh while it runs); the attempts of a "
+        "worker that died run again after it",
+    )
+    handler_timeout: float = option(
+        0.0, minimum=0, help="seconds a run may take, then it counts as failed; 0 = no limit"
+    )
+    dedup_window: float = option(
+        24 * 3600.0, minimum=0, above=True, help="seconds a done attempt is remembered"
+    )
     shards: int | None = None
     shard_poll_interval: float = 2.0
     stats_interval: float = 5.0
-    grace_period: float = 30.0
+    grace_period: float = option(
+        30.0, minimum=0, help="seconds running handlers get to finish after SIGTERM"
+    )
     block_ms: int = 1000
 
     def __post_init__(self) -> None:
@@ -49,24 +73,12 @@ class WorkerConfig:
             raise ValueError("at least one queue is required")
         for queue in self.queues:
             validate_queue(queue)
-        _at_least("concurrency", self.concurrency, 1)
-        _at_least("max runs", self.max_runs, 1)
-        _at_least("block ms", self.block_ms, 1)
-        for name in ("reclaim_idle", "lease_ttl", "dedup_window", "shard_poll_interval"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name.replace('_', ' ')} must be > 0")
-        if self.grace_period < 0:
-            raise ValueError("grace period must be >= 0")
-        if self.handler_timeout < 0:
-            raise ValueError("handler timeout must be >= 0 (0 = none)")
+        check_bounds(self)
+        if self.block_ms < 1 or self.shard_poll_interval <= 0:
+            raise ValueError("block ms must be >= 1 and the shard poll interval > 0")
         if not self.group or not self.consumer:
             raise ValueError("group and consumer names must not be empty")
 
     @property
     def reclaim_idle_ms(self) -> int:
         return max(int(self.reclaim_idle * 1000), 1)
-
-
-def _at_least(name: str, value: int, low: int) -> None:
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from dispatcher.redis_client import RedisClient
+from dispatcher.stream.entries import Message
 from dispatcher.stream.naming import dead_letter_stream
-from dispatcher.stream.protocol import Message
 
 __all__ = [
     "DEAD_LETTER_FIELDS",

@@ -55,7 +55,7 @@ from redis.exceptions import RedisError
 from dispatcher.models import MalformedMessage, TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.consumer import RedisStreamConsumer
-from dispatcher.stream.protocol import Message
+from dispatcher.stream.entries import Message
 from dispatcher.tracing import carries_trace, child_span
 from dispatcher.worker.coalesce import Coalescer
 from dispatcher.worker.dead_letter import describe_error, write_dead_letter

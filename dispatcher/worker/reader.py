@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from redis.exceptions import RedisError
 
 from dispatcher.stream.consumer import RedisStreamConsumer
-from dispatcher.stream.protocol import Message
+from dispatcher.stream.entries import Message
 from dispatcher.stream.publisher import error_code
 from dispatcher.worker.slots import SlotPool
 

@@ -35,8 +35,8 @@ from redis.exceptions import RedisError
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.consumer import RedisStreamConsumer
 from dispatcher.stream.discovery import existing_shards
+from dispatcher.stream.entries import Message
 from dispatcher.stream.naming import parse_task_stream, queue_streams, task_stream
-from dispatcher.stream.protocol import Message
 from dispatcher.stream.shard_count import read_shard_count
 from dispatcher.stream.stats import stream_stats
 from dispatcher.worker.coalesce import Coalescer

@@ -64,7 +64,7 @@ def own_cluster(tmp_path: Path) -> Iterator[Callable[..., RedisClusterProcess]]:
 
 @pytest.fixture
 def pipeline(
-    request: pytest.FixtureRequest, business_db: str, recorder: RedisProcess, tmp_path: Path
+    request: pytest.FixtureRequest, own_pg_db_url: str, recorder: RedisProcess, tmp_path: Path
 ) -> Iterator[Callable[..., Pipeline]]:
     """``pipeline(redis_url, cluster=False)``: the scenario's pipeline, stopped at teardown."""
     made: list[Pipeline] = []
@@ -72,7 +72,7 @@ def pipeline(
     def make(redis_url: str, *, cluster: bool = False) -> Pipeline:
         p = Pipeline(
             scenario=request.node.name.removeprefix("test_"),
-            db_url=business_db,
+            db_url=own_pg_db_url,
             redis_url=redis_url,
             recorder_url=recorder.url,
             workdir=tmp_path,

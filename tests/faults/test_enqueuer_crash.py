@@ -50,19 +50,19 @@ def stop(proc: Any) -> None:
 
 
 async def test_sigkill_between_publish_and_delete_republishes_and_loses_nothing(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_process: RedisProcess, tmp_path: Path
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_process: RedisProcess, tmp_path: Path
 ) -> None:
     queue = f"k{uuid.uuid4().hex[:8]}"
-    ids = insert_rows(db_url, 30, queue=queue)
-    with psycopg.connect(db_url, autocommit=True) as blocker:
+    ids = insert_rows(outbox_db_url, 30, queue=queue)
+    with psycopg.connect(outbox_db_url, autocommit=True) as blocker:
         blocker.execute(BLOCK_DELETES)
         blocker.execute("SELECT pg_advisory_lock(4242)")
-        proc = spawn_enqueuer(db_url, redis_process.url, tmp_path / "a.log", "--no-listen")
+        proc = spawn_enqueuer(outbox_db_url, redis_process.url, tmp_path / "a.log", "--no-listen")
         try:
             client = connect_redis(redis_process.url)
             # Published, and its DELETE is stuck behind our lock: the crash window.
             await _wait_for(lambda: _count(client, queue, 30))
-            assert outbox_status(db_url) == {"PENDING": 30}  # locked by the open batch
+            assert outbox_status(outbox_db_url) == {"PENDING": 30}  # locked by the open batch
             assert (await OutboxRepository(pool).status_counts()).in_flight == 30
             proc.kill()
             proc.wait(10)
@@ -74,38 +74,37 @@ async def test_sigkill_between_publish_and_delete_republishes_and_loses_nothing(
             " AND datname = current_database()"  # never another test's or a benchmark's
         )
         blocker.execute("DROP TRIGGER test_block_delete ON outbox")
-    assert outbox_status(db_url) == {"PENDING": 30}, "the batch rolled back: nothing deleted"
+    assert outbox_status(outbox_db_url) == {"PENDING": 30}, "the batch rolled back: nothing deleted"
 
     rescuer = make_enqueuer(pool, client, recover_in_flight_after=0.5, publish_timeout=0.2)
-    await _wait_for(lambda: _recover(rescuer.maintenance_once(), db_url, 30))
-    await _wait_for(lambda: _probe_all(rescuer, db_url))  # suspects go one at a time
+    await _wait_for(lambda: _recover(rescuer.maintenance_once(), outbox_db_url, 30))
+    await _wait_for(lambda: _probe_all(rescuer, outbox_db_url))  # suspects go one at a time
 
     seen = collections.Counter(e["outbox_id"] for e in await published(client, queue))
     assert set(seen) == set(ids), "nothing lost"
     assert sorted(seen.values()) == [2] * 30, "each row duplicated once by the crash"
-    assert outbox_status(db_url) == {}
-    with psycopg.connect(db_url) as conn:
+    assert outbox_status(outbox_db_url) == {}
+    with psycopg.connect(outbox_db_url) as conn:
         assert conn.execute("SELECT count(*) FROM outbox_dlq").fetchone() == (0,)
     await client.aclose()
 
 
 async def test_paused_enqueuer_waking_late_touches_nothing_it_no_longer_owns(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_process: RedisProcess, tmp_path: Path
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_process: RedisProcess, tmp_path: Path
 ) -> None:
     queue = f"p{uuid.uuid4().hex[:8]}"
     client = connect_redis(redis_process.url)
     port = free_port()
-    proc = spawn_enqueuer(
-        db_url, redis_process.url, tmp_path / "a.log", "--no-listen", "--poll-interval", "0.05",
-        "--publish-timeout", "1", "--recover-in-flight-after", "2", "--metrics-port", str(port),
-    )  # fmt: skip
+    flags = ["--no-listen", "--poll-interval", "0.05", "--publish-timeout", "1"]
+    flags += ["--recover-in-flight-after", "2", "--metrics-port", str(port)]
+    proc = spawn_enqueuer(outbox_db_url, redis_process.url, tmp_path / "a.log", *flags)
     repo = OutboxRepository(pool)
     try:
-        insert_rows(db_url, 4, queue=queue, prefix="warm-")  # A learns the streams' groups
+        insert_rows(outbox_db_url, 4, queue=queue, prefix="warm-")  # A learns the streams' groups
         await _wait_for(lambda: _count(client, queue, 4))
 
         redis_process.pause()  # A locks a batch and then blocks in its XADD round trip
-        ids = insert_rows(db_url, 20, queue=queue)
+        ids = insert_rows(outbox_db_url, 20, queue=queue)
         await _wait_for(lambda: _in_flight(repo, 20))
         os.kill(proc.pid, signal.SIGSTOP)
         redis_process.resume()
@@ -123,14 +122,16 @@ async def test_paused_enqueuer_waking_late_touches_nothing_it_no_longer_owns(
             await _wait_for(
                 lambda: _true(metric(port, "dispatcher_outbox_unsettled_batches_total") >= 1)
             )
-            assert outbox_status(db_url) == {"PENDING": 20}, "A's late writes touched nothing"
+            assert outbox_status(outbox_db_url) == {"PENDING": 20}, (
+                "A's late writes touched nothing"
+            )
 
             results = await RedisStreamPublisher(client).publish_many(
                 [(r.stream, {"outbox_id": r.id}) for r in batch_b.rows]
             )
             assert all(r.ok for r in results)
             await batch_b.settle([r.id for r in batch_b.rows])
-        assert outbox_status(db_url) == {}
+        assert outbox_status(outbox_db_url) == {}
         # A's journal row outlived its transaction; its rows are gone, so nothing to count.
         assert await repo.recover_batches() == Recovery()
     finally:
@@ -139,20 +140,22 @@ async def test_paused_enqueuer_waking_late_touches_nothing_it_no_longer_owns(
 
 
 async def test_sigterm_during_a_drain_leaves_no_row_in_flight(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_process: RedisProcess, tmp_path: Path
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_process: RedisProcess, tmp_path: Path
 ) -> None:
     queue = f"t{uuid.uuid4().hex[:8]}"
     total = 100_000
-    insert_rows(db_url, total, queue=queue)
+    insert_rows(outbox_db_url, total, queue=queue)
     client = connect_redis(redis_process.url)
-    proc = spawn_enqueuer(db_url, redis_process.url, tmp_path / "a.log", "--concurrency", "4")
+    proc = spawn_enqueuer(
+        outbox_db_url, redis_process.url, tmp_path / "a.log", "--concurrency", "4"
+    )
     try:
         await _wait_for(lambda: _count(client, queue, 2000))
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 60) == 0
     finally:
         stop(proc)
-    status = outbox_status(db_url)
+    status = outbox_status(outbox_db_url)
     assert set(status) <= {"PENDING"}, "nothing rescheduled or dead-lettered by the shutdown"
     assert (await OutboxRepository(pool).status_counts()).in_flight == 0
     entries = await published(client, queue)

@@ -39,14 +39,14 @@ def pages(plan: dict[str, Any]) -> int:
     return int(plan.get("Shared Hit Blocks", 0)) + int(plan.get("Shared Read Blocks", 0))
 
 
-def test_claim_touches_the_same_pages_with_many_rows_not_yet_due(db_url: str) -> None:
-    insert_rows(db_url, 20, queue="due", prefix="due-a-")
-    quiet = claim_plan(db_url)
+def test_claim_touches_the_same_pages_with_many_rows_not_yet_due(outbox_db_url: str) -> None:
+    insert_rows(outbox_db_url, 20, queue="due", prefix="due-a-")
+    quiet = claim_plan(outbox_db_url)
     assert quiet["Actual Rows"] == 20
-    with psycopg.connect(db_url, autocommit=True) as conn:
+    with psycopg.connect(outbox_db_url, autocommit=True) as conn:
         conn.execute("TRUNCATE outbox")
         conn.execute(NOT_YET_DUE, {"n": 50_000})
-    insert_rows(db_url, 20, queue="due", prefix="due-b-")  # created after the waiting ones
-    crowded = claim_plan(db_url)
+    insert_rows(outbox_db_url, 20, queue="due", prefix="due-b-")  # created after the waiting ones
+    crowded = claim_plan(outbox_db_url)
     assert crowded["Actual Rows"] == 20
     assert pages(crowded) <= 2 * pages(quiet) + 10, (pages(quiet), pages(crowded))

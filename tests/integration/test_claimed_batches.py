@@ -36,9 +36,9 @@ def journal(url: str) -> int:
 
 
 async def test_an_open_batch_hides_its_rows_and_settling_commits_all_of_it(
-    db_url: str, pool: AsyncConnectionPool[Any], queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], queue: str
 ) -> None:
-    ids = insert_rows(db_url, 30, queue=queue)
+    ids = insert_rows(outbox_db_url, 30, queue=queue)
     repo = OutboxRepository(pool)
     async with repo.claim_batch(20, hold_for=30) as first:
         assert len(first.rows) == 20
@@ -49,33 +49,33 @@ async def test_an_open_batch_hides_its_rows_and_settling_commits_all_of_it(
         # second left without settling: its rows rolled back, untouched, due again
         sent = [r.id for r in first.rows[:15]]
         await first.settle(sent, [], [])
-    assert outbox_status(db_url) == {"PENDING": 15}
-    assert set(attempts(db_url)) == set(ids) - set(sent)
+    assert outbox_status(outbox_db_url) == {"PENDING": 15}
+    assert set(attempts(outbox_db_url)) == set(ids) - set(sent)
     assert (await repo.status_counts()).in_flight == 0
     # first settled (its journal row went with the commit); second's is left for recovery
-    assert journal(db_url) == 1
+    assert journal(outbox_db_url) == 1
     # Nobody knows which of second's rows (if any) ended it: suspects, none charged.
     assert await repo.recover_batches() == Recovery(suspects=10)
-    assert journal(db_url) == 0
-    assert {v for v in attempts(db_url).values()} == {("PENDING", 0)}
+    assert journal(outbox_db_url) == 0
+    assert {v for v in attempts(outbox_db_url).values()} == {("PENDING", 0)}
 
 
 async def test_a_paused_batch_loses_its_session_and_its_late_writes_fail(
-    db_url: str, pool: AsyncConnectionPool[Any], queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], queue: str
 ) -> None:
-    ids = insert_rows(db_url, 5, queue=queue)
+    ids = insert_rows(outbox_db_url, 5, queue=queue)
     repo = OutboxRepository(pool)
     async with repo.claim_batch(50, hold_for=0.3) as paused:
         assert len(paused.rows) == 5
         await asyncio.sleep(1.0)  # idle in transaction past hold_for: PostgreSQL ends it
         with pytest.raises(psycopg.Error):  # the session is gone (timeout or lost)
             await paused.settle([r.id for r in paused.rows])  # the late delete
-    assert sorted(attempts(db_url)) == sorted(ids), "the late delete deleted nothing"
+    assert sorted(attempts(outbox_db_url)) == sorted(ids), "the late delete deleted nothing"
     async with repo.claim_batch(50, hold_for=30) as rescuer:
         assert len(rescuer.rows) == 5, "the rows were due again at once"
     assert await repo.recover_batches() == Recovery(suspects=5)
-    assert {v for v in attempts(db_url).values()} == {("PENDING", 0)}
-    with psycopg.connect(db_url) as conn:
+    assert {v for v in attempts(outbox_db_url).values()} == {("PENDING", 0)}
+    with psycopg.connect(outbox_db_url) as conn:
         row = conn.execute(
             "SELECT bool_and(suspect), bool_and(next_attempt_at IS NOT NULL) FROM outbox"
         ).fetchone()
@@ -112,10 +112,10 @@ CRASH_WHILE_HOLDING = textwrap.dedent(
 
 
 async def test_a_row_that_keeps_killing_its_enqueuer_ends_in_the_dlq(
-    db_url: str, pool: AsyncConnectionPool[Any], queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], queue: str
 ) -> None:
     """A first crash only makes it a suspect; each crash while it is probed alone counts."""
-    (row_id,) = insert_rows(db_url, 1, queue=queue, max_retries=2)
+    (row_id,) = insert_rows(outbox_db_url, 1, queue=queue, max_retries=2)
     repo = OutboxRepository(pool)
     expected = [
         ("batch", Recovery(suspects=1)),
@@ -126,7 +126,7 @@ async def test_a_row_that_keeps_killing_its_enqueuer_ends_in_the_dlq(
     for claim, recovery in expected:
         out = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-c", CRASH_WHILE_HOLDING, db_url, claim],
+            [sys.executable, "-c", CRASH_WHILE_HOLDING, outbox_db_url, claim],
             capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         # A batch's journal row is written beside its publish; a probe's, before it.
@@ -138,10 +138,10 @@ async def test_a_row_that_keeps_killing_its_enqueuer_ends_in_the_dlq(
                 break
             await asyncio.sleep(0.05)
         assert found == recovery
-        with psycopg.connect(db_url, autocommit=True) as conn:
+        with psycopg.connect(outbox_db_url, autocommit=True) as conn:
             conn.execute("UPDATE outbox SET next_attempt_at = now()")  # due again now
-    assert attempts(db_url) == {row_id: ("DLQ", 3)}
-    with psycopg.connect(db_url) as conn:
+    assert attempts(outbox_db_url) == {row_id: ("DLQ", 3)}
+    with psycopg.connect(outbox_db_url) as conn:
         dlq = conn.execute("SELECT id, attempts, last_error FROM outbox_dlq").fetchall()
     assert [(r[0], r[1]) for r in dlq] == [(row_id, 3)]
     assert "did not settle" in dlq[0][2]

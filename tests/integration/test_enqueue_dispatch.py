@@ -27,11 +27,11 @@ def rows(url: str) -> list[tuple[str, str, str, dict[str, object], str]]:
         ).fetchall()
 
 
-def test_sync_insert_commits_with_the_callers_transaction(db_url: str) -> None:
-    with psycopg.connect(db_url) as conn:
+def test_sync_insert_commits_with_the_callers_transaction(outbox_db_url: str) -> None:
+    with psycopg.connect(outbox_db_url) as conn:
         outbox_id = enqueue_dispatch(conn, dispatch())
-        assert rows(db_url) == []  # not visible before the caller commits
-    (row,) = rows(db_url)
+        assert rows(outbox_db_url) == []  # not visible before the caller commits
+    (row,) = rows(outbox_db_url)
     assert row[0] == outbox_id
     assert row[1:3] == ("t8", queue_stream("http"))  # the shard is picked when published
     assert row[3]["input"] == '{"k": [1, 2]}'
@@ -39,15 +39,15 @@ def test_sync_insert_commits_with_the_callers_transaction(db_url: str) -> None:
     assert row[4] == "PENDING"
 
 
-def test_sync_insert_on_a_cursor_rolls_back_with_the_caller(db_url: str) -> None:
-    with psycopg.connect(db_url) as conn, conn.cursor() as cur:
+def test_sync_insert_on_a_cursor_rolls_back_with_the_caller(outbox_db_url: str) -> None:
+    with psycopg.connect(outbox_db_url) as conn, conn.cursor() as cur:
         enqueue_dispatch(cur, dispatch())
         conn.rollback()
-    assert rows(db_url) == []
+    assert rows(outbox_db_url) == []
 
 
-async def test_async_twin(db_url: str) -> None:
-    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+async def test_async_twin(outbox_db_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(outbox_db_url) as conn:
         async with conn.transaction():
             await enqueue_dispatch_async(conn, dispatch("a1"))
             await enqueue_dispatch_async(conn.cursor(), dispatch("a2"))
@@ -57,23 +57,23 @@ async def test_async_twin(db_url: str) -> None:
                 raise RuntimeError("business logic failed")
         except RuntimeError:
             pass
-    assert [r[1] for r in rows(db_url)] == ["a1", "a2"]
+    assert [r[1] for r in rows(outbox_db_url)] == ["a1", "a2"]
 
 
-def test_not_before_must_be_timezone_aware(db_url: str) -> None:
-    with psycopg.connect(db_url) as conn, pytest.raises(ValueError, match="timezone-aware"):
+def test_not_before_must_be_timezone_aware(outbox_db_url: str) -> None:
+    with psycopg.connect(outbox_db_url) as conn, pytest.raises(ValueError, match="timezone-aware"):
         enqueue_dispatch(conn, dispatch(), datetime.now() + timedelta(seconds=5))
     later = datetime.now(UTC) + timedelta(hours=1)
-    with psycopg.connect(db_url) as conn:
+    with psycopg.connect(outbox_db_url) as conn:
         enqueue_dispatch(conn, dispatch(), later)
         stored = conn.execute("SELECT next_attempt_at FROM outbox").fetchone()
     assert stored is not None
     assert stored[0] == later
 
 
-def test_payload_is_the_message_without_its_queue(db_url: str) -> None:
-    with psycopg.connect(db_url) as conn:
+def test_payload_is_the_message_without_its_queue(outbox_db_url: str) -> None:
+    with psycopg.connect(outbox_db_url) as conn:
         enqueue_dispatch(conn, dispatch())
-    payload = rows(db_url)[0][3]
+    payload = rows(outbox_db_url)[0][3]
     assert "queue" not in payload
     assert json.loads(str(payload["input"])) == {"k": [1, 2]}

@@ -26,12 +26,12 @@ def dispatch(task_id: str, queue: str) -> TaskDispatch:
 
 
 async def test_committed_dispatch_reaches_its_shard_and_rolled_back_never_does(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
-    enqueuer = make_enqueuer(pool, redis_standalone, listen=db_url, poll_interval=30)
+    enqueuer = make_enqueuer(pool, redis_standalone, listen=outbox_db_url, poll_interval=30)
     async with running(enqueuer):
         await eventually(lambda: _true(enqueuer.listener and enqueuer.listener.connected))
-        with psycopg.connect(db_url) as conn:
+        with psycopg.connect(outbox_db_url) as conn:
             enqueue_dispatch(conn, dispatch("rolled-back", queue))
             conn.rollback()
             outbox_id = enqueue_dispatch(conn, dispatch("t8", queue))
@@ -44,14 +44,14 @@ async def test_committed_dispatch_reaches_its_shard_and_rolled_back_never_does(
     message = TaskMessage.from_fields({k: v for k, v in entry.items() if k != "_stream"})
     assert (message.task_id, message.workflow_version) == ("t8", 3)
     assert message.input == {"url": "https://x.test"}
-    assert outbox_status(db_url) == {}
+    assert outbox_status(outbox_db_url) == {}
 
 
 async def test_not_before_is_never_published_early(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
     not_before = datetime.now(UTC) + timedelta(seconds=1.5)
-    with psycopg.connect(db_url) as conn:
+    with psycopg.connect(outbox_db_url) as conn:
         enqueue_dispatch(conn, dispatch("later", queue), not_before)
     enqueuer = make_enqueuer(pool, redis_standalone, poll_interval=0.1)
     async with running(enqueuer):
@@ -63,9 +63,9 @@ async def test_not_before_is_never_published_early(
 
 
 async def test_claim_never_exceeds_the_batch_size_under_concurrency(
-    db_url: str, pool: AsyncConnectionPool[Any], queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], queue: str
 ) -> None:
-    insert_rows(db_url, 10_000, queue=queue)
+    insert_rows(outbox_db_url, 10_000, queue=queue)
     repo = OutboxRepository(pool)
     sizes: list[int] = []
     claimed: list[str] = []
@@ -86,18 +86,18 @@ async def test_claim_never_exceeds_the_batch_size_under_concurrency(
 
 
 async def test_two_enqueuers_publish_every_row_exactly_once(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_url: str, queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_url: str, queue: str
 ) -> None:
-    ids = insert_rows(db_url, 10_000, queue=queue)
+    ids = insert_rows(outbox_db_url, 10_000, queue=queue)
     clients = [connect_redis(redis_url), connect_redis(redis_url)]
-    pools = [pool, AsyncConnectionPool(db_url, kwargs={"autocommit": True}, open=False)]
+    pools = [pool, AsyncConnectionPool(outbox_db_url, kwargs={"autocommit": True}, open=False)]
     await pools[1].open()
     enqueuers = [
-        make_enqueuer(p, c, listen=db_url, poll_interval=0.2)
+        make_enqueuer(p, c, listen=outbox_db_url, poll_interval=0.2)
         for p, c in zip(pools, clients, strict=True)
     ]
     async with running(enqueuers[0]), running(enqueuers[1]):
-        await eventually(lambda: _true(outbox_status(db_url) == {}), within=60)
+        await eventually(lambda: _true(outbox_status(outbox_db_url) == {}), within=60)
 
     entries = await published(clients[0], queue)
     assert sorted(e["outbox_id"] for e in entries) == sorted(ids)
@@ -107,9 +107,9 @@ async def test_two_enqueuers_publish_every_row_exactly_once(
 
 
 async def test_redis_down_means_retry_with_growing_backoff_then_publish(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_process: RedisProcess, queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_process: RedisProcess, queue: str
 ) -> None:
-    ids = insert_rows(db_url, 20, queue=queue, backoff=1, max_retries=10)
+    ids = insert_rows(outbox_db_url, 20, queue=queue, backoff=1, max_retries=10)
     client = connect_redis(redis_process.url, socket_timeout=1)
     enqueuer = make_enqueuer(pool, client, publish_timeout=2)
     redis_process.stop()
@@ -117,13 +117,13 @@ async def test_redis_down_means_retry_with_growing_backoff_then_publish(
     ceilings = []
     for attempt in (1, 2, 3):
         assert await enqueuer.process_batch() == 20
-        delays = _retry_delays(db_url)
+        delays = _retry_delays(outbox_db_url)
         assert set(delays) == {attempt}, "every row counted one more failed attempt"
         ceiling = 1 + 1 * 2 ** (attempt - 1)  # full jitter in [base, base + base*2^(n-1)]
         assert all(1 <= d <= ceiling + 0.5 for d in delays[attempt])
         ceilings.append(max(delays[attempt]))
-        _make_due(db_url)
-    assert outbox_status(db_url) == {"RETRY": 20}
+        _make_due(outbox_db_url)
+    assert outbox_status(outbox_db_url) == {"RETRY": 20}
     # Delays grow: the longest of 20 draws at attempt n beats attempt n-1's ceiling
     # (each fails to with probability 2^-20).
     assert ceilings[1] > 2
@@ -132,35 +132,35 @@ async def test_redis_down_means_retry_with_growing_backoff_then_publish(
     redis_process.start()
     assert await enqueuer.process_batch() == 20
     assert sorted(e["outbox_id"] for e in await published(client, queue)) == sorted(ids)
-    assert outbox_status(db_url) == {}
+    assert outbox_status(outbox_db_url) == {}
     await client.aclose()
 
 
 async def test_a_row_that_always_fails_lands_in_the_dlq(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
     await publish_shard_count(redis_standalone, 1)  # the row is published to shard 0
-    (row_id,) = insert_rows(db_url, 1, queue=queue, max_retries=2, backoff=1)
+    (row_id,) = insert_rows(outbox_db_url, 1, queue=queue, max_retries=2, backoff=1)
     await redis_standalone.set(task_stream(queue, 0), "a string, not a stream")  # WRONGTYPE
     enqueuer = make_enqueuer(pool, redis_standalone)
 
     for _ in range(3):
         await enqueuer.process_batch()
-        _make_due(db_url)
+        _make_due(outbox_db_url)
 
-    assert outbox_status(db_url) == {"DLQ": 1}
-    with psycopg.connect(db_url) as conn:
+    assert outbox_status(outbox_db_url) == {"DLQ": 1}
+    with psycopg.connect(outbox_db_url) as conn:
         dlq = conn.execute("SELECT id, attempts, last_error FROM outbox_dlq").fetchall()
     assert [(r[0], r[1]) for r in dlq] == [(row_id, 3)]
     assert "WRONGTYPE" in dlq[0][2]
 
 
 async def test_non_object_payloads_are_published_per_contract(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
     await publish_shard_count(redis_standalone, 1)
     stream = task_stream(queue, 0)
-    with psycopg.connect(db_url) as conn:
+    with psycopg.connect(outbox_db_url) as conn:
         for row_id, payload in [("arr", "[1, 2]"), ("str", '"hello"'), ("nul", None)]:
             conn.execute(
                 "INSERT INTO outbox (id, stream, payload) VALUES (%s, %s, %s::jsonb)",
@@ -174,14 +174,14 @@ async def test_non_object_payloads_are_published_per_contract(
 
 
 async def test_listener_reconnects_after_its_backend_is_killed(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
-    enqueuer = make_enqueuer(pool, redis_standalone, listen=db_url, poll_interval=60)
+    enqueuer = make_enqueuer(pool, redis_standalone, listen=outbox_db_url, poll_interval=60)
     assert enqueuer.listener is not None
     listener = enqueuer.listener
     async with running(enqueuer):
         await eventually(lambda: _true(listener.connected))
-        with psycopg.connect(db_url, autocommit=True) as conn:
+        with psycopg.connect(outbox_db_url, autocommit=True) as conn:
             killed = conn.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
                 " WHERE application_name = 'outbox-dispatcher-listener'"
@@ -190,7 +190,7 @@ async def test_listener_reconnects_after_its_backend_is_killed(
             assert killed == [(True,)]
         await eventually(lambda: _true(not listener.connected))
         # Committed while nobody listens; the poll is 60 s away.
-        insert_rows(db_url, 5, queue=queue)
+        insert_rows(outbox_db_url, 5, queue=queue)
         await eventually(lambda: _has_entries(redis_standalone, queue, 5), within=20)
         assert listener.connects >= 2
 

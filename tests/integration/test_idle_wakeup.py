@@ -41,40 +41,40 @@ def take_flag(conn: psycopg.Connection[Any]) -> bool:
     return bool(row and row[0])
 
 
-def test_inserts_notify_only_while_someone_is_idle(db_url: str, queue: str) -> None:
-    assert notifications_after_insert(db_url, queue) == []
+def test_inserts_notify_only_while_someone_is_idle(outbox_db_url: str, queue: str) -> None:
+    assert notifications_after_insert(outbox_db_url, queue) == []
 
-    with psycopg.connect(db_url, autocommit=True) as conn:
+    with psycopg.connect(outbox_db_url, autocommit=True) as conn:
         assert take_flag(conn)
-        assert announced(db_url) == [conn.info.backend_pid]
-        assert notifications_after_insert(db_url, queue) == ["outbox_new"]
-    assert notifications_after_insert(db_url, queue) == [], "the flag died with its session"
+        assert announced(outbox_db_url) == [conn.info.backend_pid]
+        assert notifications_after_insert(outbox_db_url, queue) == ["outbox_new"]
+    assert notifications_after_insert(outbox_db_url, queue) == [], "the flag died with its session"
 
 
 def test_the_flag_cannot_be_taken_while_an_insert_without_notify_is_open(
-    db_url: str, queue: str
+    outbox_db_url: str, queue: str
 ) -> None:
     """The race's cover: a commit that skipped NOTIFY always ends before the flag is taken."""
     with (
-        psycopg.connect(db_url) as inserter,
-        psycopg.connect(db_url, autocommit=True) as enqueuer,
+        psycopg.connect(outbox_db_url) as inserter,
+        psycopg.connect(outbox_db_url, autocommit=True) as enqueuer,
     ):
         inserter.execute("INSERT INTO outbox (id, stream) VALUES ('open-1', 'workflow.tasks.x.0')")
         assert not take_flag(enqueuer), "the open insert holds the flag's lock shared"
         inserter.commit()
         assert take_flag(enqueuer)
         # From here every insert notifies.
-        assert notifications_after_insert(db_url, queue) == ["outbox_new"]
+        assert notifications_after_insert(outbox_db_url, queue) == ["outbox_new"]
 
 
 async def test_enqueuer_announces_when_idle_and_withdraws_when_busy(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
-    enqueuer = make_enqueuer(pool, redis_standalone, listen=db_url, poll_interval=30)
+    enqueuer = make_enqueuer(pool, redis_standalone, listen=outbox_db_url, poll_interval=30)
     async with running(enqueuer):
-        await eventually(lambda: _is(len(announced(db_url)) == 1))
+        await eventually(lambda: _is(len(announced(outbox_db_url)) == 1))
         # While announced, a commit wakes it within milliseconds (the poll is 30 s away).
-        insert_rows(db_url, 3, queue=queue, prefix="a-")
+        insert_rows(outbox_db_url, 3, queue=queue, prefix="a-")
         await eventually(lambda: _count(redis_standalone, queue, 3), within=10)
 
         # A claim that finds several rows withdraws the announcement; the enqueuer's own
@@ -85,43 +85,43 @@ async def test_enqueuer_announces_when_idle_and_withdraws_when_busy(
                 count=busy, started=0.0, ended=time.monotonic(), full=False, can_listen=True
             )
         )
-        assert announced(db_url) == []
-        await eventually(lambda: _is(len(announced(db_url)) == 1))
-    assert announced(db_url) == [], "a stopped enqueuer is not idle"
+        assert announced(outbox_db_url) == []
+        await eventually(lambda: _is(len(announced(outbox_db_url)) == 1))
+    assert announced(outbox_db_url) == [], "a stopped enqueuer is not idle"
 
 
 async def test_a_flag_lost_with_its_session_is_taken_again(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
-    enqueuer = make_enqueuer(pool, redis_standalone, listen=db_url, poll_interval=30)
+    enqueuer = make_enqueuer(pool, redis_standalone, listen=outbox_db_url, poll_interval=30)
     async with running(enqueuer):
-        await eventually(lambda: _is(len(announced(db_url)) == 1))
-        (holder,) = announced(db_url)
-        with psycopg.connect(db_url, autocommit=True) as admin:
+        await eventually(lambda: _is(len(announced(outbox_db_url)) == 1))
+        (holder,) = announced(outbox_db_url)
+        with psycopg.connect(outbox_db_url, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (holder,))
-        await eventually(lambda: _is(announced(db_url) == []))
+        await eventually(lambda: _is(announced(outbox_db_url) == []))
         assert enqueuer.idle_announced, "nothing has told it yet"
 
         await enqueuer.maintenance_once()  # notices the dead session, claims, retakes the flag
-        await eventually(lambda: _is(len(announced(db_url)) == 1))
-        assert announced(db_url) != [holder]
-        insert_rows(db_url, 1, queue=queue, prefix="again-")  # NOTIFY wakes it again
+        await eventually(lambda: _is(len(announced(outbox_db_url)) == 1))
+        assert announced(outbox_db_url) != [holder]
+        insert_rows(outbox_db_url, 1, queue=queue, prefix="again-")  # NOTIFY wakes it again
         await eventually(lambda: _count(redis_standalone, queue, 1), within=10)
 
 
 async def test_busy_enqueuer_drains_without_notifications(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
     """With nobody announced, rows committed during a drain are still all published."""
-    enqueuer = make_enqueuer(pool, redis_standalone, listen=db_url, poll_interval=30)
+    enqueuer = make_enqueuer(pool, redis_standalone, listen=outbox_db_url, poll_interval=30)
     async with running(enqueuer):
-        await eventually(lambda: _is(bool(announced(db_url))))
-        ids = insert_rows(db_url, 2000, queue=queue, prefix="b-")  # full batches: withdraws
-        more = insert_rows(db_url, 500, queue=queue, prefix="c-")
+        await eventually(lambda: _is(bool(announced(outbox_db_url))))
+        ids = insert_rows(outbox_db_url, 2000, queue=queue, prefix="b-")  # full batches: withdraws
+        more = insert_rows(outbox_db_url, 500, queue=queue, prefix="c-")
         await eventually(lambda: _count(redis_standalone, queue, 2500), within=30)
     got = sorted(e["outbox_id"] for e in await published(redis_standalone, queue))
     assert got == sorted(ids + more)
-    assert outbox_status(db_url) == {}
+    assert outbox_status(outbox_db_url) == {}
 
 
 async def _is(value: bool) -> bool:

@@ -64,13 +64,13 @@ async def sparse_latencies(db_url: str, client: RedisClient, queue: str) -> list
 
 
 async def test_open_transaction_already_there_at_start(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
-    held = await open_insert(db_url, queue)
+    held = await open_insert(outbox_db_url, queue)
     try:
-        enqueuer = make_enqueuer(pool, redis_standalone, listen=db_url, poll_interval=5)
+        enqueuer = make_enqueuer(pool, redis_standalone, listen=outbox_db_url, poll_interval=5)
         async with running(enqueuer):
-            delays = await sparse_latencies(db_url, redis_standalone, queue)
+            delays = await sparse_latencies(outbox_db_url, redis_standalone, queue)
             await held.commit()
             await eventually(lambda: _has(redis_standalone, queue, "held"), within=30)
     finally:
@@ -79,16 +79,16 @@ async def test_open_transaction_already_there_at_start(
 
 
 async def test_open_transaction_opened_while_draining(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
-    insert_rows(db_url, 3000, queue=queue, prefix="backlog-")
-    enqueuer = make_enqueuer(pool, redis_standalone, listen=db_url, poll_interval=5)
+    insert_rows(outbox_db_url, 3000, queue=queue, prefix="backlog-")
+    enqueuer = make_enqueuer(pool, redis_standalone, listen=outbox_db_url, poll_interval=5)
     async with running(enqueuer):
         await eventually(lambda: _more_than(redis_standalone, queue, 100))
-        held = await open_insert(db_url, queue)
+        held = await open_insert(outbox_db_url, queue)
         try:
             await eventually(lambda: _more_than(redis_standalone, queue, 2999), within=60)
-            delays = await sparse_latencies(db_url, redis_standalone, queue)
+            delays = await sparse_latencies(outbox_db_url, redis_standalone, queue)
             await held.commit()
             await eventually(lambda: _has(redis_standalone, queue, "held"), within=30)
         finally:

@@ -36,11 +36,11 @@ def cli(*args: str, db_url: str, redis_url: str) -> subprocess.CompletedProcess[
 
 
 async def test_status_json_matches_what_was_put_in(
-    db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
 ) -> None:
-    insert_rows(db_url, 7, queue=queue, prefix="p-")
-    insert_rows(db_url, 3, queue=queue, prefix="r-")
-    with psycopg.connect(db_url, autocommit=True) as conn:
+    insert_rows(outbox_db_url, 7, queue=queue, prefix="p-")
+    insert_rows(outbox_db_url, 3, queue=queue, prefix="r-")
+    with psycopg.connect(outbox_db_url, autocommit=True) as conn:
         conn.execute("UPDATE outbox SET status = 'RETRY' WHERE id LIKE 'r-%'")
         conn.execute(
             "INSERT INTO outbox_dlq (id, stream, payload, attempts) "
@@ -54,7 +54,7 @@ async def test_status_json_matches_what_was_put_in(
     await redis_standalone.xadd(stream, {"x": "1"})  # shard 1: no group yet
     await redis_standalone.set("composer:stream_shards", "4")
 
-    out = cli("status", "--json", db_url=db_url, redis_url=redis_url)
+    out = cli("status", "--json", db_url=outbox_db_url, redis_url=redis_url)
 
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
@@ -71,39 +71,46 @@ async def test_status_json_matches_what_was_put_in(
 
 
 async def test_outbox_dlq_replay_gets_rows_published_and_handled(
-    db_url: str, redis_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient,
+    outbox_db_url: str,
+    redis_url: str,
+    pool: AsyncConnectionPool[Any],
+    redis_standalone: RedisClient,
     queue: str,
-) -> None:  # fmt: skip
+) -> None:
     await publish_shard_count(redis_standalone, 1)  # every row is published to shard 0
-    ids = insert_rows(db_url, 6, queue=queue, max_retries=1, backoff=1)
+    ids = insert_rows(outbox_db_url, 6, queue=queue, max_retries=1, backoff=1)
     await redis_standalone.set(task_stream(queue, 0), "not a stream")  # every publish fails
     enqueuer = make_enqueuer(pool, redis_standalone)
     for _ in range(2):
         await enqueuer.process_batch()
-        with psycopg.connect(db_url, autocommit=True) as conn:
+        with psycopg.connect(outbox_db_url, autocommit=True) as conn:
             conn.execute("UPDATE outbox SET next_attempt_at = now()")
-    assert outbox_status(db_url) == {"DLQ": 6}
+    assert outbox_status(outbox_db_url) == {"DLQ": 6}
     await redis_standalone.delete(task_stream(queue, 0))  # the cause is fixed
 
-    dry = cli("dlq", "replay", "--id", ids[0], "--dry-run", db_url=db_url, redis_url=redis_url)
+    dry = cli(
+        "dlq", "replay", "--id", ids[0], "--dry-run", db_url=outbox_db_url, redis_url=redis_url
+    )
     assert dry.stdout.strip() == f"would replay 1: {ids[0]}"
-    bad = cli("dlq", "replay", "--id", "nope", db_url=db_url, redis_url=redis_url)
+    bad = cli("dlq", "replay", "--id", "nope", db_url=outbox_db_url, redis_url=redis_url)
     assert bad.returncode == 2
     assert "not in outbox_dlq: nope; nothing replayed" in bad.stderr
-    some = cli("dlq", "replay", "--id", ids[0], "--id", ids[1], db_url=db_url, redis_url=redis_url)
+    some = cli(
+        "dlq", "replay", "--id", ids[0], "--id", ids[1], db_url=outbox_db_url, redis_url=redis_url
+    )
     assert some.returncode == 0, some.stderr
-    rest = cli("dlq", "replay", "--all", db_url=db_url, redis_url=redis_url)
+    rest = cli("dlq", "replay", "--all", db_url=outbox_db_url, redis_url=redis_url)
     assert rest.stdout.startswith("replayed 4:")
-    assert outbox_status(db_url) == {"PENDING": 6}
+    assert outbox_status(outbox_db_url) == {"PENDING": 6}
 
     await enqueuer.process_batch()
     handled = await _handle_all(redis_standalone, queue, 6)
     assert sorted(handled) == sorted(ids)
-    assert outbox_status(db_url) == {}
+    assert outbox_status(outbox_db_url) == {}
 
 
 async def test_worker_dead_letter_stream_replay(
-    db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
 ) -> None:
     dispatches = tasks(queue, 3)
     await publish(redis_standalone, dispatches, shards=1)
@@ -116,9 +123,11 @@ async def test_worker_dead_letter_stream_replay(
     for d in dispatches:  # run budgets used up (the worker died before it reset them)
         await redis_standalone.set(attempt_key(f"{d.run_id}:{d.task_id}:{d.attempt}"), "5")
 
-    listing = cli("dlq", "list", "--queue", queue, db_url=db_url, redis_url=redis_url)
+    listing = cli("dlq", "list", "--queue", queue, db_url=outbox_db_url, redis_url=redis_url)
     assert listing.stdout.count("error=boom") == 3
-    replay = cli("dlq", "replay", "--queue", queue, "--all", db_url=db_url, redis_url=redis_url)
+    replay = cli(
+        "dlq", "replay", "--queue", queue, "--all", db_url=outbox_db_url, redis_url=redis_url
+    )
     assert replay.returncode == 0, replay.stderr
     assert await redis_standalone.xlen(dead) == 0
     entries = await published(redis_standalone, queue, shards=1)
@@ -149,7 +158,7 @@ async def _at_least(items: list[str], n: int) -> bool:
 
 
 async def test_journal_rows_of_another_cluster_are_discarded(
-    db_url: str,
+    outbox_db_url: str,
     redis_url: str,
     pool: AsyncConnectionPool[Any],
     redis_standalone: RedisClient,
@@ -157,8 +166,8 @@ async def test_journal_rows_of_another_cluster_are_discarded(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A dump/restore brings back a journal row whose transaction id is ahead of this cluster."""
-    (row_id,) = insert_rows(db_url, 1, queue=queue, prefix="restored-")
-    with psycopg.connect(db_url, autocommit=True) as conn:
+    (row_id,) = insert_rows(outbox_db_url, 1, queue=queue, prefix="restored-")
+    with psycopg.connect(outbox_db_url, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO outbox_batches (token, xact, ids, enqueuer)"
             " SELECT gen_random_uuid(),"
@@ -166,7 +175,7 @@ async def test_journal_rows_of_another_cluster_are_discarded(
             "        ARRAY[%s], 'another-cluster'",
             (row_id,),
         )
-    out = cli("status", "--json", db_url=db_url, redis_url=redis_url)
+    out = cli("status", "--json", db_url=outbox_db_url, redis_url=redis_url)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["outbox"]["IN_FLIGHT"] == 0
 
@@ -176,10 +185,10 @@ async def test_journal_rows_of_another_cluster_are_discarded(
         await enqueuer.maintenance_once()
     warnings = [r for r in caplog.records if "another cluster" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in caplog.records]
-    with psycopg.connect(db_url) as conn:
+    with psycopg.connect(outbox_db_url) as conn:
         assert conn.execute("SELECT count(*) FROM outbox_batches").fetchone() == (0,)
-    assert outbox_status(db_url) == {"PENDING": 1}, "the row itself is not charged"
+    assert outbox_status(outbox_db_url) == {"PENDING": 1}, "the row itself is not charged"
     await enqueuer.process_batch()
     assert [e["outbox_id"] for e in await published(redis_standalone, queue)] == [row_id]
-    out = cli("status", "--json", db_url=db_url, redis_url=redis_url)
+    out = cli("status", "--json", db_url=outbox_db_url, redis_url=redis_url)
     assert out.returncode == 0, out.stderr

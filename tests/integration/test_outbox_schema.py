@@ -11,33 +11,33 @@ import psycopg
 from dispatcher.outbox.schema import available_migrations, migrate
 
 
-async def test_migrate_twice_is_a_no_op(database_url: str) -> None:
-    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+async def test_migrate_twice_is_a_no_op(empty_db_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(empty_db_url, autocommit=True) as conn:
         first = await migrate(conn)
         second = await migrate(conn)
     assert [m.version for m in first] == [m.version for m in available_migrations()]
     assert second == []
 
 
-async def test_concurrent_migrations_apply_each_version_once(database_url: str) -> None:
+async def test_concurrent_migrations_apply_each_version_once(empty_db_url: str) -> None:
     async def one() -> int:
-        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(empty_db_url, autocommit=True) as conn:
             return len(await migrate(conn))
 
     # The first test may have migrated this module's database already; start clean.
-    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+    async with await psycopg.AsyncConnection.connect(empty_db_url, autocommit=True) as conn:
         await conn.execute("DROP TABLE IF EXISTS outbox, outbox_dlq, outbox_schema_version")
 
     applied = await asyncio.gather(*(one() for _ in range(6)))
 
     assert sorted(applied) == [0] * 5 + [len(available_migrations())]
-    async with await psycopg.AsyncConnection.connect(database_url) as conn:
+    async with await psycopg.AsyncConnection.connect(empty_db_url) as conn:
         rows = await (await conn.execute("SELECT version FROM outbox_schema_version")).fetchall()
     assert [r[0] for r in rows] == [m.version for m in available_migrations()]
 
 
-def test_schema_has_the_contract_objects(migrated_url: str) -> None:
-    with psycopg.connect(migrated_url) as conn:
+def test_schema_has_the_contract_objects(outbox_db_url: str) -> None:
+    with psycopg.connect(outbox_db_url) as conn:
         trigger = conn.execute(
             "SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE tgname = 'outbox_notify'"
         ).fetchone()
@@ -55,9 +55,9 @@ def test_schema_has_the_contract_objects(migrated_url: str) -> None:
     assert "autovacuum_vacuum_scale_factor=0.0" in options[0]
 
 
-def test_cli_migrate_reports_what_it_did(database_url: str) -> None:
+def test_cli_migrate_reports_what_it_did(empty_db_url: str) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "dispatcher.cli", "migrate", "--database-url", database_url],
+        [sys.executable, "-m", "dispatcher.cli", "migrate", "--database-url", empty_db_url],
         capture_output=True,
         text=True,
         check=True,

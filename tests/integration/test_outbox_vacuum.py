@@ -63,31 +63,31 @@ def test_vacuum_only_when_autovacuum_is_not_coping(state: VacuumState, expected:
     assert not needs_vacuum(state, threshold=0, stale_after=60), "0 turns it off"
 
 
-async def test_maintenance_vacuums_an_outbox_nothing_else_vacuums(pg_db: str) -> None:
-    churn(pg_db, 12_000)
-    assert dead_tuples(pg_db)[0] >= 10_000
-    pool = await open_pool(pg_db)
+async def test_maintenance_vacuums_an_outbox_nothing_else_vacuums(own_pg_db_url: str) -> None:
+    churn(own_pg_db_url, 12_000)
+    assert dead_tuples(own_pg_db_url)[0] >= 10_000
+    pool = await open_pool(own_pg_db_url)
     try:
         vacuum = OutboxVacuum(pool, threshold=10_000)
         assert await vacuum.run_once()
-        dead, last_vacuum = dead_tuples(pg_db)
+        dead, last_vacuum = dead_tuples(own_pg_db_url)
         assert dead < 10_000
         assert last_vacuum is not None
-        churn(pg_db, 12_000)
+        churn(own_pg_db_url, 12_000)
         assert not await vacuum.run_once(), "vacuumed a moment ago: not again yet"
     finally:
         await pool.close()
 
 
 async def test_a_role_that_cannot_vacuum_says_so_once(
-    pg_db: str, caplog: pytest.LogCaptureFixture
+    own_pg_db_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     role = f"od_enq_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(pg_db, autocommit=True) as conn:
+    with psycopg.connect(own_pg_db_url, autocommit=True) as conn:
         conn.execute(f'CREATE ROLE "{role}" LOGIN')
         conn.execute(f'GRANT SELECT ON outbox TO "{role}"')
-    churn(pg_db, 12_000)
-    url = psycopg.conninfo.make_conninfo(pg_db, user=role)
+    churn(own_pg_db_url, 12_000)
+    url = psycopg.conninfo.make_conninfo(own_pg_db_url, user=role)
     pool = await open_pool(url)
     try:
         vacuum = OutboxVacuum(pool, threshold=10_000)
@@ -97,6 +97,6 @@ async def test_a_role_that_cannot_vacuum_says_so_once(
         (warning,) = caplog.records
         assert "cannot" in warning.getMessage()
         assert "autovacuum" in warning.getMessage()
-        assert dead_tuples(pg_db)[0] >= 10_000
+        assert dead_tuples(own_pg_db_url)[0] >= 10_000
     finally:
         await pool.close()

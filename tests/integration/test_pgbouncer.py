@@ -30,20 +30,20 @@ def run_enqueuer(db_url: str, redis_url: str) -> subprocess.CompletedProcess[str
 
 
 async def test_the_probe_tells_session_state_that_sticks_from_state_that_does_not(
-    db_url: str, pgbouncer: Callable[..., PgBouncerProcess]
+    outbox_db_url: str, pgbouncer: Callable[..., PgBouncerProcess]
 ) -> None:
-    assert await session_pooling(db_url) == "session"
-    assert await session_pooling(pgbouncer("session").url(db_url)) == "session"
-    assert await session_pooling(pgbouncer("transaction").url(db_url)) == "transaction"
-    assert await session_pooling(pgbouncer("statement").url(db_url)) == "statement"
+    assert await session_pooling(outbox_db_url) == "session"
+    assert await session_pooling(pgbouncer("session").url(outbox_db_url)) == "session"
+    assert await session_pooling(pgbouncer("transaction").url(outbox_db_url)) == "transaction"
+    assert await session_pooling(pgbouncer("statement").url(outbox_db_url)) == "statement"
 
 
 @pytest.mark.parametrize("ignore", ["extra_float_digits", "options"])
 def test_transaction_pooling_is_refused_in_one_line_naming_the_mode(
-    db_url: str, redis_url: str, pgbouncer: Callable[..., PgBouncerProcess], ignore: str
+    outbox_db_url: str, redis_url: str, pgbouncer: Callable[..., PgBouncerProcess], ignore: str
 ) -> None:
     bouncer = pgbouncer("transaction", ignore)
-    done = run_enqueuer(bouncer.url(db_url), redis_url)
+    done = run_enqueuer(bouncer.url(outbox_db_url), redis_url)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -53,9 +53,9 @@ def test_transaction_pooling_is_refused_in_one_line_naming_the_mode(
 
 
 def test_a_refused_session_option_says_what_to_change(
-    db_url: str, redis_url: str, pgbouncer: Callable[..., PgBouncerProcess]
+    outbox_db_url: str, redis_url: str, pgbouncer: Callable[..., PgBouncerProcess]
 ) -> None:
-    done = run_enqueuer(pgbouncer("session").url(db_url), redis_url)
+    done = run_enqueuer(pgbouncer("session").url(outbox_db_url), redis_url)
     assert done.returncode == 1, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
@@ -64,7 +64,7 @@ def test_a_refused_session_option_says_what_to_change(
 
 
 async def test_behind_a_session_pool_dispatch_is_woken_by_notify(
-    db_url: str,
+    outbox_db_url: str,
     redis_url: str,
     redis_standalone: RedisClient,
     queue: str,
@@ -74,17 +74,17 @@ async def test_behind_a_session_pool_dispatch_is_woken_by_notify(
     bouncer = pgbouncer("session", "options")
     # The poll is an hour away: only a notification can bring the second row out.
     proc = spawn_enqueuer(
-        bouncer.url(db_url), redis_url, tmp_path / "enqueuer.log", "--poll-interval", "3600"
+        bouncer.url(outbox_db_url), redis_url, tmp_path / "enqueuer.log", "--poll-interval", "3600"
     )
     try:
-        insert_rows(db_url, 1, queue=queue, prefix="first-")
+        insert_rows(outbox_db_url, 1, queue=queue, prefix="first-")
         await eventually(lambda: _published(redis_standalone, queue, 1), within=60)
-        insert_rows(db_url, 1, queue=queue, prefix="second-")
+        insert_rows(outbox_db_url, 1, queue=queue, prefix="second-")
         await eventually(lambda: _published(redis_standalone, queue, 2), within=60)
     finally:
         proc.terminate()
         proc.wait(60)
-    assert outbox_status(db_url) == {}
+    assert outbox_status(outbox_db_url) == {}
     log = (tmp_path / "enqueuer.log").read_text()
     assert "does not exist" not in log, log  # no prepared-statement errors through the pool
 

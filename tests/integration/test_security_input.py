@@ -45,9 +45,9 @@ payloads = st.one_of(st.none(), json_values, task_like)
 
 
 @pytest.fixture
-def running(pg_db: str, redis_url: str, tmp_path: Path) -> Iterator[Pipeline]:
+def running(own_pg_db_url: str, redis_url: str, tmp_path: Path) -> Iterator[Pipeline]:
     p = Pipeline(
-        scenario="fuzz", db_url=pg_db, redis_url=redis_url, recorder_url=redis_url,
+        scenario="fuzz", db_url=own_pg_db_url, redis_url=redis_url, recorder_url=redis_url,
         workdir=tmp_path,
     )  # fmt: skip
     p.enqueuer("--maintenance-interval", "0.3")

@@ -65,13 +65,13 @@ def acl_redis(tmp_path: Path) -> Iterator[tuple[RedisProcess, dict[str, str]]]:
 
 @pytest.fixture
 def make_pipeline(
-    business_db: str, redis_url: str, tmp_path: Path
+    own_pg_db_url: str, redis_url: str, tmp_path: Path
 ) -> Iterator[Callable[[str], Pipeline]]:
     made: list[Pipeline] = []
 
     def make(admin_url: str) -> Pipeline:
         p = Pipeline(
-            scenario="security", db_url=business_db, redis_url=admin_url,
+            scenario="security", db_url=own_pg_db_url, redis_url=admin_url,
             recorder_url=redis_url, workdir=tmp_path,
         )  # fmt: skip
         made.append(p)
@@ -189,12 +189,12 @@ def test_passwords_never_appear_in_logs(
     acl_redis: tuple[RedisProcess, dict[str, str]],
     make_pipeline: Callable[[str], Pipeline],
     pg_process: PostgresProcess,
-    business_db: str,
+    own_pg_db_url: str,
     tmp_path: Path,
 ) -> None:
     server, passwords = acl_redis
     pg_password = f"pg-{uuid.uuid4().hex}"
-    database = psycopg.conninfo.conninfo_to_dict(business_db)["dbname"]
+    database = psycopg.conninfo.conninfo_to_dict(own_pg_db_url)["dbname"]
     db_with_password = pg_process.url(str(database), password=pg_password)
     closed_port = RedisProcess(tmp_path / "closed").port
     secrets = [pg_password, *passwords.values()]

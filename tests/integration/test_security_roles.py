@@ -27,12 +27,12 @@ def as_role(url: str, role: str) -> str:
 
 
 @pytest.fixture
-def roles_db(business_db: str) -> str:
-    with psycopg.connect(business_db, autocommit=True) as conn:
+def roles_db(own_pg_db_url: str) -> str:
+    with psycopg.connect(own_pg_db_url, autocommit=True) as conn:
         conn.execute(ROLES_SQL)
         conn.execute(ROLES_SQL)  # idempotent
         conn.execute("GRANT INSERT ON fault_business TO outbox_app")  # the app's own table
-    return business_db
+    return own_pg_db_url
 
 
 def _denied(conn: psycopg.Connection[object], statement: str) -> bool:
@@ -56,7 +56,7 @@ def test_the_app_role_may_only_insert_into_the_outbox(roles_db: str) -> None:
         for statement in (
             "SELECT * FROM outbox",
             "SELECT count(*) FROM outbox_dlq",
-            "UPDATE outbox SET status = 'SENT'",
+            "UPDATE outbox SET status = 'DLQ'",
             "DELETE FROM outbox",
             "TRUNCATE outbox",
             "DELETE FROM outbox_batches",

@@ -92,17 +92,19 @@ async def _ready(worker: Worker, task: asyncio.Task[None]) -> bool:
 
 
 async def test_enqueuer_started_without_stream_shards_leaves_the_key_at_8(
-    db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str, tmp_path: Path,
+    outbox_db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     monkeypatch.delenv("STREAM_SHARDS", raising=False)
     await redis_standalone.set(SHARDS_KEY, "8")
-    insert_rows(db_url, 3, queue=queue)
-    proc = spawn_enqueuer(db_url, redis_url, tmp_path / "enqueuer.log", "--poll-interval", "0.1")
+    insert_rows(outbox_db_url, 3, queue=queue)
+    proc = spawn_enqueuer(
+        outbox_db_url, redis_url, tmp_path / "enqueuer.log", "--poll-interval", "0.1"
+    )
     try:
 
         async def published() -> bool:  # the enqueuer is past its start-up
-            return outbox_status(db_url) == {}
+            return outbox_status(outbox_db_url) == {}
 
         await eventually(published, within=30)
         assert await redis_standalone.get(SHARDS_KEY) == "8"
@@ -112,11 +114,13 @@ async def test_enqueuer_started_without_stream_shards_leaves_the_key_at_8(
 
 
 async def test_first_enqueuer_writes_the_key_when_it_is_absent(
-    db_url: str, redis_url: str, redis_standalone: RedisClient, tmp_path: Path,
+    outbox_db_url: str, redis_url: str, redis_standalone: RedisClient, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     monkeypatch.setenv("STREAM_SHARDS", "3")
-    proc = spawn_enqueuer(db_url, redis_url, tmp_path / "enqueuer.log", "--poll-interval", "0.1")
+    proc = spawn_enqueuer(
+        outbox_db_url, redis_url, tmp_path / "enqueuer.log", "--poll-interval", "0.1"
+    )
     try:
 
         async def written() -> bool:
@@ -132,12 +136,12 @@ async def test_first_enqueuer_writes_the_key_when_it_is_absent(
 
 
 async def test_enqueue_dispatch_without_shards_is_handled_when_the_key_says_2(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
     await publish_shard_count(redis_standalone, 2)
     # Ids the default of 4 would put on shards 2 and 3, which nobody reads at 2 shards.
     ids = ids_on_shards(queue, shards=4, among={2, 3}, n=6)
-    with psycopg.connect(db_url) as conn:
+    with psycopg.connect(outbox_db_url) as conn:
         for task_id in ids:
             enqueue_dispatch(conn, dispatch(queue, task_id))
     seen: list[str] = []
@@ -148,27 +152,31 @@ async def test_enqueue_dispatch_without_shards_is_handled_when_the_key_says_2(
             return set(seen) == set(ids)
 
         await eventually(handled, within=30)
-    assert outbox_status(db_url) == {}
+    assert outbox_status(outbox_db_url) == {}
 
 
-def test_shards_argument_is_accepted_with_a_deprecation_warning(db_url: str, queue: str) -> None:
-    with psycopg.connect(db_url) as conn, warnings.catch_warnings(record=True) as caught:
+def test_shards_argument_is_accepted_with_a_deprecation_warning(
+    outbox_db_url: str, queue: str
+) -> None:
+    with psycopg.connect(outbox_db_url) as conn, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         enqueue_dispatch(conn, dispatch(queue, "t1"), shards=8)
     assert any(issubclass(w.category, DeprecationWarning) for w in caught)
-    with psycopg.connect(db_url) as conn:
+    with psycopg.connect(outbox_db_url) as conn:
         (stream,) = conn.execute("SELECT stream FROM outbox").fetchone() or ("",)
     assert stream == f"workflow.tasks.{queue}"
 
 
 async def test_rows_of_older_writers_follow_the_current_count(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
     await publish_shard_count(redis_standalone, 2)
-    ids = insert_rows(db_url, 40, queue=queue, shards=8)  # stored as workflow.tasks.<q>.<0..7>
+    ids = insert_rows(
+        outbox_db_url, 40, queue=queue, shards=8
+    )  # stored as workflow.tasks.<q>.<0..7>
     enqueuer = make_enqueuer(pool, redis_standalone, poll_interval=0.1)
     async with running(enqueuer):
-        await eventually(lambda: _empty(db_url), within=30)
+        await eventually(lambda: _empty(outbox_db_url), within=30)
     where = {}
     for shard in range(8):
         for _id, fields in await redis_standalone.xrange(task_stream(queue, shard)):
@@ -181,7 +189,7 @@ async def _empty(db_url: str) -> bool:
 
 
 async def test_a_count_written_directly_is_in_force_for_publishing(
-    db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
     await publish_shard_count(redis_standalone, 4)
     enqueuer = make_enqueuer(pool, redis_standalone, poll_interval=0.1)
@@ -192,9 +200,9 @@ async def test_a_count_written_directly_is_in_force_for_publishing(
 
         async def routed_by_8() -> bool:
             task_id = next(ids)
-            with psycopg.connect(db_url) as conn:
+            with psycopg.connect(outbox_db_url) as conn:
                 enqueue_dispatch(conn, dispatch(queue, task_id))
-            await eventually(lambda: _empty(db_url), within=30)
+            await eventually(lambda: _empty(outbox_db_url), within=30)
             return bool(await redis_standalone.xlen(task_stream(queue, shard_for(task_id, 8))))
 
         await eventually(routed_by_8, within=60)
@@ -266,7 +274,7 @@ async def test_running_workers_pick_up_an_increase_and_a_late_entry_on_a_removed
 
 
 async def test_dead_letter_replay_routes_by_the_current_count(
-    db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
 ) -> None:
     await publish_shard_count(redis_standalone, 2)
     task_id = ids_on_shards(queue, shards=2, among={1}, n=1)[0]
@@ -275,7 +283,7 @@ async def test_dead_letter_replay_routes_by_the_current_count(
         {"task_id": task_id, "error": "boom", "delivery_count": "5", "runs": "5",
          "source_stream": task_stream(queue, 6), "source_id": "1-1"},
     )  # fmt: skip
-    out = cli("dlq", "replay", "--queue", queue, "--all", db_url=db_url, redis_url=redis_url)
+    out = cli("dlq", "replay", "--queue", queue, "--all", db_url=outbox_db_url, redis_url=redis_url)
     assert out.returncode == 0, out.stderr
     assert await redis_standalone.xlen(task_stream(queue, 6)) == 0
     ((_id, fields),) = await redis_standalone.xrange(task_stream(queue, 1))
@@ -286,11 +294,11 @@ async def test_dead_letter_replay_routes_by_the_current_count(
 
 
 async def test_shards_command_shows_count_and_each_shard(
-    db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
 ) -> None:
     await publish_shard_count(redis_standalone, 2)
     await publish(redis_standalone, tasks(queue, 10), shards=3)  # shard 2 is left over
-    out = cli("shards", db_url=db_url, redis_url=redis_url)
+    out = cli("shards", db_url=outbox_db_url, redis_url=redis_url)
     assert out.returncode == 0, out.stderr
     assert "shard count: 2" in out.stdout
     for shard in range(3):
@@ -299,7 +307,7 @@ async def test_shards_command_shows_count_and_each_shard(
 
 
 async def test_shards_set_lowers_the_count_and_exits_once_removed_shards_are_empty(
-    db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
 ) -> None:
     await publish_shard_count(redis_standalone, 4)
     work = tasks(queue, 40)
@@ -307,7 +315,14 @@ async def test_shards_set_lowers_the_count_and_exits_once_removed_shards_are_emp
     seen: list[str] = []
     async with working(fast_worker(redis_standalone, queue, seen)):
         out = await asyncio.to_thread(
-            cli, "shards", "set", "2", "--refresh-wait", "0.5", db_url=db_url, redis_url=redis_url
+            cli,
+            "shards",
+            "set",
+            "2",
+            "--refresh-wait",
+            "0.5",
+            db_url=outbox_db_url,
+            redis_url=redis_url,
         )
     assert out.returncode == 0, out.stdout + out.stderr
     assert await redis_standalone.get(SHARDS_KEY) == "2"
@@ -317,24 +332,24 @@ async def test_shards_set_lowers_the_count_and_exits_once_removed_shards_are_emp
 
 
 async def test_shards_set_rejects_a_bad_count(
-    db_url: str, redis_url: str, redis_standalone: RedisClient
+    outbox_db_url: str, redis_url: str, redis_standalone: RedisClient
 ) -> None:
     await publish_shard_count(redis_standalone, 4)
-    out = cli("shards", "set", "0", db_url=db_url, redis_url=redis_url)
+    out = cli("shards", "set", "0", db_url=outbox_db_url, redis_url=redis_url)
     assert out.returncode == 2
     assert "must be >= 1" in out.stderr
     assert await redis_standalone.get(SHARDS_KEY) == "4"
 
 
 async def test_shards_set_reports_progress_and_gives_up_at_its_timeout(
-    db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
 ) -> None:
     await publish_shard_count(redis_standalone, 4)
     left = [t for t in tasks(queue, 100) if shard_for(t.task_id, 4) == 3][:3]
     await publish(redis_standalone, left, shards=4)  # no worker: shard 3 cannot drain
     out = cli(
         "shards", "set", "2", "--refresh-wait", "0", "--timeout", "1", "--progress-every", "0.2",
-        db_url=db_url, redis_url=redis_url,
+        db_url=outbox_db_url, redis_url=redis_url,
     )  # fmt: skip
     assert out.returncode == 1, out.stdout + out.stderr
     stream = task_stream(queue, 3)

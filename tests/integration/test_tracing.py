@@ -34,12 +34,15 @@ def spans() -> Iterator[InMemorySpanExporter]:
 
 @pytest.mark.parametrize("sync_handler", [False, True])
 async def test_handler_span_is_a_child_of_the_enqueuing_span(
-    spans: InMemorySpanExporter, db_url: str, pool: AsyncConnectionPool[Any],
+    spans: InMemorySpanExporter, outbox_db_url: str, pool: AsyncConnectionPool[Any],
     redis_standalone: RedisClient, queue: str, sync_handler: bool,
 ) -> None:  # fmt: skip
     spans.clear()
     tracer = trace.get_tracer("app")
-    with tracer.start_as_current_span("business transaction"), psycopg.connect(db_url) as conn:
+    with (
+        tracer.start_as_current_span("business transaction"),
+        psycopg.connect(outbox_db_url) as conn,
+    ):
         enqueue_dispatch(conn, TaskDispatch(
             task_id="traced", run_id="r", workflow_id="wf", workflow_version=1, node_id="n",
             node_type="t", queue=queue, attempt=1, input="{}",

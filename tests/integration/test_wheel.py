@@ -2,7 +2,7 @@
 
 Every other test imports the editable checkout, so a file the code loads at run
 time (SQL, migrations) but the wheel leaves out goes unnoticed there. This one
-copies what the Dockerfiles copy into a temp dir, runs ``pip wheel --no-deps``
+copies what the Dockerfile's wheel stage copies into a temp dir, runs ``pip wheel --no-deps``
 on it, installs the wheel into a new venv outside the checkout and drives
 ``dispatcher migrate``, ``enqueuer``, ``worker`` and ``status`` from that venv
 against the real servers.
@@ -25,21 +25,11 @@ import pytest
 import redis as sync_redis
 
 from tests.fix_outbox import insert_rows
+from tests.unit.test_deploy_images import build_sources
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILE = ROOT / "deploy" / "images" / "enqueuer" / "Dockerfile"
-
-
-def build_context() -> list[str]:
-    """What the image's build stage copies from the repository (its ``COPY`` sources)."""
-    sources: list[str] = []
-    for line in DOCKERFILE.read_text().splitlines():
-        words = line.split()
-        if words[:1] == ["COPY"] and not any(w.startswith("--") for w in words):
-            sources += [w.rstrip("/") for w in words[1:-1]]
-    return sources
 
 
 def _run(*args: str | Path, cwd: Path, env: dict[str, str], timeout: float = 600) -> str:
@@ -56,7 +46,7 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> Path:
     work = tmp_path_factory.mktemp("wheel")
     context = work / "context"
     context.mkdir()
-    sources = build_context()
+    sources = build_sources()
     assert {"pyproject.toml", "dispatcher"} <= set(sources), sources
     for name in sources:
         source = ROOT / name
@@ -93,16 +83,16 @@ def _wait(predicate: object, *, within: float = 60.0) -> None:
 
 
 def test_the_wheel_migrates_dispatches_and_reports(
-    shipped: Path, database_url: str, redis_url: str, queue: str, tmp_path: Path
+    shipped: Path, empty_db_url: str, redis_url: str, queue: str, tmp_path: Path
 ) -> None:
-    env = _clean_env(DATABASE_URL=database_url, REDIS_URL=redis_url, STREAM_SHARDS="2")
+    env = _clean_env(DATABASE_URL=empty_db_url, REDIS_URL=redis_url, STREAM_SHARDS="2")
     where = _run(shipped / "python", "-c", "import dispatcher; print(dispatcher.__file__)",
                  cwd=tmp_path, env=env)  # fmt: skip
     assert not Path(where.strip()).is_relative_to(ROOT), "imported the checkout, not the wheel"
 
     out = _run(shipped / "dispatcher", "migrate", cwd=tmp_path, env=env)
     assert "0001_outbox" in out
-    insert_rows(database_url, 25, queue=queue, shards=2)
+    insert_rows(empty_db_url, 25, queue=queue, shards=2)
 
     log = (tmp_path / "procs.log").open("w")
     procs = [
@@ -118,7 +108,7 @@ def test_the_wheel_migrates_dispatches_and_reports(
     try:
 
         def handled() -> bool:
-            with psycopg.connect(database_url) as conn:
+            with psycopg.connect(empty_db_url) as conn:
                 left = conn.execute("SELECT count(*) FROM outbox").fetchone()
             streams = [f"workflow.tasks.{queue}.{n}" for n in range(2)]
             groups = [g for s in streams if redis.exists(s) for g in redis.xinfo_groups(s)]

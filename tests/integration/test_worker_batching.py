@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import RedisStreamConsumer, RedisStreamPublisher, task_stream
-from dispatcher.stream.protocol import Message
+from dispatcher.stream.entries import Message
 from dispatcher.worker import AttemptGuard, Claim, attempt_key, lease_key
 from dispatcher.worker.leases import LeaseKeeper
 from dispatcher.worker.reader import StreamReader

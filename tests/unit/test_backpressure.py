@@ -7,7 +7,7 @@ from redis.exceptions import OutOfMemoryError, ResponseError
 
 from dispatcher.outbox.backpressure import MemoryMarks, memory_ratio, paused_next
 from dispatcher.outbox.outcomes import ClaimedRow, plan_outcomes
-from dispatcher.stream.protocol import PublishResult
+from dispatcher.stream.entries import PublishResult
 
 MARKS = MemoryMarks(high=0.85, low=0.75)
 

@@ -1,8 +1,9 @@
-"""The three Dockerfiles, the build context and ``skaffold.yaml``, checked without a Docker engine.
+"""The Dockerfile, the build context and ``skaffold.yaml``, checked without a Docker engine.
 
-Each Dockerfile must parse, build the project as a wheel in a first stage, and end in a final
-stage on a version-pinned slim Python that carries no build tools, runs as a non-root numeric
-user and enters a real ``dispatcher`` subcommand.
+One Dockerfile builds the three images as targets. It must parse, build the project as a
+wheel in one stage that every target's venv comes from, and end each target in an image on a
+version-pinned slim Python that carries no build tools, runs as a non-root numeric user and
+enters a real ``dispatcher`` subcommand.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+import shlex
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,38 +23,84 @@ from dockerfile_parse import DockerfileParser
 from dispatcher.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = "Dockerfile"
 IMAGE_UID = 10001
+# image -> the Dockerfile target that builds it (also its `dispatcher` subcommand)
 IMAGES = {
-    "outbox-dispatcher-operator": ("deploy/images/operator/Dockerfile", "operator"),
-    "outbox-dispatcher-enqueuer": ("deploy/images/enqueuer/Dockerfile", "enqueuer"),
-    "outbox-dispatcher-worker": ("deploy/images/worker/Dockerfile", "worker"),
+    "outbox-dispatcher-operator": "operator",
+    "outbox-dispatcher-enqueuer": "enqueuer",
+    "outbox-dispatcher-worker": "worker",
 }
 PINNED_SLIM_PYTHON = re.compile(r"^python:3\.\d+\.\d+-slim(-[a-z]+)?(@sha256:[0-9a-f]{64})?$")
 BUILD_TOOLS = re.compile(r"\b(gcc|g\+\+|clang|make|build-essential|cargo|rustc|apt-get|apk)\b")
 
 
-def _stages(path: str) -> list[list[dict[str, Any]]]:
-    """The Dockerfile's instructions, split into stages (ARGs before the first FROM dropped)."""
-    parser = DockerfileParser(str(ROOT / path))
-    stages: list[list[dict[str, Any]]] = []
-    for instruction in parser.structure:
-        if instruction["instruction"] == "FROM":
-            stages.append([])
-        if stages:
-            stages[-1].append(instruction)
-    return stages
+@dataclass
+class Stage:
+    name: str
+    parent: str  # the image or the earlier stage it starts FROM
+    instructions: list[dict[str, Any]] = field(default_factory=list)
+
+    def values(self, instruction: str) -> list[str]:
+        return [i["value"] for i in self.instructions if i["instruction"] == instruction]
 
 
-def _base(path: str, from_value: str) -> str:
-    """The image a FROM names, with ``${ARG}`` defaults of the global ARGs substituted."""
-    image = from_value.split()[0]
+def stages(path: str = DOCKERFILE) -> dict[str, Stage]:
+    """The Dockerfile's stages by name, ``${ARG}`` defaults of the global ARGs substituted."""
+    found: dict[str, Stage] = {}
+    args: dict[str, str] = {}
+    current: Stage | None = None
     for instruction in DockerfileParser(str(ROOT / path)).structure:
-        if instruction["instruction"] == "FROM":
-            break
-        if instruction["instruction"] == "ARG" and "=" in instruction["value"]:
-            name, _, default = instruction["value"].partition("=")
-            image = image.replace(f"${{{name}}}", default).replace(f"${name}", default)
-    return image
+        kind, value = instruction["instruction"], instruction["value"]
+        if kind == "ARG" and current is None and "=" in value:
+            name, _, default = value.partition("=")
+            args[name] = default
+        elif kind == "FROM":
+            words = value.split()
+            parent = words[0]
+            for name, default in args.items():
+                parent = parent.replace(f"${{{name}}}", default).replace(f"${name}", default)
+            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else str(len(found))
+            current = found[name] = Stage(name=name, parent=parent)
+        elif current is not None and kind != "COMMENT":
+            current.instructions.append(instruction)
+    return found
+
+
+def chain(target: str, found: dict[str, Stage] | None = None) -> list[Stage]:
+    """The stages a target is built on, from the one that starts from an image to ``target``."""
+    found = found if found is not None else stages()
+    line = [found[target]]
+    while line[0].parent in found:
+        line.insert(0, found[line[0].parent])
+    return line
+
+
+def copied_from(stage: Stage) -> list[str]:
+    """The stages a stage copies from (``COPY --from=...``)."""
+    return [v.split()[0].removeprefix("--from=") for v in stage.values("COPY") if "--from=" in v]
+
+
+def wheel_stage(found: dict[str, Stage] | None = None) -> Stage:
+    """The one stage that builds the project's wheel."""
+    found = found if found is not None else stages()
+    (stage,) = [s for s in found.values() if any("pip wheel" in r for r in s.values("RUN"))]
+    return stage
+
+
+def build_sources() -> list[str]:
+    """What the wheel is built from: the repository paths the wheel stage copies in."""
+    return [
+        source.rstrip("/")
+        for copy in wheel_stage().values("COPY")
+        if not copy.startswith("--")
+        for source in copy.split()[:-1]
+    ]
+
+
+def labels(stage: Stage) -> dict[str, str]:
+    pairs = [shlex.split(v) for v in stage.values("LABEL")]
+    return dict(p.split("=", 1) for words in pairs for p in words)
 
 
 def _subcommands() -> set[str]:
@@ -62,71 +111,96 @@ def _subcommands() -> set[str]:
     return choices
 
 
-@pytest.mark.parametrize(("image", "spec"), IMAGES.items(), ids=list(IMAGES))
-def test_dockerfile_is_multi_stage_from_a_pinned_slim_python(
-    image: str, spec: tuple[str, str]
-) -> None:
-    path, _ = spec
-    stages = _stages(path)
-    assert len(stages) >= 2, f"{path}: build and final stages expected"
-    for stage in stages:
-        base = _base(path, stage[0]["value"])
-        assert PINNED_SLIM_PYTHON.match(base), f"{path}: {base!r} is not a pinned slim Python"
+def test_there_is_one_dockerfile() -> None:
+    found = sorted(
+        str(p.relative_to(ROOT))
+        for p in ROOT.rglob("*Dockerfile*")
+        if not {".venv", ".git", "node_modules"} & set(p.relative_to(ROOT).parts)
+    )
+    assert found == [DOCKERFILE]
 
 
-@pytest.mark.parametrize(("image", "spec"), IMAGES.items(), ids=list(IMAGES))
-def test_project_is_built_as_a_wheel_and_only_the_venv_reaches_the_final_stage(
-    image: str, spec: tuple[str, str]
-) -> None:
-    path, _ = spec
-    *build, final = _stages(path)
-    build_runs = " ".join(i["value"] for stage in build for i in stage if i["instruction"] == "RUN")
-    assert "pip wheel" in build_runs
-    assert re.search(r"pip install [^&]*\.whl", build_runs), "install the built wheel"
-    copies = [i["value"] for i in final if i["instruction"] == "COPY"]
-    assert copies == ["--from=build /opt/venv /opt/venv"], copies
-    final_runs = " ".join(i["value"] for i in final if i["instruction"] == "RUN")
-    assert not BUILD_TOOLS.search(final_runs), f"{path}: build tooling in the final stage"
-    assert "pip install" not in final_runs
+def test_every_stage_starts_from_a_pinned_slim_python_or_an_earlier_stage() -> None:
+    found = stages()
+    names = list(found)
+    for index, stage in enumerate(found.values()):
+        if stage.parent in found:
+            assert names.index(stage.parent) < index, f"{stage.name} starts from a later stage"
+        else:
+            assert PINNED_SLIM_PYTHON.match(stage.parent), f"{stage.parent!r} is not pinned"
 
 
-@pytest.mark.parametrize(("image", "spec"), IMAGES.items(), ids=list(IMAGES))
-def test_final_stage_runs_as_the_non_root_uid_the_operator_pods_use(
-    image: str, spec: tuple[str, str]
-) -> None:
-    path, _ = spec
-    final = _stages(path)[-1]
-    users = [i["value"] for i in final if i["instruction"] == "USER"]
-    assert users, f"{path}: the final stage sets no USER (root)"
+@pytest.mark.parametrize(("image", "target"), IMAGES.items(), ids=list(IMAGES))
+def test_each_image_gets_only_the_venv_built_from_the_one_wheel(image: str, target: str) -> None:
+    found = stages()
+    wheel = wheel_stage(found)
+    assert re.search(r"pip install [^&]*\.whl", " ".join(wheel.values("RUN"))), "install it"
+    final = chain(target, found)
+    assert wheel.name not in {s.name for s in final}, "the build stage is not in the image"
+    copies = [v for stage in final for v in stage.values("COPY")]
+    (copy,) = copies
+    source, *paths = copy.split()
+    assert paths == ["/opt/venv", "/opt/venv"]
+    assert wheel in chain(source.removeprefix("--from="), found), f"{copy}: not from the wheel"
+    runs = " ".join(r for stage in final for r in stage.values("RUN"))
+    assert not BUILD_TOOLS.search(runs), f"{target}: build tooling in the image"
+    assert "pip install" not in runs
+
+
+def test_the_wheel_is_built_in_one_stage_every_image_shares() -> None:
+    found = stages()
+    wheel = wheel_stage(found)
+    for target in IMAGES.values():
+        (source,) = [s for stage in chain(target, found) for s in copied_from(stage)]
+        assert chain(source, found)[0] is wheel
+
+
+@pytest.mark.parametrize(("image", "target"), IMAGES.items(), ids=list(IMAGES))
+def test_each_image_runs_as_the_non_root_uid_the_operator_pods_use(image: str, target: str) -> None:
+    instructions = [i for stage in chain(target) for i in stage.instructions]
+    users = [i["value"] for i in instructions if i["instruction"] == "USER"]
+    assert users, f"{target}: no USER (root)"
     uid, _, gid = users[-1].partition(":")
     assert uid.isdigit(), "numeric, so runAsNonRoot can verify it"
     # The chart's podSecurityContext example and the worker recipe in the README name this UID.
     assert int(uid) == IMAGE_UID
     assert not gid or int(gid) == IMAGE_UID
-    last = max(n for n, i in enumerate(final) if i["instruction"] == "USER")
-    assert not [i for i in final[last:] if i["instruction"] == "RUN"], "RUN after USER"
+    last = max(n for n, i in enumerate(instructions) if i["instruction"] == "USER")
+    assert not [i for i in instructions[last:] if i["instruction"] == "RUN"], "RUN after USER"
 
 
-@pytest.mark.parametrize(("image", "spec"), IMAGES.items(), ids=list(IMAGES))
-def test_entrypoint_is_the_matching_dispatcher_subcommand(
-    image: str, spec: tuple[str, str]
-) -> None:
-    path, subcommand = spec
-    final = _stages(path)[-1]
-    entrypoints = [i["value"] for i in final if i["instruction"] == "ENTRYPOINT"]
-    assert len(entrypoints) == 1
-    argv = json.loads(entrypoints[0])  # exec form: signals reach the process
-    assert argv == ["dispatcher", subcommand]
-    assert subcommand in _subcommands()
-    title = DockerfileParser(str(ROOT / path)).labels["org.opencontainers.image.title"]
-    assert title == image
+@pytest.mark.parametrize(("image", "target"), IMAGES.items(), ids=list(IMAGES))
+def test_each_image_enters_its_dispatcher_subcommand(image: str, target: str) -> None:
+    final = chain(target)
+    entrypoints = [v for stage in final for v in stage.values("ENTRYPOINT")]
+    assert entrypoints, f"{target}: no ENTRYPOINT"
+    argv = json.loads(entrypoints[-1])  # exec form: signals reach the process
+    assert argv == ["dispatcher", target]
+    assert target in _subcommands()
+    assert not [v for stage in final for v in stage.values("CMD")]
+    assert labels(final[-1])["org.opencontainers.image.title"] == image
 
 
-def test_worker_image_documents_building_a_handler_image_from_it() -> None:
-    text = (ROOT / IMAGES["outbox-dispatcher-worker"][0]).read_text()
+def test_images_write_nothing_outside_tmp() -> None:
+    """A read-only root filesystem: no bytecode written at run time, HOME on the /tmp mount."""
+    for target in IMAGES.values():
+        env = " ".join(v for stage in chain(target) for v in stage.values("ENV"))
+        assert "PYTHONDONTWRITEBYTECODE=1" in env
+        assert "HOME=/tmp" in env
+    assert "--compile" in " ".join(wheel_stage().values("RUN"))
+
+
+def test_a_plain_build_gives_the_worker_image_handler_images_start_from() -> None:
+    assert list(stages())[-1] == "worker"
+
+
+def test_the_dockerfile_documents_building_a_handler_image_from_the_worker() -> None:
+    text = (ROOT / DOCKERFILE).read_text()
     assert "FROM outbox-dispatcher-worker:" in text
     assert "handler:" in text
     assert "USER 10001:10001" in text
+    for target in IMAGES.values():
+        assert f"--target {target}" in text
 
 
 def _ignored(path: str, patterns: list[str]) -> bool:
@@ -143,27 +217,30 @@ def _ignored(path: str, patterns: list[str]) -> bool:
 def test_dockerignore_keeps_what_the_images_copy_and_drops_the_rest() -> None:
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     patterns = [p.strip() for p in lines if p.strip() and not p.startswith("#")]
-    for path, _ in IMAGES.values():
-        for stage in _stages(path):
-            for copy in (i["value"] for i in stage if i["instruction"] == "COPY"):
-                if copy.startswith("--from"):
-                    continue
-                for source in copy.split()[:-1]:
-                    assert (ROOT / source).exists(), source
-                    assert not _ignored(source.rstrip("/"), patterns), f"{source} is ignored"
+    for stage in stages().values():
+        for copy in stage.values("COPY"):
+            if copy.startswith("--from"):
+                continue
+            for source in copy.split()[:-1]:
+                assert (ROOT / source).exists(), source
+                assert not _ignored(source.rstrip("/"), patterns), f"{source} is ignored"
     for noise in (".venv", ".git", "tests", "benchmarks", "charts"):
         assert _ignored(noise, patterns), f"{noise} would be sent to the builder"
 
 
-def test_skaffold_builds_the_three_images_and_deploys_the_chart() -> None:
+def test_skaffold_builds_the_three_targets_and_deploys_the_chart() -> None:
     config = yaml.safe_load((ROOT / "skaffold.yaml").read_text())
     assert config["apiVersion"].startswith("skaffold/v4")
     assert config["kind"] == "Config"
     artifacts = {a["image"]: a for a in config["build"]["artifacts"]}
     assert set(artifacts) == set(IMAGES)
+    found = stages()
     for image, artifact in artifacts.items():
-        assert artifact["docker"]["dockerfile"] == IMAGES[image][0]
-        assert (ROOT / artifact.get("context", ".") / artifact["docker"]["dockerfile"]).is_file()
+        docker = artifact["docker"]
+        assert docker.get("dockerfile", "Dockerfile") == DOCKERFILE
+        assert (ROOT / artifact.get("context", ".") / DOCKERFILE).is_file()
+        assert docker["target"] == IMAGES[image]
+        assert docker["target"] in found
     (release,) = config["deploy"]["helm"]["releases"]
     assert (ROOT / release["chartPath"] / "Chart.yaml").is_file()
     templates = " ".join(release["setValueTemplates"].values())

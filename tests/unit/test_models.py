@@ -24,7 +24,7 @@ def test_round_trip_dispatch_to_message() -> None:
     fields = payload_fields(json.dumps(d.payload()), "ob-1")
     assert fields["task_id"] == "t8"
     assert fields["workflow_version"] == "3"
-    assert fields["input"] == d.input  # travels as a string, as in the spec page
+    assert fields["input"] == d.input  # travels as the JSON text it was written as
     assert fields["outbox_id"] == "ob-1"
     msg = TaskMessage.from_fields(fields)
     assert msg.input == {"url": "https://example.test", "n": [1, 2]}

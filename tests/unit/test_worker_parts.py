@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from dispatcher.models import TaskMessage
-from dispatcher.stream.protocol import Message
+from dispatcher.stream.entries import Message
 from dispatcher.worker import (
     HandlerImportError,
     WorkerConfig,

@@ -12,7 +12,7 @@ VALUES (%(id)s, %(task_id)s, %(stream)s, %(payload)s, %(type)s, 'PENDING', %(not
 -- Columns in the order of ClaimedRow's fields (the repository builds it positionally).
 -- The claim: due rows locked by the enqueuer's open transaction, which publishes them and
 -- deletes them before it commits. LIMIT sits above the row locking, so at most "limit" rows
--- are locked (the spec page's "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" under an
+-- are locked (an "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" under an
 -- UPDATE may be re-run by the planner and claim more than n). Rows scheduled for a time that
 -- has come go first (they have waited longest), then rows due at once by age; each part walks
 -- its own partial index from the first due row, so rows not yet due are never read.
@@ -203,7 +203,7 @@ SELECT id, task_id, stream, payload, type, 'PENDING', 0, max_retries, backoff_se
   FROM picked
 ON CONFLICT (id) DO UPDATE
    SET status = 'PENDING', attempt_count = 0, next_attempt_at = NULL, last_error = NULL,
-       suspect = false, claim_token = NULL, claimed_at = NULL, created_at = now(), updated_at = now()
+       suspect = false, created_at = now(), updated_at = now()
 RETURNING id;
 
 -- name: take_idle_flag

@@ -1,5 +1,5 @@
--- 0001: the outbox, its dead-letter table and the wake-up trigger (the spec page's schema,
--- plus a claim token so only the claimer of a row may delete or reschedule it).
+-- 0001: the outbox, its dead-letter table and the wake-up trigger (the layout existing outbox
+-- writers share, plus a claim token so only the claimer of a row may delete or reschedule it).
 
 CREATE TABLE IF NOT EXISTS outbox (
     id              TEXT PRIMARY KEY,

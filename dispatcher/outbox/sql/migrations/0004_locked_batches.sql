@@ -4,8 +4,8 @@
 -- same transaction. If it crashes or hangs, PostgreSQL ends the transaction (the client is
 -- gone, or idle_in_transaction_session_timeout fires) and the rows are simply unlocked, still
 -- PENDING: no status to reset, and a late write by the old enqueuer cannot happen because its
--- transaction no longer exists. The spec page's UPDATE IN_FLIGHT -> DELETE cost a write per
--- row more and needed a time-based reset.
+-- transaction no longer exists. Claiming by UPDATE to IN_FLIGHT, then deleting, cost a write
+-- per row more and needed a time-based reset.
 --
 -- What a rollback cannot record is the attempt: a row that kills every enqueuer that takes it
 -- would be retried for ever. So each batch writes a journal row (in its own, autocommitted
