@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import socket
 import uuid
@@ -94,14 +95,35 @@ class ClaimedBatch:
     and dead-letters in that transaction and commits it, in one round trip.
     If the batch is abandoned (an exception, a cancellation, a crash) the
     transaction rolls back and the rows are due again, untouched.
+
+    The claim's rows are kept as they came (in ``ClaimedRow``'s field order);
+    ``column`` reads one field of every row for the publishing path, and
+    ``rows`` makes a ``ClaimedRow`` of each only when asked (the rows of a
+    batch that went out whole never are).
     """
 
-    def __init__(self, conn: AsyncConnection[Any], token: uuid.UUID, rows: list[ClaimedRow]):
+    def __init__(self, conn: AsyncConnection[Any], token: uuid.UUID, raw: list[tuple[Any, ...]]):
         self._conn = conn
         self.token = token
-        self.rows = rows
+        self._raw = raw
+        self._rows: list[ClaimedRow] | None = None
+        self.ids: list[str] = [r[0] for r in raw]
         self.settled = False
         self.journal: asyncio.Task[None] | None = None  # the journal row being written
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    @property
+    def rows(self) -> list[ClaimedRow]:
+        if self._rows is None:
+            self._rows = [ClaimedRow(*r) for r in self._raw]
+        return self._rows
+
+    def column(self, name: str) -> list[Any]:
+        """One of ``ClaimedRow``'s fields for every row, in the claim's order."""
+        index = _COLUMNS[name]
+        return [r[index] for r in self._raw]
 
     async def settle(
         self, sent: Sequence[str], retries: Sequence[Retry] = (), dead: Sequence[Retry] = ()
@@ -187,9 +209,20 @@ class OutboxRepository:
 
     @contextlib.asynccontextmanager
     async def claim_batch(
-        self, limit: int, *, hold_for: float, probe: bool = False
+        self,
+        limit: int,
+        *,
+        hold_for: float,
+        probe: bool = False,
+        shards: int = 1,
+        keep: Sequence[str] = (),
     ) -> AsyncIterator[ClaimedBatch]:
         """Claim up to ``limit`` due rows (lock them) for the body of the ``async with``.
+
+        Each row comes with the stream it is published to at ``shards`` shards
+        and its XADD command, packed by PostgreSQL, except a row whose payload
+        holds one of the ``keep`` keys or that PostgreSQL cannot pack exactly
+        as ``payload_fields`` would (see ``ClaimedRow``).
 
         With ``probe``, claim one due suspect alone (``limit`` is ignored) and
         journal the batch as a probe: if it never settles, its row alone is
@@ -203,7 +236,8 @@ class OutboxRepository:
         transaction back.
         """
         async with self._pool.connection() as conn:
-            batch = await self._begin(conn, limit, hold_for, probe)
+            claim = {"limit": limit, "shards": shards, "keep": list(keep)}
+            batch = await self._begin(conn, claim, hold_for, probe)
             try:
                 yield batch
             finally:
@@ -215,27 +249,27 @@ class OutboxRepository:
                         await conn.rollback()
 
     async def _begin(
-        self, conn: AsyncConnection[Any], limit: int, hold_for: float, probe: bool
+        self, conn: AsyncConnection[Any], claim: dict[str, Any], hold_for: float, probe: bool
     ) -> ClaimedBatch:
         # One simple-protocol round trip (client-side binding of two numbers). Not a pipeline:
         # the Flush psycopg sends after a pipeline's Sync disarms the server's
         # idle-in-transaction timer, which is the whole point of hold_for.
         cur = AsyncClientCursor(conn)
         hold_ms = str(max(1, round(hold_for * 1000)))
-        await cur.execute(_BEGIN_PROBE if probe else _BEGIN, {"hold_ms": hold_ms, "limit": limit})
+        await cur.execute(_BEGIN_PROBE if probe else _BEGIN, {"hold_ms": hold_ms, **claim})
         cur.nextset()  # past BEGIN
         cur.nextset()  # past set_config
-        rows = [ClaimedRow(*r) for r in await cur.fetchall()]
+        raw = await cur.fetchall()
         cur.nextset()
         xact = await cur.fetchone()
-        batch = ClaimedBatch(conn, uuid.uuid4(), rows)
-        if rows:
+        batch = ClaimedBatch(conn, uuid.uuid4(), raw)
+        if raw:
             if xact is None or xact[0] is None:  # locking a row always assigns one
                 raise RuntimeError("a batch locked rows but has no transaction id")
             params = {
                 "token": batch.token,
                 "xact": xact[0],
-                "ids": [r.id for r in rows],
+                "ids": batch.ids,
                 "enqueuer": self._holder,
                 "probe": probe,
             }
@@ -302,11 +336,13 @@ def _begin(claim: str) -> str:
         [
             "BEGIN",
             "SELECT set_config('idle_in_transaction_session_timeout', %(hold_ms)s, true)",
-            QUERIES[claim].rstrip(";"),
+            f"WITH claimed AS ({QUERIES[claim].rstrip(';')}) "
+            + QUERIES["claimed_entries"].rstrip(";"),
             QUERIES["batch_xact"].rstrip(";"),
         ]
     )
 
 
+_COLUMNS = {f.name: i for i, f in enumerate(dataclasses.fields(ClaimedRow))}
 _BEGIN = _begin("claim_batch")
 _BEGIN_PROBE = _begin("claim_probe")
