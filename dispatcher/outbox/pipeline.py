@@ -167,9 +167,12 @@ class BatchPipeline:
             )
             replies = [failed[i] if i in failed else next(sent) for i in range(len(batch))]
         elapsed = time.monotonic() - started
-        for age, reply in zip(batch.column("age_seconds"), replies, strict=True):
-            if not isinstance(reply, BaseException):
-                metrics.COMMIT_TO_PUBLISH.observe(age + elapsed)
+        ages = batch.column("age_seconds")
+        if failed or any(isinstance(reply, BaseException) for reply in replies):
+            ages = [
+                a for a, r in zip(ages, replies, strict=True) if not isinstance(r, BaseException)
+            ]
+        metrics.observe_ages(metrics.COMMIT_TO_PUBLISH, ages, plus=elapsed)
         return replies, sum(map(len, filter(None, commands)))
 
     async def _publish_packed(self, streams: list[str], commands: list[str]) -> list[Any]:

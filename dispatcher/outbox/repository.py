@@ -132,7 +132,10 @@ class ClaimedBatch:
             await self.journal  # its row must exist before the commit that deletes it
         if not retries and not dead:  # the common case: one statement and COMMIT, one execute
             cur = AsyncClientCursor(self._conn)
-            await cur.execute(_SETTLE_SENT, {"token": self.token, "ids": list(sent)})
+            if len(sent) == len(self) and self._raw:
+                await cur.execute(_SETTLE_ALL, {"token": self.token})
+            else:
+                await cur.execute(_SETTLE_SENT, {"token": self.token, "ids": list(sent)})
             self.settled = True
             return
         async with self._conn.pipeline():
@@ -322,6 +325,13 @@ class OutboxRepository:
         )
 
 
+_SETTLE_ALL = "; ".join(
+    [
+        QUERIES["delete_claimed"].rstrip(";"),
+        QUERIES["close_journal"].rstrip(";"),
+        "COMMIT",
+    ]
+)
 _SETTLE_SENT = "; ".join(
     [
         QUERIES["close_journal"].rstrip(";"),

@@ -77,12 +77,19 @@ SELECT pg_current_xact_id_if_assigned()::text AS xact;
 -- name: open_journal
 -- Autocommitted on another session before the batch is published: if the batch's transaction
 -- ends without settling (crash, timeout), this row outlives it and recovery counts an attempt.
+-- The ids go in binary (%%b): a text array quotes each element with a regex in the client.
 INSERT INTO outbox_batches (token, xact, ids, enqueuer, probe)
-VALUES (%(token)s, %(xact)s::xid8, %(ids)s, %(enqueuer)s, %(probe)s);
+VALUES (%(token)s, %(xact)s::xid8, %(ids)b, %(enqueuer)s, %(probe)s);
 
 -- name: close_journal
 -- In the batch's own transaction: the journal row goes exactly when the settlement commits.
 DELETE FROM outbox_batches WHERE token = %(token)s;
+
+-- name: delete_claimed
+-- Every row of this batch, which published whole: the batch's journal row names them (and
+-- this transaction holds their locks), so their ids are not sent again.
+DELETE FROM outbox
+ WHERE id = ANY((SELECT ids FROM outbox_batches WHERE token = %(token)s)::text[]);
 
 -- name: delete_published
 -- Rows of this batch (locked by this transaction) whose entries Redis acknowledged.
