@@ -61,7 +61,8 @@ SELECT c.id, c.stream, CASE WHEN e.command IS NULL THEN c.payload::text END AS p
        c.attempt_count, c.max_retries, c.backoff_seconds, c.age_seconds, c.task_id,
        r.target, e.command
   FROM claimed c
- CROSS JOIN LATERAL (SELECT outbox_route(c.stream, c.task_id, c.id, %(shards)s) AS target) r
+ CROSS JOIN LATERAL (SELECT outbox_route(c.stream, c.task_id, c.id, %(shards)s) AS target
+                      OFFSET 0) r  -- routed once: outbox_entry refers to the target twice
  CROSS JOIN LATERAL outbox_entry(r.target, c.payload, c.id, %(keep)s::text[]) e;
 
 -- name: suspects_due_in

@@ -95,13 +95,13 @@ END
         -- jsonb_each_text gives a string's text and any other value's JSON text, in the
         -- payload's key order, which the aggregate keeps (an ORDER BY would sort each row's
         -- keys apart: several microseconds). Only a value that could be a number, object or
-        -- array needs its type looked up.
+        -- array needs its type looked up (by its first character: no regex, ~0.5 us each).
         SELECT e.k,
                CASE WHEN e.k = 'outbox_id' THEN id ELSE coalesce(e.v, 'null') END AS v,
-               e.v IS NULL OR e.v !~ '^[-0-9[{]'
+               e.v IS NULL OR strpos('-0123456789[{', left(e.v, 1)) = 0
                OR jsonb_typeof(payload -> e.k) = 'string'
-               OR (strpos(e.v, '.') = 0 AND octet_length(e.v) <= 640 AND e.v !~ '^[[{]')
-                   AS exact
+               OR (strpos(e.v, '.') = 0 AND octet_length(e.v) <= 640
+                   AND left(e.v, 1) NOT IN ('[', '{')) AS exact
           FROM jsonb_each_text(CASE WHEN jsonb_typeof(payload) = 'object' THEN payload END)
                AS e(k, v)
         OFFSET 0  -- each value computed once, not once per reference above
