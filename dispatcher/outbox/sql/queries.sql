@@ -61,9 +61,16 @@ SELECT c.id, c.stream, CASE WHEN e.command IS NULL THEN c.payload::text END AS p
        c.attempt_count, c.max_retries, c.backoff_seconds, c.age_seconds, c.task_id,
        r.target, e.command
   FROM claimed c
- CROSS JOIN LATERAL (SELECT outbox_route(c.stream, c.task_id, c.id, %(shards)s) AS target
-                      OFFSET 0) r  -- routed once: outbox_entry refers to the target twice
- CROSS JOIN LATERAL outbox_entry(r.target, c.payload, c.id, %(keep)s::text[]) e;
+ -- Each computed once per row (OFFSET 0 keeps the planner from copying the expression into
+ -- every place outbox_entry refers to it): the target, whose hash is not free, and the
+ -- payload decompressed (a payload over ~2 KB is stored compressed, and every reference to
+ -- the stored value would decompress it again; "|| '{}'" copies an object into memory).
+ CROSS JOIN LATERAL (
+       SELECT outbox_route(c.stream, c.task_id, c.id, %(shards)s) AS target,
+              CASE WHEN jsonb_typeof(c.payload) = 'object' THEN c.payload || '{}'::jsonb
+                   ELSE c.payload END AS payload
+       OFFSET 0) r
+ CROSS JOIN LATERAL outbox_entry(r.target, r.payload, c.id, %(keep)s::text[]) e;
 
 -- name: suspects_due_in
 -- Seconds until the next suspect is due (<= 0: now); NULL when there is none.
