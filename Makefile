@@ -35,8 +35,18 @@ faults: $(STAMP)
 e2e: $(STAMP)
 	$(PY) -m pytest tests/e2e -v -rs
 
-bench: $(STAMP)
-	$(PY) -m benchmarks.run
+# The benchmark venv: the project plus procrastinate, the baseline of one figure (never a
+# dependency of the project itself). BENCH_ARGS="--quick" or "--only idle_latency" for a part.
+BENCH_VENV := .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+
+$(BENCH_STAMP): pyproject.toml benchmarks/requirements-bench.txt
+	test -x $(BENCH_VENV)/bin/python || python3 -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --quiet -e . -r benchmarks/requirements-bench.txt
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(BENCH_VENV)/bin/python -m benchmarks.run $(BENCH_ARGS)
 
 soak: $(STAMP)
 	$(PY) -m benchmarks.soak --minutes 30

@@ -7,27 +7,26 @@ relay baseline in the same process, against the same servers.
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import psycopg
 
+from benchmarks import workload
 from benchmarks.baselines import PerRowPublisher, per_row_relay, spec_cycle, spec_schema_url
 from benchmarks.env import BenchEnv
+from benchmarks.workload import cpu_seconds
 from dispatcher.models import TaskDispatch
 from dispatcher.outbox import EnqueuerConfig, OutboxEnqueuer, OutboxRepository, enqueue_dispatch
 from dispatcher.outbox.repository import enqueuer_pool
 from dispatcher.redis_client import connect_redis
 from dispatcher.stream import RedisStreamPublisher, publish_shard_count, task_stream
 from dispatcher.stream.naming import WORKER_GROUP
-from tests.fix_outbox import insert_rows
 
 PUBLISHERS: dict[str, Callable[..., RedisStreamPublisher]] = {
     "pipelined": RedisStreamPublisher,
@@ -35,12 +34,9 @@ PUBLISHERS: dict[str, Callable[..., RedisStreamPublisher]] = {
 }
 
 
-def prefill(url: str, rows: int, *, queue: str, prefix: str) -> None:
-    """``rows`` due rows in a fresh table: the drain before left 50k dead tuples (and their
-    index entries) that would slow whichever variant runs next until autovacuum gets to it."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("TRUNCATE outbox")
-    insert_rows(url, rows, queue=queue, prefix=prefix)
+def prefill(url: str, rows: int, *, queue: str, size: int = workload.SMALL) -> None:
+    """``rows`` due rows of realistic ~0.5 KB payloads (or ``size``) in a fresh table."""
+    workload.prefill(url, rows, queue=queue, size=size)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -68,7 +64,9 @@ async def _with_enqueuer(env: BenchEnv, variant: str, listen: bool, body: Any) -
         await redis.aclose()
 
 
-async def idle_latency(env: BenchEnv, variant: str, samples: int = 200) -> dict[str, float]:
+async def idle_latency(
+    env: BenchEnv, variant: str, samples: int = 200, size: int = workload.SMALL
+) -> dict[str, float]:
     """Commit one dispatch at a time on an idle system; time until its entry is in Redis."""
 
     async def body(enqueuer: OutboxEnqueuer, redis: Any) -> dict[str, float]:
@@ -83,7 +81,7 @@ async def idle_latency(env: BenchEnv, variant: str, samples: int = 200) -> dict[
             reader = asyncio.create_task(redis.xread({stream: last_id}, block=5000, count=1))
             await asyncio.sleep(0.02)  # idle gap; the reader is blocked before the commit
             with psycopg.connect(env.db_url) as sync_conn:
-                enqueue_dispatch(sync_conn, _dispatch(f"t{i}", queue))
+                enqueue_dispatch(sync_conn, workload.sized_dispatch(f"t{i}", queue, size))
                 sync_conn.commit()
                 committed = time.perf_counter()
             reply = await reader
@@ -100,10 +98,12 @@ async def idle_latency(env: BenchEnv, variant: str, samples: int = 200) -> dict[
     return result
 
 
-async def drain(env: BenchEnv, variant: str, rows: int = 50_000) -> dict[str, float]:
+async def drain(
+    env: BenchEnv, variant: str, rows: int = 50_000, size: int = workload.SMALL
+) -> dict[str, float]:
     """Pre-fill ``rows`` due rows, then time the enqueuer (default settings) emptying the outbox."""
     queue = f"dr{uuid.uuid4().hex[:6]}"
-    prefill(env.db_url, rows, queue=queue, prefix=f"{queue}-")
+    prefill(env.db_url, rows, queue=queue, size=size)
 
     async def body(enqueuer: OutboxEnqueuer, redis: Any) -> dict[str, float]:
         started = time.perf_counter()
@@ -122,10 +122,7 @@ async def drain(env: BenchEnv, variant: str, rows: int = 50_000) -> dict[str, fl
 
 
 def _dispatch(task_id: str, queue: str) -> TaskDispatch:
-    return TaskDispatch(
-        task_id=task_id, run_id="r", workflow_id="wf", workflow_version=1, node_id="n",
-        node_type="t", queue=queue, attempt=1, input='{"x": 1}',
-    )  # fmt: skip
+    return workload.dispatch(task_id, queue)
 
 
 async def notify_round_trip(env: BenchEnv, samples: int = 200) -> dict[str, float]:
@@ -193,7 +190,7 @@ async def sql_only_cycle(env: BenchEnv, schema: str, rows: int = 50_000) -> dict
     the project's table (fewer indexes, so the spec's statements run faster on it).
     """
     url = spec_schema_url(env.db_url) if schema == "spec" else env.db_url
-    prefill(url, rows, queue="sqlonly", prefix=f"s{uuid.uuid4().hex[:6]}-")
+    prefill(url, rows, queue="sqlonly")
     return {"rows_per_s": await spec_cycle(url, rows, publish=None)}
 
 
@@ -201,7 +198,7 @@ async def spec_relay(env: BenchEnv, rows: int = 50_000) -> dict[str, float]:
     """The straightforward relay: spec claim, one awaited XADD per row, DELETE (4 loops)."""
     url = spec_schema_url(env.db_url)
     queue = f"sr{uuid.uuid4().hex[:6]}"
-    prefill(url, rows, queue=queue, prefix=f"{queue}-")
+    prefill(url, rows, queue=queue)
     publish, close = per_row_relay(env.redis_url)
     try:
         return {"rows_per_s": await spec_cycle(url, rows, publish=publish)}
@@ -216,22 +213,6 @@ def _spawn_enqueuers(env: BenchEnv, processes: int) -> list[subprocess.Popen[byt
         subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(processes)
     ]
-
-
-def _cpu_seconds(names: set[str]) -> dict[int, tuple[str, float]]:
-    """CPU seconds (user + system) so far of every process whose command is in ``names``."""
-    tick = os.sysconf("SC_CLK_TCK")
-    found: dict[int, tuple[str, float]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # gone meanwhile
-            continue
-        name = text[text.index("(") + 1 : text.rindex(")")]
-        if name in names:
-            fields = text[text.rindex(")") + 2 :].split()
-            found[int(stat.parent.name)] = (name, (int(fields[11]) + int(fields[12])) / tick)
-    return found
 
 
 def _cores_used(
@@ -250,7 +231,7 @@ async def drain_processes(env: BenchEnv, processes: int, rows: int = 50_000) -> 
     processes, every postgres process, every redis-server), to show where the limit is.
     """
     queue = f"mp{uuid.uuid4().hex[:6]}"
-    prefill(env.db_url, rows, queue=queue, prefix=f"{queue}-")
+    prefill(env.db_url, rows, queue=queue)
     procs = _spawn_enqueuers(env, processes)
     watched = {"postgres", "redis-server", "python", "python3", "dispatcher"}
     try:
@@ -261,12 +242,16 @@ async def drain_processes(env: BenchEnv, processes: int, rows: int = 50_000) -> 
                 row = await (await conn.execute("SELECT count(*) FROM outbox")).fetchone()
                 left = int(row[0]) if row else 0
                 if not started and left < rows:
-                    started, base, cpu_before = time.perf_counter(), left, _cpu_seconds(watched)
+                    started, base, cpu_before = (
+                        time.perf_counter(),
+                        left,
+                        cpu_seconds(watched),
+                    )
                 if left == 0:
                     break
                 await asyncio.sleep(0.02)
         wall = time.perf_counter() - started
-        after = _cpu_seconds(watched)
+        after = cpu_seconds(watched)
         cores = _cores_used(cpu_before, after, wall)
         mine = {p.pid: after[p.pid] for p in procs if p.pid in after}
         return {

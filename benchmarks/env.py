@@ -24,6 +24,8 @@ import psycopg
 from dispatcher.outbox.schema import available_migrations
 from tests.fix_servers import RedisProcess
 
+__all__ = ["ADMIN_URL", "BenchEnv", "RedisProcess", "bench_env", "machine_facts"]
+
 ADMIN_URL = os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
 
 
@@ -31,6 +33,7 @@ ADMIN_URL = os.environ.get("BENCH_DATABASE_URL", "postgresql://postgres@127.0.0.
 class BenchEnv:
     db_url: str
     redis_url: str
+    redis_pid: int = 0  # the benchmark's own redis-server (its CPU is measured)
 
 
 @contextlib.contextmanager
@@ -45,7 +48,7 @@ def bench_env() -> Iterator[BenchEnv]:
         for migration in available_migrations():
             conn.execute(migration.sql.encode())
     try:
-        yield BenchEnv(db_url=db_url, redis_url=redis.url)
+        yield BenchEnv(db_url=db_url, redis_url=redis.url, redis_pid=redis.proc.pid)
     finally:
         redis.kill()
         with psycopg.connect(ADMIN_URL, autocommit=True) as admin:

@@ -1,7 +1,8 @@
 """Commit -> handled by a worker at idle: outbox-dispatcher against procrastinate.
 
-One task at a time (~20 ms idle gaps), a no-op handler that only records
-``time.perf_counter()`` when it starts; the sample is that start time minus the
+One task at a time (~20 ms idle gaps; the realistic ~433-byte task of
+``benchmarks.workload``, as job arguments for procrastinate), a no-op handler
+that only records ``time.perf_counter()`` when it starts; the sample is that start time minus the
 moment the application's transaction commit returned.
 
 - ``ours``: the application commits ``enqueue_dispatch`` on an ordinary
@@ -22,7 +23,7 @@ procrastinate is NOT a dependency of outbox-dispatcher. It lives in a separate
 venv that only the benchmarks use::
 
     python3 -m venv .venv-bench
-    .venv-bench/bin/pip install -e . -r benchmarks/requirements-procrastinate.txt
+    .venv-bench/bin/pip install -e . -r benchmarks/requirements-bench.txt
     .venv-bench/bin/python -m benchmarks.run --rounds 3 --only handled_latency
 
 Run from the main ``.venv`` (no procrastinate), the ``handled_latency`` figure is
@@ -43,8 +44,9 @@ from typing import Any
 
 import psycopg
 
-from benchmarks.enqueuer_bench import _dispatch, percentile
 from benchmarks.env import ADMIN_URL, BenchEnv
+from benchmarks.probe import percentile
+from benchmarks.workload import dispatch
 from dispatcher.models import TaskMessage
 from dispatcher.outbox import EnqueuerConfig, OutboxEnqueuer, OutboxRepository, enqueue_dispatch
 from dispatcher.outbox.repository import enqueuer_pool
@@ -111,7 +113,7 @@ async def ours(env: BenchEnv, samples: int = SAMPLES) -> dict[str, float]:
     app = psycopg.connect(env.db_url)  # the application's own session
 
     async def commit(i: int) -> float:
-        enqueue_dispatch(app, _dispatch(f"{queue}-{i}", queue))
+        enqueue_dispatch(app, dispatch(f"{queue}-{i}", queue))
         app.commit()  # blocking, like an ordinary application's commit
         return time.perf_counter()
 
@@ -160,8 +162,11 @@ async def procrastinate_latency(env: BenchEnv, samples: int = SAMPLES,
     async with _fresh_database() as db_url:
         app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=db_url))
 
+        # The same realistic task body as ours, as the job's arguments.
+        body = dispatch("t", "q").payload()
+
         @app.task(name="bench_noop")
-        async def noop(i: int) -> None:
+        async def noop(i: int, task: dict[str, Any]) -> None:
             now = time.perf_counter()
             started[i] = now
             handled[i].set()
@@ -173,9 +178,9 @@ async def procrastinate_latency(env: BenchEnv, samples: int = SAMPLES,
 
             async def commit(i: int) -> float:
                 if not in_transaction:
-                    await noop.defer_async(i=i)
+                    await noop.defer_async(i=i, task=body)
                     return time.perf_counter()
-                await noop.configure(connection=session).defer_async(i=i)
+                await noop.configure(connection=session).defer_async(i=i, task=body)
                 await session.commit()
                 return time.perf_counter()
 

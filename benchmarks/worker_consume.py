@@ -1,7 +1,7 @@
 """Worker consume rate: ``python -m benchmarks.worker_consume [--messages N] [--rounds 5]``.
 
 What it measures: how many messages per second ``dispatcher worker`` settles
-with a no-op handler (``tests.handlers:noop``), at 1 and 2 processes, against
+with a no-op handler (``noop`` below), at 1 and 2 processes, against
 a bare consumer in the same run: one XREADGROUP loop per shard stream and a
 pipelined XACK+XDEL per batch, no parsing, no dedup keys, no metrics. The gap
 is the price of what the worker adds per message (parse, lease + done-mark
@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import os
 import platform
 import shutil
@@ -41,20 +43,45 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from benchmarks.env import BenchEnv, RedisProcess
+from benchmarks.workload import ROOT, Around, cpu_seconds_of, dispatch, load_average
+from dispatcher.models import TaskMessage, payload_fields
 from dispatcher.redis_client import RedisClient, connect_redis
-from dispatcher.stream import publish_shard_count, queue_streams
-from tests.fix_servers import RedisProcess
-from tests.handlers import GROUP, publish, tasks
+from dispatcher.stream import (
+    RedisStreamPublisher,
+    publish_shard_count,
+    queue_streams,
+    shard_for,
+    task_stream,
+)
+from dispatcher.stream.naming import WORKER_GROUP
 
-ROOT = Path(__file__).resolve().parents[1]
+GROUP = WORKER_GROUP
 RESULT = ROOT / "benchmarks" / "results" / "worker_consume.md"
 SHARDS = 4
-CONCURRENCY = 32
 
 # A variant drains a queue: its rate (msgs/s) and the CPU its worker processes
 # spent per message meanwhile (us; None when not measured).
 Sample = tuple[float, float | None]
 Variant = Callable[[RedisClient, str, str, int], Awaitable[Sample]]
+
+
+async def noop(message: TaskMessage) -> None:
+    """The handler of the worker under test: nothing, so only the worker's own work counts."""
+
+
+async def publish(client: RedisClient, queue: str, count: int) -> None:
+    """``count`` realistic dispatches on ``queue``'s shards, fields as the enqueuer writes them."""
+    publisher = RedisStreamPublisher(client, group=GROUP)
+    body = dispatch("t", queue).payload()
+    for start in range(0, count, 1000):
+        entries = []
+        for n in range(start, min(count, start + 1000)):
+            task_id = f"{queue}-{n}"
+            fields = payload_fields(json.dumps(body | {"task_id": task_id}), str(n))
+            entries.append((task_stream(queue, shard_for(task_id, SHARDS)), fields))
+        results = await publisher.publish_many(entries)
+        assert all(r.ok for r in results), [r.error for r in results if not r.ok]
 
 
 async def backlog(client: RedisClient, queue: str) -> int:
@@ -73,29 +100,26 @@ async def wait_backlog(client: RedisClient, queue: str, *, at_most: float) -> in
 
 
 async def drain_rate(
-    client: RedisClient, queue: str, total: int, *, pids: list[int] | None = None
+    client: RedisClient,
+    queue: str,
+    total: int,
+    *,
+    pids: list[int] | None = None,
+    around: Around | None = None,
 ) -> Sample:
     """Messages/s from 5 % consumed until the backlog is empty, and CPU us/msg of ``pids``.
 
     CPU time (user + system, from /proc) is much less skewed than the rate
-    when other processes compete for the cores.
+    when other processes compete for the cores. ``around`` (a profiler) is
+    entered with ``pids`` over the same window.
     """
     left = await wait_backlog(client, queue, at_most=total * 0.95)
-    started, cpu_started = time.perf_counter(), cpu_seconds(pids or [])
-    await wait_backlog(client, queue, at_most=0)
-    rate = left / (time.perf_counter() - started)
-    cpu = (cpu_seconds(pids) - cpu_started) / left * 1e6 if pids else None
+    with around(pids or []) if around else contextlib.nullcontext():
+        started, cpu_started = time.perf_counter(), cpu_seconds_of(pids or [])
+        await wait_backlog(client, queue, at_most=0)
+        rate = left / (time.perf_counter() - started)
+        cpu = (cpu_seconds_of(pids) - cpu_started) / left * 1e6 if pids else None
     return rate, cpu
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds of ``pids`` so far (Linux /proc)."""
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rpartition(")")[2].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
-    return total / os.sysconf("SC_CLK_TCK")
 
 
 async def bare(client: RedisClient, url: str, queue: str, total: int) -> Sample:
@@ -113,29 +137,32 @@ async def bare(client: RedisClient, url: str, queue: str, total: int) -> Sample:
 
     loops = [asyncio.create_task(loop(s)) for s in queue_streams([queue], SHARDS)]
     try:
-        return await drain_rate(client, queue, total)
+        # Its CPU is this process's, the backlog polling included (well under 1 us/msg).
+        return await drain_rate(client, queue, total, pids=[os.getpid()])
     finally:
         for task in loops:
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
 
 
-def workers(processes: int, *, root: Path = ROOT) -> Variant:
-    """``processes`` worker processes of the checkout at ``root`` (``-m`` imports from there)."""
+def workers(processes: int, *, root: Path = ROOT, around: Around | None = None) -> Variant:
+    """``processes`` worker processes of the checkout at ``root`` (``-m`` imports from there);
+    ``around`` (a profiler) is entered with their pids while they drain."""
 
     async def run(client: RedisClient, url: str, queue: str, total: int) -> Sample:
         procs = [
             await asyncio.create_subprocess_exec(
                 *(sys.executable, "-m", "dispatcher.cli", "worker", "--queue", queue),
-                *("--handler", "tests.handlers:noop", "--concurrency", str(CONCURRENCY)),
+                *("--handler", "benchmarks.worker_consume:noop"),
                 *("--consumer", f"bench-{i}", "--redis-url", url, "--log-level", "WARNING"),
                 cwd=root,
                 stdout=subprocess.DEVNULL,
             )
             for i in range(processes)
         ]
+        pids = [p.pid for p in procs]
         try:
-            return await drain_rate(client, queue, total, pids=[p.pid for p in procs])
+            return await drain_rate(client, queue, total, pids=pids, around=around)
         finally:
             for proc in procs:
                 proc.send_signal(signal.SIGTERM)
@@ -153,10 +180,26 @@ VARIANTS: dict[str, Variant] = {
 
 async def one_round(client: RedisClient, url: str, variant: Variant, messages: int) -> Sample:
     queue = f"bench{uuid.uuid4().hex[:8]}"
-    await publish(client, tasks(queue, messages), shards=SHARDS)
+    await publish(client, queue, messages)
     sample = await variant(client, url, queue, messages)
     await client.delete(*queue_streams([queue], SHARDS))
     return sample
+
+
+def figure(variant: Variant, messages: int) -> Callable[[BenchEnv], Awaitable[dict[str, float]]]:
+    """``variant`` as a variant of ``benchmarks.run``'s worker figure (the bench's own Redis)."""
+
+    async def run(env: BenchEnv) -> dict[str, float]:
+        client = connect_redis(env.redis_url)
+        try:
+            await publish_shard_count(client, SHARDS)
+            rate, cpu = await one_round(client, env.redis_url, variant, messages)
+            await client.flushdb()  # the round's dedup keys and leases
+            return {"cpu_us_per_msg": cpu or 0.0, "msgs_per_s": rate}
+        finally:
+            await client.aclose()
+
+    return run
 
 
 def chosen_variants(baseline: Path | None, *, single: bool) -> dict[str, Variant]:
@@ -204,13 +247,13 @@ def render(
         f"- machine: {platform.machine()}, {os.cpu_count()} cores; Python "
         f"{platform.python_version()}; redis-server {redis_version} (own process, loopback)",
         f"- backlog: {messages} messages over {SHARDS} shards, no-op async handler, "
-        f"worker --concurrency {CONCURRENCY}; rate from 5 % consumed to empty",
-        f"- {rounds} rounds, variants interleaved; median (min-max) msgs/s; worker CPU "
+        f"worker with its defaults; rate from 5 % consumed to empty",
+        f"- {rounds} rounds, variants interleaved; median (min-max) msgs/s; consumer CPU "
         "(user + system of its processes over the same window) per message",
         f"- load average (1/5/15 min) before: {load[0]}; after: {load[1]}",
         f"- reproduce: `.venv/bin/python -m benchmarks.worker_consume {' '.join(sys.argv[1:])}`",
         "",
-        "| variant | msgs/s (median) | min-max | vs bare | worker CPU us/msg (median, min-max) |",
+        "| variant | msgs/s (median) | min-max | vs bare | consumer CPU us/msg (median, min-max) |",
         "|---|---:|---:|---:|---:|",
     ]
     for name, found in samples.items():
@@ -223,10 +266,6 @@ def render(
             f"| {median / floor:.2f}x | {cpu} |"
         )
     return "\n".join(lines) + "\n"
-
-
-def load_average() -> str:
-    return " / ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
 def main() -> None:

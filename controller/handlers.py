@@ -14,8 +14,9 @@ from typing import Any
 
 import kopf
 
-from controller.operator import Operator, OperatorConfig
-from controller.render import MANAGED_BY
+from controller.identity import MANAGED_BY
+from controller.operator import Operator, WatchEvent
+from controller.operator_config import OperatorConfig
 from controller.resource import API_GROUP, API_VERSION, PLURAL
 
 __all__ = ["OPERATOR", "configure", "login", "register", "register_login"]
@@ -60,12 +61,12 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> Operator:
         return await operator.crd_probe(logger)
 
     @kopf.on.event(*RESOURCE, registry=registry, id="dispatchers")
-    async def dispatchers(*, body: kopf.Body, type: str | None, **_: Any) -> None:
-        await operator.dispatcher_seen(body, deleted=type == "DELETED")
+    async def dispatchers(**kwargs: Any) -> None:
+        await operator.dispatcher_seen(WatchEvent.from_kopf(kwargs))
 
     @kopf.on.event("apps", "v1", "deployments", labels=OWNED, registry=registry, id="owned")
-    async def deployments(*, body: kopf.Body, type: str | None, **_: Any) -> None:
-        operator.deployment_seen(body, deleted=type == "DELETED")
+    async def deployments(**kwargs: Any) -> None:
+        operator.deployment_seen(WatchEvent.from_kopf(kwargs))
 
     return operator
 

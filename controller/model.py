@@ -21,7 +21,7 @@ from pydantic import ConfigDict, Field, model_validator
 from controller.podsettings import DNS_SUBDOMAIN_PATTERN, PodSettings
 from controller.resource import ResourceModel
 from dispatcher.config import STREAM_SHARDS
-from dispatcher.options import option_of, pydantic_field
+from dispatcher.options import default_of, option_of, pydantic_field
 from dispatcher.outbox.enqueuer import EnqueuerConfig
 from dispatcher.worker.config import WorkerConfig
 
@@ -52,7 +52,7 @@ HANDLER_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*$"
 SECRET_NAME_PATTERN = DNS_SUBDOMAIN_PATTERN
 SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]{1,253}$"
 MAX_QUEUES = 64
-MAX_RUNS: int = option_of(WorkerConfig, "max_runs").default  # type: ignore[assignment]
+MAX_RUNS: int = default_of(WorkerConfig, "max_runs")
 MAX_RUNS_CONFLICT = "maxDeliveries is the old name of maxRuns: set one, or both to the same value"
 # The resource name goes into Deployment names and label values (<= 63 characters).
 MAX_NAME = 50

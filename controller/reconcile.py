@@ -9,9 +9,11 @@ enqueuer's image, render and apply the enqueuer (once migrated) and worker
 Deployments (with the autoscaler's replica counts) and their
 PodDisruptionBudgets, drain the workers of removed queues, and read the
 Deployments' rollout state. It never raises for anything a user can
-fix: problems come back in ``Pass.problem`` and become conditions.
+fix: problems come back in ``Pass.problem`` and become conditions. The
+writes to the API are ``controller.effects``; the status made of the result is
+``controller.report``.
 
-Live Deployments come from the operator's watch cache (``Cache``), not from
+Live Deployments come from the operator's watch cache (``controller.cache``), not from
 GETs; every write puts the API's answer back into the cache. Jobs and
 PodDisruptionBudgets are few and written rarely: they are read with GETs (a
 Job only while its image is not migrated).
@@ -29,36 +31,23 @@ from typing import Any
 import pydantic
 
 from controller.autoscale import autoscale_queue
-from controller.conditions import SHARDS_DRAINING, OutboxDispatcherStatus, Reason, Rollout, rollout
-from controller.k8s import APIConflictError, APIError, KubeApi, SecretMissing, contains
-from controller.migration import MigrationState, migration_state
+from controller.cache import Cache
+from controller.conditions import SHARDS_DRAINING, OutboxDispatcherStatus, Reason, rollout
+from controller.effects import apply_budgets, apply_deployment, drain_queues, migrate
+from controller.identity import QUEUE_LABEL, Owner, worker_name
+from controller.k8s import APIError, KubeApi, SecretMissing
 from controller.model import MAX_NAME, OutboxDispatcherSpec, SecretRef
+from controller.pods import WorkloadDefaults
 from controller.redis_access import Measurement, RedisProblem, measure, redis_message
-from controller.render import (
-    QUEUE_LABEL,
-    Owner,
-    WorkloadDefaults,
-    build_enqueuer_deployment,
-    build_enqueuer_pdb,
-    build_migration_job,
-    build_worker_deployment,
-    build_worker_pdb,
-    controller_uid,
-    instance_labels,
-    migration_job_name,
-    worker_name,
-)
+from controller.render import build_enqueuer_deployment, build_worker_deployment
+from controller.report import Failure, Pass
 from controller.shard_policy import ShardDecision, decide_shards, draining_shards
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.discovery import existing_shards
 from dispatcher.stream.shard_count import publish_shard_count
 
 __all__ = [
-    "Cache",
     "Context",
-    "Failure",
-    "NotYetKnown",
-    "Pass",
     "parse_spec",
     "parse_status",
     "reconcile_once",
@@ -66,71 +55,6 @@ __all__ = [
 
 log = logging.getLogger("controller")
 Key = tuple[str, str]
-
-
-class Failure(Exception):
-    """A problem a user can fix, with the condition reason it is reported under."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-
-
-class NotYetKnown(Exception):
-    """An object exists that the watch cache has not seen yet: try again shortly."""
-
-
-@dataclass
-class Cache:
-    """What the watches saw: owned Deployments by (namespace, name)."""
-
-    deployments: dict[Key, dict[str, Any]] = field(default_factory=dict)
-
-    def put(self, body: Mapping[str, Any]) -> None:
-        """Keep ``body`` unless the cache already holds a newer version of it."""
-        meta = body.get("metadata", {})
-        key = (str(meta.get("namespace")), str(meta.get("name")))
-        held = self.deployments.get(key)
-        if held is None or _version(body) >= _version(held):
-            self.deployments[key] = dict(body)
-
-    def drop(self, body: Mapping[str, Any]) -> None:
-        meta = body.get("metadata", {})
-        self.deployments.pop((str(meta.get("namespace")), str(meta.get("name"))), None)
-
-    def owned(self, owner: Owner, component: str) -> list[dict[str, Any]]:
-        labels = instance_labels(owner, component).items()
-        return [
-            d
-            for (ns, _), d in self.deployments.items()
-            if ns == owner.namespace
-            and controller_uid(d) == owner.uid
-            and labels <= (d.get("metadata", {}).get("labels") or {}).items()
-        ]
-
-
-def _version(body: Mapping[str, Any]) -> int:
-    """resourceVersion as a number where it is one (it orders writes of one object)."""
-    raw = str(body.get("metadata", {}).get("resourceVersion") or "0")
-    return int(raw) if raw.isdigit() else 0
-
-
-@dataclass(frozen=True, kw_only=True)
-class Pass:
-    """What one pass found and did."""
-
-    problem: Failure | None = None
-    decision: ShardDecision | None = None
-    shards: int | None = None
-    queues: list[dict[str, Any]] = field(default_factory=list)
-    rollout: Rollout = field(default_factory=lambda: Rollout(unavailable=(), rolling=()))
-    draining: dict[str, str] = field(default_factory=dict)  # queue -> what is left
-    events: list[tuple[str, str, bool]] = field(default_factory=list)  # reason, message, warning
-    migration: MigrationState | None = None
-    applied: bool = False  # the Deployments were applied (the pass got that far)
-    measured: bool = False  # Redis answered the backlog measurement
-    scaled: list[str] = field(default_factory=list)  # "up"/"down", one per rescaled queue
 
 
 def parse_spec(spec: Mapping[str, Any], *, name: str) -> OutboxDispatcherSpec:
@@ -193,21 +117,36 @@ async def reconcile_once(ctx: Context) -> Pass:
         problem = Failure(Reason.POSTGRES_UNAVAILABLE, pg)
     redis_url = values[spec.redis.secret_for("operator")]
     draining_queues = _draining_queues(ctx)
-    measured, redis_problem = await _measure(ctx, redis_url, draining_queues)
+    measured, redis_problem = await _measure(ctx, url=redis_url, draining=draining_queues)
     problem = redis_problem or problem
-    decision = await _shards(ctx, redis_url, measured) if measured is not None else None
+    decision = (
+        await _shards(ctx, url=redis_url, measured=measured) if measured is not None else None
+    )
     shards = decision.shards if decision is not None else (ctx.status.shards or spec.shards)
     try:
-        migration = await _migrate(ctx)
+        migration = await migrate(
+            api=ctx.api,
+            spec=spec,
+            owner=owner,
+            migrated_image=ctx.status.migrated_image,
+            defaults=ctx.defaults,
+        )
     except APIError as exc:
         api_failure = Failure(Reason.API_ERROR, f"Kubernetes API: {exc}")
         return Pass(problem=api_failure, decision=decision, shards=shards)
     manifests, rows = _desired(ctx, measured, values=values, enqueuer=migration.done)
     try:
         for manifest in manifests:
-            await _apply(ctx, manifest)
-        await _budgets(ctx)
-        draining = await _drain(ctx, draining_queues, measured)
+            await apply_deployment(api=ctx.api, cache=ctx.cache, owner=owner, manifest=manifest)
+        await apply_budgets(api=ctx.api, spec=spec, owner=owner)
+        draining = await drain_queues(
+            api=ctx.api,
+            cache=ctx.cache,
+            owner=owner,
+            draining=draining_queues,
+            measured=measured,
+            events=ctx.events,
+        )
     except Failure as failure:
         return Pass(
             problem=failure, decision=decision, shards=shards, queues=rows, migration=migration
@@ -251,48 +190,6 @@ async def _secret_values(ctx: Context) -> dict[SecretRef, str]:
     for ref in dict.fromkeys(refs):
         values[ref] = await ctx.api.secret_value(namespace=ctx.owner.namespace, ref=ref)
     return values
-
-
-async def _migrate(ctx: Context) -> MigrationState:
-    """Where the migration of the enqueuer's image stands; creates its Job when there is none."""
-    spec, owner = ctx.spec, ctx.owner
-    image = spec.enqueuer.image or ctx.defaults.enqueuer_image
-    name = migration_job_name(owner, image)
-    needed = spec.migrate and ctx.status.migrated_image != image
-    job = await ctx.api.get_object("Job", namespace=owner.namespace, name=name) if needed else None
-    if needed and job is None:
-        job = await ctx.api.create_object(
-            build_migration_job(spec, owner=owner, defaults=ctx.defaults)
-        )
-        log.info("%s/%s: created Job %s (dispatcher migrate)", owner.namespace, owner.name, name)
-    return migration_state(
-        enabled=spec.migrate,
-        image=image,
-        migrated_image=ctx.status.migrated_image,
-        job_name=name,
-        job=job,
-    )
-
-
-async def _budgets(ctx: Context) -> None:
-    """The enqueuer's PodDisruptionBudget, one per queue that can run several workers; and
-    none for a queue that left the spec or can run only one (a drain must be able to move it)."""
-    spec, owner = ctx.spec, ctx.owner
-    await ctx.api.apply_object(build_enqueuer_pdb(owner))
-    wanted = set()
-    for queue in spec.queues:
-        budget = build_worker_pdb(queue, owner=owner)
-        if budget is not None:
-            wanted.add(budget["metadata"]["name"])
-            await ctx.api.apply_object(budget)
-    for found in await ctx.api.list_objects(
-        "PodDisruptionBudget", namespace=owner.namespace, selector=instance_labels(owner, "worker")
-    ):
-        meta = found.get("metadata", {})
-        if controller_uid(found) == owner.uid and meta.get("name") not in wanted:
-            await ctx.api.delete_object(
-                "PodDisruptionBudget", namespace=owner.namespace, name=meta["name"]
-            )
 
 
 def _desired(
@@ -359,7 +256,7 @@ def _draining_queues(ctx: Context) -> dict[str, dict[str, Any]]:
 
 
 async def _measure(
-    ctx: Context, url: str, draining: Mapping[str, Any]
+    ctx: Context, *, url: str, draining: Mapping[str, Any]
 ) -> tuple[Measurement | None, Failure | None]:
     client = ctx.redis(url)
     queues = [q.name for q in ctx.spec.queues] + list(draining)
@@ -375,7 +272,7 @@ async def _measure(
         return None, Failure(Reason.REDIS_UNAVAILABLE, redis_message(client, exc))
 
 
-async def _shards(ctx: Context, url: str, measured: Measurement) -> ShardDecision | None:
+async def _shards(ctx: Context, *, url: str, measured: Measurement) -> ShardDecision | None:
     queues = [q.name for q in ctx.spec.queues]
     desired = ctx.spec.shards
     left = draining_shards(measured.streams, queues=queues, shards=desired)
@@ -387,56 +284,6 @@ async def _shards(ctx: Context, url: str, measured: Measurement) -> ShardDecisio
             return None  # the next pass tries again; measuring worked, so it is transient
         ctx.events.append(("ShardsPublished", decision.message, False))
     return decision
-
-
-async def _apply(ctx: Context, manifest: dict[str, Any]) -> None:
-    """Create or merge-patch one Deployment, only if it differs from what is live."""
-    namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
-    live = ctx.cache.deployments.get((namespace, name))
-    if live is None:
-        try:
-            ctx.cache.put(await ctx.api.create_deployment(manifest))
-        except APIConflictError:
-            # It exists but the watch has not shown it yet: the next pass knows whose it is.
-            raise NotYetKnown(f"Deployment {namespace}/{name}") from None
-        log.info("%s/%s: created Deployment %s", namespace, ctx.owner.name, name)
-        return
-    if controller_uid(live) != ctx.owner.uid:
-        owners = [r.get("name") for r in live["metadata"].get("ownerReferences") or []]
-        raise Failure(
-            Reason.NAME_CONFLICT,
-            f"Deployment {name} already exists and belongs to {owners or 'nobody'}: "
-            "rename this dispatcher or the queue",
-        )
-    if contains(live, manifest):
-        return
-    ctx.cache.put(await ctx.api.patch_deployment(namespace=namespace, name=name, patch=manifest))
-    log.info("%s/%s: updated Deployment %s", namespace, ctx.owner.name, name)
-
-
-async def _drain(
-    ctx: Context, draining: Mapping[str, dict[str, Any]], measured: Measurement | None
-) -> dict[str, str]:
-    """Keep a worker on each removed queue until its streams are empty and acked; then delete."""
-    left: dict[str, str] = {}
-    for queue, deployment in sorted(draining.items()):
-        name = deployment["metadata"]["name"]
-        if measured is not None:
-            entries, pending = measured.queue(queue)
-            if entries == 0 and pending == 0:
-                await ctx.api.delete_deployment(namespace=ctx.owner.namespace, name=name)
-                ctx.cache.drop(deployment)
-                ctx.events.append(("QueueDrained", f"deleted Deployment {name}", False))
-                continue
-            left[queue] = f"{entries} entries, {pending} pending"
-        else:
-            left[queue] = "Redis unreachable, cannot tell what is left"
-        if int(deployment.get("spec", {}).get("replicas") or 0) < 1:
-            patched = await ctx.api.patch_deployment(
-                namespace=ctx.owner.namespace, name=name, patch={"spec": {"replicas": 1}}
-            )
-            ctx.cache.put(patched)
-    return left
 
 
 def _shards_draining(status: OutboxDispatcherStatus) -> bool:

@@ -24,6 +24,7 @@ __all__ = [
     "Option",
     "bound_error",
     "check_bounds",
+    "default_of",
     "option",
     "option_of",
     "options",
@@ -128,6 +129,11 @@ def options(config: type[Any]) -> dict[str, Option]:
 
 def option_of(config: type[Any], name: str) -> Option:
     return options(config)[name]
+
+
+def default_of(config: type[Any], name: str) -> Any:
+    """The default of one option of a config dataclass."""
+    return option_of(config, name).default
 
 
 def check_bounds(config: Any) -> None:

@@ -39,9 +39,12 @@ class Replayed:
 
 
 async def replay_outbox_dlq(
-    conn: psycopg.AsyncConnection[Any], *, ids: Sequence[str] = (), all_rows: bool = False,
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    ids: Sequence[str] = (),
+    all_rows: bool = False,
     dry_run: bool = False,
-) -> Replayed:  # fmt: skip
+) -> Replayed:
     """Move the chosen ``outbox_dlq`` rows back to PENDING, attempts reset."""
     params = {"ids": list(ids), "all": all_rows}
     async with conn.transaction():
@@ -57,9 +60,14 @@ async def replay_outbox_dlq(
 
 
 async def replay_dead_stream(
-    client: RedisClient, queue: str, *, ids: Sequence[str] = (), all_entries: bool = False,
-    shards: int = 1, dry_run: bool = False,
-) -> Replayed:  # fmt: skip
+    client: RedisClient,
+    queue: str,
+    *,
+    ids: Sequence[str] = (),
+    all_entries: bool = False,
+    shards: int = 1,
+    dry_run: bool = False,
+) -> Replayed:
     """Move dead letters of ``queue`` back to the task's shard at ``shards`` shards."""
     dead = dead_letter_stream(queue)
     entries: list[tuple[str, dict[str, str]]] = await client.xrange(dead)  # type: ignore[assignment]

@@ -33,7 +33,8 @@ from kmock._internal import dicts as kmock_dicts
 from kmock._internal import rendering
 
 from controller.handlers import register
-from controller.operator import Operator, OperatorConfig
+from controller.operator import Operator
+from controller.operator_config import OperatorConfig
 from tests.fix_db import ADMIN_URL
 
 NAMESPACE = "default"

@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.outbox import EnqueuerConfig, OutboxEnqueuer, OutboxRepository
@@ -73,6 +74,7 @@ def make_enqueuer(
     client: RedisClient,
     *,
     listen: str | None = None,
+    registry: CollectorRegistry | None = None,
     **config: Any,
 ) -> OutboxEnqueuer:
     return OutboxEnqueuer(
@@ -80,6 +82,7 @@ def make_enqueuer(
         publisher=RedisStreamPublisher(client, group="workers"),
         config=EnqueuerConfig(**config),
         listen_conninfo=listen,
+        registry=registry,
     )
 
 

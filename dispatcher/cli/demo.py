@@ -8,9 +8,9 @@ from typing import Any
 
 from dispatcher.cli.main import Common
 from dispatcher.config import Settings
-from dispatcher.demo.report import Latency
 from dispatcher.demo.run import DemoResult, Progress, run_demo
 from dispatcher.demo.servers import demo_servers
+from dispatcher.demo.verdict import Latency
 
 __all__ = ["register"]
 
@@ -49,8 +49,9 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
     console.print("preparing PostgreSQL and Redis...")
     with demo_servers(db, rd) as servers:
         console.print("[bold]outbox-dispatcher demo[/]  " + "; ".join(servers.notes))
-        result = _with_progress(console, args, servers.database_url, servers.redis_url,
-                                servers.notes)  # fmt: skip
+        result = _with_progress(
+            console, args, servers.database_url, servers.redis_url, servers.notes
+        )
     _summary(console, result)
     return 0 if result.verdict.ok else 1
 
@@ -75,9 +76,17 @@ def _with_progress(
             bar.update(rows["handled"], completed=len(p.handled_runs), total=expected)
 
         return asyncio.run(
-            run_demo(database_url=db, redis_url=rd, tasks=args.tasks, servers=notes,
-                     workers=args.workers, give_up_after=args.timeout, on_tick=tick, seed=args.seed)
-        )  # fmt: skip
+            run_demo(
+                database_url=db,
+                redis_url=rd,
+                tasks=args.tasks,
+                servers=notes,
+                workers=args.workers,
+                give_up_after=args.timeout,
+                on_tick=tick,
+                seed=args.seed,
+            )
+        )
 
 
 def _ms(lat: Latency | None) -> tuple[str, str, str]:

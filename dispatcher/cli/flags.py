@@ -15,9 +15,9 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from dispatcher.options import Option, bound_error
+from dispatcher.options import Option, bound_error, options
 
-__all__ = ["add_options", "help_text", "number"]
+__all__ = ["add_options", "help_text", "number", "option_values"]
 
 
 def number(
@@ -59,6 +59,11 @@ def add_options(group: Any, opts: Iterable[Option]) -> None:
     """Add one flag per option to an argparse parser or argument group."""
     for opt in opts:
         group.add_argument(*opt.flags, **_arguments(opt))
+
+
+def option_values(args: argparse.Namespace, config: type[Any]) -> dict[str, Any]:
+    """The parsed value of every option of a config dataclass, by field name."""
+    return {name: getattr(args, name) for name in options(config)}
 
 
 def _arguments(opt: Option) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 import pydantic
@@ -36,6 +36,13 @@ class UsageError(Exception):
     """A user mistake in flags or settings: exit 2 with the message."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad flags end in one line that names the flag, not a usage block (that is --help)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _common_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("connections and logging (override the environment)")
     add_options(g, CONNECTION_OPTIONS)
@@ -44,7 +51,7 @@ def _common_flags(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from dispatcher.cli import commands
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dispatcher",
         description=(
             "Transactional outbox dispatcher: PostgreSQL outbox rows -> sharded Redis "

@@ -103,7 +103,8 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     from controller.handlers import register as register_handlers
     from controller.handlers import register_login
-    from controller.operator import Operator, OperatorConfig
+    from controller.operator import Operator
+    from controller.operator_config import OperatorConfig
     from dispatcher.observability import ObservabilityServer
 
     registry = kopf.OperatorRegistry()

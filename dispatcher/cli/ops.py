@@ -56,9 +56,12 @@ def register_status(sub: Any, common: Common) -> None:
 
 async def _status(args: argparse.Namespace, settings: Settings) -> int:
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        settings.require_database_url(), min_size=1, max_size=1, open=False,
+        settings.require_database_url(),
+        min_size=1,
+        max_size=1,
+        open=False,
         kwargs={"autocommit": True},
-    )  # fmt: skip
+    )
     await pool.open(wait=True, timeout=10)
     try:
         async with redis_client(settings) as redis:
@@ -120,8 +123,10 @@ async def _dlq_list(args: argparse.Namespace, settings: Settings) -> int:
         await cur.execute(QUERIES["dlq_list"], {"limit": args.limit})
         rows = await cur.fetchall()
     for r in rows:
-        print(f"{r['id']}  task={r['task_id']}  stream={r['stream']}  attempts={r['attempts']}  "
-              f"moved={r['moved_at']:%Y-%m-%d %H:%M:%S}  error={r['last_error']}")  # fmt: skip
+        print(
+            f"{r['id']}  task={r['task_id']}  stream={r['stream']}  attempts={r['attempts']}  "
+            f"moved={r['moved_at']:%Y-%m-%d %H:%M:%S}  error={r['last_error']}"
+        )
     print(f"({len(rows)} shown)")
     return 0
 
@@ -133,9 +138,13 @@ async def _dlq_replay(args: argparse.Namespace, settings: Settings) -> int:
             async with redis_client(settings) as redis:
                 shards = await read_shard_count(redis, fallback=settings.stream_shards)
                 done = await replay_dead_stream(
-                    redis, queue, ids=args.ids or (), all_entries=args.all, shards=shards,
+                    redis,
+                    queue,
+                    ids=args.ids or (),
+                    all_entries=args.all,
+                    shards=shards,
                     dry_run=args.dry_run,
-                )  # fmt: skip
+                )
         else:
             async with await psycopg.AsyncConnection.connect(
                 settings.require_database_url()

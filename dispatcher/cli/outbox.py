@@ -9,8 +9,9 @@ import logging
 from typing import Any
 
 import psycopg
+from prometheus_client import REGISTRY
 
-from dispatcher.cli.flags import add_options
+from dispatcher.cli.flags import add_options, option_values
 from dispatcher.cli.main import Common, UsageError
 from dispatcher.config import METRICS_PORT, STREAM_SHARDS, Settings
 from dispatcher.lifecycle import run_until_signalled
@@ -73,7 +74,7 @@ def register_enqueuer(sub: Any, common: Common) -> None:
 
 def _config(args: argparse.Namespace) -> EnqueuerConfig:
     try:
-        return EnqueuerConfig(**{name: getattr(args, name) for name in options(EnqueuerConfig)})
+        return EnqueuerConfig(**option_values(args, EnqueuerConfig))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -95,6 +96,7 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
             config=config,
             listen_conninfo=None if args.no_listen else dsn,
             shard_count=LiveShardCount(redis, fallback=settings.stream_shards),
+            registry=REGISTRY,
         )
         server = ObservabilityServer(
             port=settings.metrics_port,

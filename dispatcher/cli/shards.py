@@ -94,8 +94,10 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
     async with redis_client(settings) as client:
         raw = await client.get(SHARDS_KEY)
         if raw is None:
-            print(f"shard count: not set ({SHARDS_KEY} absent; the first enqueuer writes "
-                  f"STREAM_SHARDS={settings.stream_shards})")  # fmt: skip
+            print(
+                f"shard count: not set ({SHARDS_KEY} absent; the first enqueuer writes "
+                f"STREAM_SHARDS={settings.stream_shards})"
+            )
             shards = settings.stream_shards
         else:
             shards = parse_shard_count(raw)
@@ -133,12 +135,17 @@ async def _wait_drained(client: RedisClient, args: argparse.Namespace) -> int:
             return 0
         elapsed = time.monotonic() - started
         if args.timeout and elapsed >= args.timeout:
-            print(f"still draining after {elapsed:.0f} s (the count is in force; workers keep "
-                  f"reading): {', '.join(_describe(s) for s in left)}")  # fmt: skip
+            print(
+                f"still draining after {elapsed:.0f} s (the count is in force; workers keep "
+                f"reading): {', '.join(_describe(s) for s in left)}"
+            )
             return 1
         if elapsed - reported >= args.progress_every or reported == 0.0:
             reported = elapsed or 1e-9
             total = sum(s.stats.length for s in left)
-            print(f"draining {len(left)} removed shards, {total} entries left: "
-                  f"{', '.join(_describe(s) for s in left)}", flush=True)  # fmt: skip
+            print(
+                f"draining {len(left)} removed shards, {total} entries left: "
+                f"{', '.join(_describe(s) for s in left)}",
+                flush=True,
+            )
         await asyncio.sleep(0.5)

@@ -10,7 +10,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from dispatcher.cli.flags import add_options
+from dispatcher.cli.flags import add_options, option_values
 from dispatcher.cli.main import Common, UsageError
 from dispatcher.config import METRICS_PORT, STREAM_SHARDS, Settings
 from dispatcher.lifecycle import run_until_signalled
@@ -87,7 +87,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> Any:
             queues=tuple(dict.fromkeys(args.queue)),
             consumer=args.consumer or default_consumer_name(),
             shards=settings.stream_shards,
-            **{name: getattr(args, name) for name in options(WorkerConfig)},
+            **option_values(args, WorkerConfig),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from None

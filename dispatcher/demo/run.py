@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher.demo.report import Latency, Verdict, latency, verdict
+from dispatcher.demo.verdict import Latency, Verdict, latency, verdict
 from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.outbox import (
     EnqueuerConfig,
@@ -93,9 +93,14 @@ class _RecordingPublisher(RedisStreamPublisher):
 
 
 async def _produce(
-    pool: AsyncConnectionPool[Any], progress: Progress, queue: str, batch: int,
-    rollback_ratio: float, rng: random.Random,
-) -> None:  # fmt: skip
+    pool: AsyncConnectionPool[Any],
+    progress: Progress,
+    *,
+    queue: str,
+    batch: int,
+    rollback_ratio: float,
+    rng: random.Random,
+) -> None:
     """Commit dispatches ``batch`` at a time; roll back about ``rollback_ratio`` of batches."""
     for start in range(0, progress.total, batch):
         ids = [f"demo-{queue}-{i}" for i in range(start, min(start + batch, progress.total))]
@@ -113,10 +118,16 @@ async def _produce(
 
 def _dispatch(task_id: str, queue: str) -> TaskDispatch:
     return TaskDispatch(
-        task_id=task_id, run_id="demo-run", workflow_id="demo", workflow_version=1,
-        node_id=task_id.rsplit("-", 1)[-1], node_type="noop", queue=queue, attempt=1,
+        task_id=task_id,
+        run_id="demo-run",
+        workflow_id="demo",
+        workflow_version=1,
+        node_id=task_id.rsplit("-", 1)[-1],
+        node_type="noop",
+        queue=queue,
+        attempt=1,
         input='{"hello": "world"}',
-    )  # fmt: skip
+    )
 
 
 def _handler(progress: Progress) -> Any:
@@ -128,10 +139,18 @@ def _handler(progress: Progress) -> Any:
 
 
 async def run_demo(
-    *, database_url: str, redis_url: str, tasks: int, servers: list[str], workers: int = 2,
-    batch: int = 20, rollback_ratio: float = 0.05, give_up_after: float = 120.0,
-    on_tick: Any = None, seed: int | None = None,
-) -> DemoResult:  # fmt: skip
+    *,
+    database_url: str,
+    redis_url: str,
+    tasks: int,
+    servers: list[str],
+    workers: int = 2,
+    batch: int = 20,
+    rollback_ratio: float = 0.05,
+    give_up_after: float = 120.0,
+    on_tick: Any = None,
+    seed: int | None = None,
+) -> DemoResult:
     """Run the pipeline once over ``tasks`` dispatches; ``on_tick(progress)`` ~10x a second."""
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         await migrate(conn)
@@ -163,7 +182,14 @@ async def run_demo(
     started = time.perf_counter()
     try:
         producing = asyncio.create_task(
-            _produce(app_pool, progress, queue, batch, rollback_ratio, random.Random(seed))
+            _produce(
+                app_pool,
+                progress,
+                queue=queue,
+                batch=batch,
+                rollback_ratio=rollback_ratio,
+                rng=random.Random(seed),
+            )
         )
         deadline = started + give_up_after
         while time.perf_counter() < deadline:

@@ -75,11 +75,9 @@ def _redis_binary() -> str:
 @contextlib.contextmanager
 def _throwaway_redis(root: Path) -> Iterator[str]:
     port = _free_port()
-    proc = subprocess.Popen(
-        [_redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(root)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    command = [_redis_binary(), "--port", str(port), "--bind", "127.0.0.1"]
+    command += ["--save", "", "--appendonly", "no", "--dir", str(root)]  # nothing on disk
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
     try:
         deadline = time.monotonic() + 10

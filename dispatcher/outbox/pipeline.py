@@ -29,10 +29,11 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from dispatcher.models import payload_fields
-from dispatcher.outbox import metrics
 from dispatcher.outbox.backpressure import RedisMemoryGate
+from dispatcher.outbox.claim import ClaimedBatch
+from dispatcher.outbox.metrics import EnqueuerMetrics, observe_ages, queue_label
 from dispatcher.outbox.outcomes import ClaimedRow, Outcomes, plan_outcomes
-from dispatcher.outbox.repository import ClaimedBatch, OutboxRepository
+from dispatcher.outbox.repository import OutboxRepository
 from dispatcher.stream.entries import PublishResult
 from dispatcher.stream.naming import route_stream
 from dispatcher.stream.publisher import RedisStreamPublisher, xadd_command
@@ -71,7 +72,8 @@ class BatchPipeline:
 
     ``shard_count`` is the count rows are routed by when published (by default
     read live from the publisher's Redis). ``memory`` is told what each batch
-    published and when Redis refused it for lack of memory.
+    published and when Redis refused it for lack of memory. ``metrics`` is the
+    enqueuer's, updated for every batch.
     """
 
     def __init__(
@@ -79,6 +81,7 @@ class BatchPipeline:
         *,
         repository: OutboxRepository,
         publisher: RedisStreamPublisher,
+        metrics: EnqueuerMetrics,
         settings: BatchSettings = BatchSettings(),
         shard_count: LiveShardCount | None = None,
         memory: RedisMemoryGate | None = None,
@@ -88,6 +91,7 @@ class BatchPipeline:
         self._publisher = publisher
         self._shards = shard_count or LiveShardCount(publisher.client)
         self._memory = memory
+        self._metrics = metrics
         # A row that carries a trace context gets a publish span, opened here: PostgreSQL
         # leaves such rows to the enqueuer while OpenTelemetry is installed.
         self._keep = TRACE_FIELDS[:1] if tracing_enabled() else ()
@@ -106,7 +110,7 @@ class BatchPipeline:
             size = len(batch)
             if not size:
                 return 0
-            metrics.IN_FLIGHT.inc(size)
+            self._metrics.in_flight.inc(size)
             try:
                 with contextlib.ExitStack() as spans:
                     replies, packed = await self._publish(batch, shards, unknown, spans)
@@ -118,7 +122,7 @@ class BatchPipeline:
                 try:
                     await batch.settle(outcomes.sent, outcomes.retry, outcomes.dead)
                 except BaseException:
-                    metrics.UNSETTLED.inc()
+                    self._metrics.unsettled.inc()
                     log.error(
                         "could not settle a batch of %d rows (%d published): they stay in the "
                         "outbox and are published again",
@@ -127,9 +131,9 @@ class BatchPipeline:
                     )
                     raise
             finally:
-                metrics.IN_FLIGHT.dec(size)
-        _report(batch, outcomes)
-        metrics.BATCHES.inc()
+                self._metrics.in_flight.dec(size)
+        _report(batch, outcomes, metrics=self._metrics)
+        self._metrics.batches.inc()
         return size
 
     async def _shard_count(self) -> tuple[int, BaseException | None]:
@@ -172,7 +176,7 @@ class BatchPipeline:
             ages = [
                 a for a, r in zip(ages, replies, strict=True) if not isinstance(r, BaseException)
             ]
-        metrics.observe_ages(metrics.COMMIT_TO_PUBLISH, ages, plus=elapsed)
+        observe_ages(self._metrics.commit_to_publish, ages, plus=elapsed)
         return replies, sum(map(len, filter(None, commands)))
 
     async def _publish_packed(self, streams: list[str], commands: list[str]) -> list[Any]:
@@ -190,7 +194,7 @@ class BatchPipeline:
             )
         except (TimeoutError, RedisError, OSError) as exc:
             replies = [exc] * len(commands)
-        metrics.PUBLISH_LATENCY.observe(time.monotonic() - started)
+        self._metrics.publish_latency.observe(time.monotonic() - started)
         return replies
 
 
@@ -250,15 +254,15 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:200]
 
 
-def _report(batch: ClaimedBatch, outcomes: Outcomes) -> None:
+def _report(batch: ClaimedBatch, outcomes: Outcomes, *, metrics: EnqueuerMetrics) -> None:
     if len(outcomes.sent) == len(batch):
-        _count(metrics.PROCESSED, collections.Counter(batch.column("stream")))
+        _count(metrics.processed, collections.Counter(batch.column("stream")))
     else:
         streams = dict(zip(batch.ids, batch.column("stream"), strict=True))
         for counter, ids in (
-            (metrics.PROCESSED, outcomes.sent),
-            (metrics.FAILED, [r.id for r in outcomes.retry]),
-            (metrics.DLQ, [r.id for r in outcomes.dead]),
+            (metrics.processed, outcomes.sent),
+            (metrics.failed, [r.id for r in outcomes.retry]),
+            (metrics.dlq, [r.id for r in outcomes.dead]),
         ):
             _count(counter, collections.Counter(streams[i] for i in ids))
     if outcomes.held:
@@ -282,6 +286,6 @@ def _report(batch: ClaimedBatch, outcomes: Outcomes) -> None:
 def _count(counter: Any, by_stream: collections.Counter[str]) -> None:
     by_queue: collections.Counter[str] = collections.Counter()
     for stream, n in by_stream.items():
-        by_queue[metrics.queue_label(stream)] += n
+        by_queue[queue_label(stream)] += n
     for queue, n in by_queue.items():
         counter.labels(queue).inc(n)

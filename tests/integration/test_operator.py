@@ -17,7 +17,7 @@ import redis.asyncio
 
 from controller.conditions import OutboxDispatcherStatus
 from controller.operator import Operator
-from controller.render import CONFIG_HASH_ANNOTATION
+from controller.pods import CONFIG_HASH_ANNOTATION
 from dispatcher.stream.naming import SHARDS_KEY
 from tests.fix_kube import (
     CR_RESOURCE,

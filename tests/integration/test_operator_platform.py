@@ -17,8 +17,8 @@ import pytest
 import redis.asyncio
 
 from controller.conditions import OutboxDispatcherStatus
+from controller.identity import Owner, migration_job_name
 from controller.operator import Operator
-from controller.render import Owner, migration_job_name
 from dispatcher.stream.naming import SHARDS_KEY
 from tests.fix_kube import (
     CR_RESOURCE,
@@ -232,8 +232,9 @@ async def test_each_role_uses_its_own_redis_secret(
     assert kube.live(DEPLOYMENTS, "orders-worker-emails") is None
     await _secrets(kube, rd_worker="redis://dispatcher-worker:pw@redis:6379/0")
 
-    async def applied() -> bool:
-        return kube.live(DEPLOYMENTS, "orders-enqueuer") is not None
+    async def applied() -> bool:  # one pass creates them one after the other
+        names = ("orders-enqueuer", "orders-worker-emails")
+        return all(kube.live(DEPLOYMENTS, name) is not None for name in names)
 
     await eventually(applied, within=20)
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from benchmarks.run import SPEC_RELAY, SPEC_SQL, render_targets
+from benchmarks.run import BARE, ENQUEUER, FLOOR, RELAY, SQL_ONLY, WORKER, render_targets
+from benchmarks.workload import LARGE, SMALL
 
 
 def row(lines: list[str], starts: str) -> str:
@@ -13,20 +14,34 @@ def row(lines: list[str], starts: str) -> str:
 def test_targets_are_judged_in_the_right_direction() -> None:
     lines = render_targets(
         {
-            "drain_50k": {
-                "enqueuer": {"rows_per_s": 30.0},
-                SPEC_RELAY: {"rows_per_s": 10.0},
-                SPEC_SQL: {"rows_per_s": 45.0},
+            f"drain_{SMALL}": {
+                ENQUEUER: {"rows_per_s": 30.0},
+                SQL_ONLY: {"rows_per_s": 45.0},
+                RELAY: {"rows_per_s": 10.0},
+            },
+            f"drain_{LARGE}": {
+                ENQUEUER: {"rows_per_s": 36.0},
+                SQL_ONLY: {"rows_per_s": 45.0},
             },
             "idle_latency": {
-                "enqueuer": {"p50_ms": 0.5, "p99_ms": 3.0},
-                "bare NOTIFY round trip": {"p50_ms": 0.4, "p99_ms": 1.0},
+                ENQUEUER: {"p50_insert_ms": 0.5, "p99_insert_ms": 3.0},
+                FLOOR: {"p50_insert_ms": 0.4, "p99_insert_ms": 1.0},
+                RELAY: {"p50_insert_ms": 1.0, "p99_insert_ms": 1.0},
             },
+            "worker": {WORKER: {"msgs_per_s": 40.0}, BARE: {"msgs_per_s": 100.0}},
+            "duplicates": {"1 enqueuer": {"per_10k": 0.0}, "2 enqueuers": {"per_10k": 10.0}},
         }
     )
-    assert row(lines, "drain >= 3x").endswith("| 3.00x (30.00 vs 10.00) | yes |")
-    assert row(lines, "drain >= 1.0x").endswith("| **no** |")
-    assert row(lines, "idle p50 <= 1.3x").endswith("| 1.25x (0.50 vs 0.40) | yes |")
-    assert row(lines, "idle p99 <= 2x").endswith("| 3.00x (3.00 vs 1.00) | **no** |")
-    assert row(lines, "idle commit -> stream p50 <= 5 ms").endswith("| 0.50 ms | yes |")
-    assert row(lines, "two enqueuers").endswith("| not measured in this run | - |")
+    assert row(lines, f"drain at {SMALL} B").endswith("| 0.67x (30.00 vs 45.00) | **no** |")
+    assert row(lines, f"drain at {LARGE} B").endswith("| 0.80x (36.00 vs 45.00) | yes |")
+    assert row(lines, "idle p50, from INSERT sent, <= 1.3x").endswith(
+        "| 1.25x (0.50 vs 0.40) | yes |"
+    )
+    assert row(lines, "idle p99").endswith("| 3.00x (3.00 vs 1.00) | **no** |")
+    assert row(lines, "idle p50, from INSERT sent, <= 0.6x").endswith(
+        "| 0.50x (0.50 vs 1.00) | yes |"
+    )
+    assert row(lines, "worker").endswith("| 0.40x (40.00 vs 100.00) | **no** |")
+    assert row(lines, "duplicates per 10,000 idle dispatches, one").endswith("| 0.0 | yes |")
+    assert row(lines, "duplicates per 10,000 idle dispatches, two").endswith("| 10.0 | **no** |")
+    assert row(lines, "commit -> handled").endswith("| not measured in this run | - |")

@@ -102,7 +102,8 @@ def test_a_bad_number_is_one_argparse_error_on_either_command(
     with pytest.raises(SystemExit) as exit:
         main([command, *REQUIRED[command], flag])
     assert exit.value.code == 2
-    assert capsys.readouterr().err.splitlines()[-1] == f"dispatcher {command}: error: {error}"
+    prog = f"dispatcher {command}"
+    assert capsys.readouterr().err == f"{prog}: error: {error} (see {prog} --help)\n"
 
 
 def _numeric() -> list[tuple[str, Option]]:

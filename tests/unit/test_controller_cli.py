@@ -54,7 +54,7 @@ def test_workload_images_come_from_flags_then_env_then_the_version(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from controller.model import DEFAULT_VERSION_TAG
-    from controller.operator import OperatorConfig
+    from controller.operator_config import OperatorConfig
 
     args = build_parser().parse_args(["operator", "-A", "--worker-image", "reg/w:9"])
     assert (args.enqueuer_image, args.worker_image) == (None, "reg/w:9")

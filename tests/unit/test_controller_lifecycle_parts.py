@@ -9,9 +9,8 @@ from typing import Any
 from controller.conditions import OutboxDispatcherStatus, Rollout, rollout
 from controller.k8s import contains
 from controller.migration import MigrationState
-from controller.operator import conditions
 from controller.quantity import parse_quantity, same_quantity
-from controller.reconcile import Failure, Pass
+from controller.report import Failure, Pass, conditions
 
 NOW = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
 

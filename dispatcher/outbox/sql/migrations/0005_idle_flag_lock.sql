@@ -12,7 +12,7 @@
 -- taking the flag sees every row committed without a notification. A flag dies with its
 -- session, so a crashed enqueuer leaves nothing behind.
 --
--- Key 0x6F626964_6C65 ("obidle"): shared with dispatcher/outbox/repository.py IDLE_FLAG_KEY.
+-- Key 0x6F626964_6C65 ("obidle"): shared with dispatcher/outbox/idle_flag.py IDLE_FLAG_KEY.
 
 CREATE OR REPLACE FUNCTION composer_notify_outbox() RETURNS TRIGGER
 LANGUAGE plpgsql AS $$

@@ -1,0 +1,117 @@
+"""Where a drain's or a worker's time goes: ``python -m benchmarks.profile {drain,worker}``.
+
+One drain of pre-filled rows (``--size`` bytes, ``--rows``) by ``dispatcher
+enqueuer``, or one worker consume of ``--messages`` by ``dispatcher worker``,
+each its own process with its defaults, as in the figures of ``benchmarks.run``.
+Meanwhile py-spy samples the product's process (``--nonblocking``: it never
+stops it) and /proc gives the CPU each side spent. Printed: µs per row (or per
+message) in the product, in PostgreSQL's backends and in Redis; then the
+product's own time by function (self time, samples where Python was not idle),
+as µs per row: the share of the samples times the product's µs per row.
+
+py-spy is not a project dependency: ``make bench`` builds ``.venv-bench`` with
+it (``benchmarks/requirements-bench.txt``), so run this as
+``.venv-bench/bin/python -m benchmarks.profile drain`` (it needs ptrace: root,
+or ``kernel.yama.ptrace_scope`` 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+from benchmarks import drain
+from benchmarks import worker_consume as wc
+from benchmarks.env import bench_env
+from benchmarks.workload import SMALL, load_average
+
+RATE = 250  # samples per second per process
+
+
+@contextlib.contextmanager
+def py_spy(out: Path) -> Iterator[wc.Around]:
+    """An ``Around`` that records each pid with py-spy into ``out`` (raw collapsed stacks)."""
+    tool = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    recorders: list[subprocess.Popen[bytes]] = []
+
+    @contextlib.contextmanager
+    def around(pids: list[int]) -> Iterator[None]:
+        for pid in pids:
+            command = [tool, "record", "--pid", str(pid), "--rate", str(RATE), "--nonblocking",
+                       "--format", "raw", "--output", f"{out}.{pid}"]  # fmt: skip
+            recorders.append(
+                subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            )
+        try:
+            yield
+        finally:
+            for r in recorders:
+                r.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
+            for r in recorders:
+                r.wait(60)
+
+    yield around
+
+
+def self_time(raw: list[Path]) -> Counter[str]:
+    """Samples by innermost function (``name (file)``, lines folded) over the raw files."""
+    found: Counter[str] = Counter()
+    for path in raw:
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            stack, _, count = line.rpartition(" ")
+            frame = stack.rpartition(";")[2]
+            found[re.sub(r":\d+\)$", ")", frame)] += int(count)
+    return found
+
+
+def report(title: str, per_side: dict[str, float], product_key: str, samples: Counter[str]) -> str:
+    total = sum(samples.values())
+    product = per_side[product_key]
+    lines = [f"# {title}", "", f"load average: {load_average()}", "",
+             "| side | µs |", "|---|---:|"]  # fmt: skip
+    lines += [f"| {k} | {v:,.1f} |" for k, v in per_side.items()]
+    lines += ["", f"product self time by function ({total:,} samples at {RATE}/s)", "",
+              "| function | share | µs |", "|---|---:|---:|"]  # fmt: skip
+    for frame, n in samples.most_common(25):
+        lines.append(f"| `{frame}` | {n / total:.1%} | {n / total * product:,.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=("drain", "worker"))
+    parser.add_argument("--size", type=int, default=SMALL, help="payload bytes (drain)")
+    parser.add_argument("--rows", type=int, default=drain.ROWS)
+    parser.add_argument("--messages", type=int, default=200_000)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="od-bench-profile-"))
+    try:
+        with bench_env() as env, py_spy(workdir / "raw") as around:
+            if args.what == "drain":
+                found = drain.enqueuer(env, args.size, rows=args.rows, around=around)
+                title = f"drain of {args.rows:,} rows, {args.size} B: µs per row"
+                key = "product_us_per_row"
+            else:
+                variant = wc.workers(1, around=around)
+                found = asyncio.run(wc.figure(variant, args.messages)(env))
+                title = f"worker consume of {args.messages:,} messages: µs per message"
+                key = "cpu_us_per_msg"
+        print(report(title, found, key, self_time(list(workdir.glob("raw.*")))))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
