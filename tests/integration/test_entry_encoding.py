@@ -27,23 +27,13 @@ from dispatcher.stream.publisher import xadd_command
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
+DISPATCH = {"task_id": "t8", "run_id": "r", "workflow_id": "wf", "workflow_version": 3,
+            "node_id": "n", "node_type": "http", "attempt": 1,
+            "input": '{"x": [1, 2.5]}'}  # fmt: skip
+
 # (payload as JSON text, or None for SQL NULL; whether PostgreSQL packs it itself)
 CORPUS: dict[str, tuple[str | None, bool]] = {
-    "dispatch": (
-        json.dumps(
-            {
-                "task_id": "t8",
-                "run_id": "r",
-                "workflow_id": "wf",
-                "workflow_version": 3,
-                "node_id": "n",
-                "node_type": "http",
-                "attempt": 1,
-                "input": '{"x": [1, 2.5]}',
-            }
-        ),
-        True,
-    ),  # fmt: skip
+    "dispatch": (json.dumps(DISPATCH), True),
     "unicode": ('{"task_id": "ü→😀", "input": "日本語", "k€y": "ǅ", "z": "\\ud83d\\ude00"}', True),
     "controls": ('{"a": "line\\nbreak\\ttab\\u0001\\u007f\\u001f", "b": "q\\"b\\\\s/"}', True),
     "integers": ('{"zero": 0, "neg0": -0, "neg": -12, "e3": 1e3, "E2": 2E+2, "x": 10}', True),
@@ -205,7 +195,8 @@ def test_any_json_packs_to_the_same_bytes_or_is_left_to_the_enqueuer(
 ) -> None:
     with psycopg.connect(outbox_db_url) as conn:
         text, command = conn.execute(
-            "SELECT %(p)s::jsonb::text, (SELECT command FROM outbox_entry('s', %(p)s::jsonb, 'id1', '{}'))",
+            "SELECT %(p)s::jsonb::text,"
+            " (SELECT command FROM outbox_entry('s', %(p)s::jsonb, 'id1', '{}'))",
             {"p": json.dumps(payload)},
         ).fetchone() or (None, None)
     if command is not None:
