@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.render import Owner, controller_uid, instance_labels
+from controller.identity import Owner, controller_uid, instance_labels
 
 __all__ = ["Cache"]
 

@@ -15,20 +15,13 @@ from typing import Any
 
 from controller.cache import Cache
 from controller.conditions import Reason
+from controller.identity import Owner, controller_uid, instance_labels, migration_job_name
 from controller.k8s import APIConflictError, KubeApi, contains
 from controller.migration import MigrationState, migration_state
 from controller.model import OutboxDispatcherSpec
+from controller.pods import WorkloadDefaults
 from controller.redis_access import Measurement
-from controller.render import (
-    Owner,
-    WorkloadDefaults,
-    build_enqueuer_pdb,
-    build_migration_job,
-    build_worker_pdb,
-    controller_uid,
-    instance_labels,
-    migration_job_name,
-)
+from controller.render import build_enqueuer_pdb, build_migration_job, build_worker_pdb
 from controller.report import Failure
 
 __all__ = ["NotYetKnown", "apply_budgets", "apply_deployment", "drain_queues", "migrate"]

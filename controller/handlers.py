@@ -14,9 +14,9 @@ from typing import Any
 
 import kopf
 
+from controller.identity import MANAGED_BY
 from controller.operator import Operator, WatchEvent
 from controller.operator_config import OperatorConfig
-from controller.render import MANAGED_BY
 from controller.resource import API_GROUP, API_VERSION, PLURAL
 
 __all__ = ["OPERATOR", "configure", "login", "register", "register_login"]

@@ -34,13 +34,13 @@ from prometheus_client import CollectorRegistry
 
 from controller.cache import Cache
 from controller.effects import NotYetKnown
+from controller.identity import Owner
 from controller.k8s import KubeApi
 from controller.metrics import OperatorMetrics
 from controller.operator_config import OperatorConfig
 from controller.probes import CrdProbe, PostgresProbe
 from controller.reconcile import Context, parse_spec, parse_status, reconcile_once
 from controller.redis_access import RedisPool
-from controller.render import Owner
 from controller.report import Failure, Pass, degraded_events, status_after
 from controller.resource import KIND
 

@@ -1,7 +1,7 @@
 """What a platform sets on every pod of a component: config, identity, placement.
 
 ``PodSettings`` is the part of the enqueuer's and each queue's spec that goes into their pod
-templates as is (``controller.render`` merges it after the operator's own settings). Its
+templates as is (``controller.pods`` merges it after the operator's own settings). Its
 core types (``env``, ``volumes``, ``tolerations``, ...) are the Kubernetes API's own, validated
 and described by the official schemas (``controller.coretypes``). What the operator sets
 itself is reserved: its environment, the ``/tmp`` volume and the labels its selectors use.

@@ -10,10 +10,11 @@ into a ``TaskMessage``. Pure code, no I/O.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic_core import from_json
 
 from dispatcher.stream.naming import validate_queue
 
@@ -21,6 +22,7 @@ __all__ = [
     "MalformedMessage",
     "TaskDispatch",
     "TaskMessage",
+    "parse_tasks",
     "payload_fields",
 ]
 
@@ -120,19 +122,9 @@ class TaskMessage(BaseModel):
     def from_fields(cls, fields: Mapping[str, str]) -> TaskMessage:
         """Parse stream fields; raise ``MalformedMessage`` naming what is wrong."""
         try:
-            raw_input = fields.get("input", "null")
-            data = {**fields, "input": json.loads(raw_input)}
-        except ValueError as exc:
-            raise MalformedMessage(f"field 'input' is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise MalformedMessage("field 'input' is nested too deeply to parse") from None
-        try:
-            return cls.model_validate(data)
+            return cls.model_validate(_with_input(fields))
         except ValidationError as exc:
-            problems = "; ".join(
-                f"field {'.'.join(str(p) for p in e['loc'])!r}: {e['msg']}" for e in exc.errors()
-            )
-            raise MalformedMessage(problems) from None
+            raise MalformedMessage(_problems(exc)) from None
 
     @property
     def dedup_key(self) -> str:
@@ -145,3 +137,62 @@ class TaskMessage(BaseModel):
         if "%" in run_id or ":" in run_id:
             run_id = run_id.replace("%", "%25").replace(":", "%3A")
         return f"{run_id}:{self.task_id}:{self.attempt}"
+
+
+def parse_tasks(batch: Sequence[Mapping[str, str]]) -> list[TaskMessage | MalformedMessage]:
+    """The tasks of many entries' fields, validated in one call; a bad entry is its own error.
+
+    Each item is the entry's ``TaskMessage``, or the ``MalformedMessage`` that
+    ``TaskMessage.from_fields`` would raise for it.
+    """
+    found: list[TaskMessage | MalformedMessage] = []
+    valid: list[dict[str, Any]] = []
+    where: list[int] = []
+    for i, fields in enumerate(batch):
+        try:
+            valid.append(_with_input(fields))
+        except MalformedMessage as exc:
+            found.append(exc)
+            continue
+        found.append(_PENDING)
+        where.append(i)
+    tasks: list[TaskMessage | MalformedMessage]
+    try:
+        tasks = list(_TASKS.validate_python(valid))
+    except ValidationError:  # which ones: each alone
+        tasks = [_task_or_why(data) for data in valid]
+    for i, task in zip(where, tasks, strict=True):
+        found[i] = task
+    return found
+
+
+def _with_input(fields: Mapping[str, str]) -> dict[str, Any]:
+    """The fields with ``input`` parsed from JSON; ``MalformedMessage`` if it is not JSON."""
+    raw = fields.get("input", "null")
+    try:
+        value = from_json(raw)  # in Rust: a fraction of json.loads on the hot path
+    except ValueError:
+        try:  # the reference parser decides (deeper nesting, its own error messages)
+            value = json.loads(raw)
+        except ValueError as exc:
+            raise MalformedMessage(f"field 'input' is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise MalformedMessage("field 'input' is nested too deeply to parse") from None
+    return {**fields, "input": value}
+
+
+def _task_or_why(data: dict[str, Any]) -> TaskMessage | MalformedMessage:
+    try:
+        return TaskMessage.model_validate(data)
+    except ValidationError as exc:
+        return MalformedMessage(_problems(exc))
+
+
+def _problems(exc: ValidationError) -> str:
+    return "; ".join(
+        f"field {'.'.join(str(p) for p in e['loc'])!r}: {e['msg']}" for e in exc.errors()
+    )
+
+
+_TASKS = TypeAdapter(list[TaskMessage])
+_PENDING = MalformedMessage("not parsed")  # a placeholder, always replaced

@@ -8,9 +8,9 @@ from typing import Any
 
 from dispatcher.cli.main import Common
 from dispatcher.config import Settings
-from dispatcher.demo.report import Latency
 from dispatcher.demo.run import DemoResult, Progress, run_demo
 from dispatcher.demo.servers import demo_servers
+from dispatcher.demo.verdict import Latency
 
 __all__ = ["register"]
 

@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 import psycopg
+from prometheus_client import REGISTRY
 
 from dispatcher.cli.flags import add_options, option_values
 from dispatcher.cli.main import Common, UsageError
@@ -95,6 +96,7 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
             config=config,
             listen_conninfo=None if args.no_listen else dsn,
             shard_count=LiveShardCount(redis, fallback=settings.stream_shards),
+            registry=REGISTRY,
         )
         server = ObservabilityServer(
             port=settings.metrics_port,

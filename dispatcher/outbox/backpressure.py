@@ -24,7 +24,6 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from dispatcher.outbox import metrics
 from dispatcher.redis_client import RedisClient, memory_infos
 
 __all__ = ["MemoryMarks", "RedisMemoryGate", "memory_ratio", "paused_next"]
@@ -142,4 +141,3 @@ class RedisMemoryGate:
             else:
                 log.info("backpressure off: Redis memory at %.0f%%; claiming", self.ratio * 100)
         self.paused = paused
-        metrics.BACKPRESSURE.set(1 if paused else 0)

@@ -30,11 +30,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from dispatcher.options import option
-from dispatcher.outbox import metrics
 from dispatcher.outbox.backpressure import MemoryMarks, RedisMemoryGate
 from dispatcher.outbox.idle_flag import IdleFlag, IdlePolicy
 from dispatcher.outbox.listener import OutboxListener
+from dispatcher.outbox.metrics import EnqueuerMetrics
 from dispatcher.outbox.pipeline import BatchPipeline, BatchSettings
 from dispatcher.outbox.repository import STATUSES, OutboxRepository
 from dispatcher.outbox.vacuum import OutboxVacuum
@@ -139,7 +141,9 @@ class OutboxEnqueuer:
 
     ``listen_conninfo`` enables the LISTEN wake-up; without it the enqueuer
     only polls. ``shard_count`` is the count rows are routed by when published
-    (by default read live from the publisher's Redis).
+    (by default read live from the publisher's Redis). Metrics go to
+    ``registry`` (the CLI passes the process-wide one it serves; by default a
+    registry of this enqueuer's own).
     """
 
     def __init__(
@@ -150,12 +154,15 @@ class OutboxEnqueuer:
         config: EnqueuerConfig = EnqueuerConfig(),
         listen_conninfo: str | None = None,
         shard_count: LiveShardCount | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.config = config
         self._repo = repository
+        self.metrics = EnqueuerMetrics(registry if registry is not None else CollectorRegistry())
         self.memory = RedisMemoryGate(
             publisher.client, marks=MemoryMarks(config.redis_memory_high, config.redis_memory_low)
         )
+        self.metrics.backpressure.set_function(lambda: 1 if self.memory.paused else 0)
         self._vacuum = OutboxVacuum(repository.pool, threshold=config.vacuum_threshold)
         self.pipeline = BatchPipeline(
             repository=repository,
@@ -163,10 +170,14 @@ class OutboxEnqueuer:
             settings=config.batch_settings(),
             shard_count=shard_count,
             memory=self.memory,
+            metrics=self.metrics,
         )
         conninfo, kwargs = repository.session_settings()
         self.idle_flag = IdleFlag(
-            conninfo=conninfo, connect_kwargs=kwargs, policy=config.idle_policy()
+            conninfo=conninfo,
+            connect_kwargs=kwargs,
+            metrics=self.metrics,
+            policy=config.idle_policy(),
         )
         self._kick = asyncio.Event()
         self._stopping = False
@@ -334,7 +345,7 @@ class OutboxEnqueuer:
         return bool(self.listener and self.listener.connected and not self._stopping)
 
     def _listener_state(self, connected: bool) -> None:
-        metrics.LISTENER_CONNECTED.set(1 if connected else 0)
+        self.metrics.listener_connected.set(1 if connected else 0)
         if not connected and self.idle_announced:
             # Nobody hears NOTIFY now; the poll takes over.
             asyncio.get_running_loop().create_task(self._withdraw_quietly())
@@ -375,14 +386,14 @@ class OutboxEnqueuer:
                 found.foreign,
             )
         if found.retried or found.dead:
-            metrics.RECOVERED.labels("retry").inc(found.retried)
-            metrics.RECOVERED.labels("dlq").inc(found.dead)
+            self.metrics.recovered.labels("retry").inc(found.retried)
+            self.metrics.recovered.labels("dlq").inc(found.dead)
             log.warning(
                 "counted an attempt for rows that did not settle when claimed alone",
                 extra={"retried": found.retried, "dead_lettered": found.dead},
             )
         if found.suspects:
-            metrics.RECOVERED.labels("suspect").inc(found.suspects)
+            self.metrics.recovered.labels("suspect").inc(found.suspects)
             log.warning(
                 "rows of batches that did not settle come back one at a time, uncharged",
                 extra={"suspects": found.suspects},
@@ -391,8 +402,8 @@ class OutboxEnqueuer:
         vacuumed = await self._vacuum.run_once()
         counts = await self._repo.status_counts()
         for status in STATUSES:
-            metrics.OUTBOX_DEPTH.labels(status).set(counts.by_status.get(status, 0))
-        metrics.OUTBOX_DEPTH.labels("IN_FLIGHT").set(counts.in_flight)
+            self.metrics.outbox_depth.labels(status).set(counts.by_status.get(status, 0))
+        self.metrics.outbox_depth.labels("IN_FLIGHT").set(counts.in_flight)
         return {
             "retried": found.retried,
             "dead": found.dead,

@@ -32,7 +32,7 @@ from typing import Any
 import psycopg
 from psycopg import AsyncConnection
 
-from dispatcher.outbox import metrics
+from dispatcher.outbox.metrics import EnqueuerMetrics
 from dispatcher.outbox.queries import QUERIES
 
 __all__ = ["IDLE_FLAG_KEY", "IdleDecider", "IdleFlag", "IdlePolicy", "Step"]
@@ -123,10 +123,12 @@ class IdleFlag:
         *,
         conninfo: str,
         connect_kwargs: dict[str, Any],
+        metrics: EnqueuerMetrics,
         policy: IdlePolicy = IdlePolicy(),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = policy
+        self._metrics = metrics
         self._conninfo = conninfo
         self._kwargs = connect_kwargs
         self._session: AsyncConnection[Any] | None = None
@@ -156,7 +158,7 @@ class IdleFlag:
                 return step.delay
             taken = await self._take()
             if taken:
-                metrics.IDLE_ANNOUNCED.inc()
+                self._metrics.idle_announced.inc()
             return self._decider.on_take(taken=taken, ended=ended)
 
     async def check(self) -> bool:

@@ -1,9 +1,13 @@
-"""One batch from claim to report: lock -> encode -> publish -> settle -> report.
+"""One batch from claim to report: claim -> publish -> settle -> report.
 
 A batch is one transaction: it locks due rows (FOR UPDATE SKIP LOCKED),
-encodes each row's stream entry, publishes them in one pipelined round trip
-and settles them before it commits: published rows are deleted, failed ones
-rescheduled with backoff or dead-lettered. The row locks are the claim; if
+which PostgreSQL returns with each row's stream entry already routed and
+packed as an XADD command; they go to Redis in one write (per node) and are
+settled before the transaction commits: published rows are deleted, failed
+ones rescheduled with backoff or dead-lettered. The few rows PostgreSQL leaves
+to the enqueuer (a payload its encoder could write otherwise, a trace context
+to continue) are routed and encoded here. No per-row object is made for a
+batch that publishes whole. The row locks are the claim; if
 anything escapes before the settlement commits, the transaction rolls back and
 the rows are due again (recovery reads the batch's journal row).
 
@@ -20,19 +24,21 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from redis.exceptions import RedisError
 
 from dispatcher.models import payload_fields
-from dispatcher.outbox import metrics
 from dispatcher.outbox.backpressure import RedisMemoryGate
+from dispatcher.outbox.claim import ClaimedBatch
+from dispatcher.outbox.metrics import EnqueuerMetrics, observe_ages, queue_label
 from dispatcher.outbox.outcomes import ClaimedRow, Outcomes, plan_outcomes
 from dispatcher.outbox.repository import OutboxRepository
 from dispatcher.stream.entries import PublishResult
 from dispatcher.stream.naming import route_stream
-from dispatcher.stream.publisher import RedisStreamPublisher
+from dispatcher.stream.publisher import RedisStreamPublisher, xadd_command
 from dispatcher.stream.shard_count import InvalidShardCount, LiveShardCount
-from dispatcher.tracing import child_span
+from dispatcher.tracing import TRACE_FIELDS, child_span, tracing_enabled
 
 __all__ = ["FALLBACK_STREAM", "BatchPipeline", "BatchSettings", "target_stream"]
 
@@ -66,7 +72,8 @@ class BatchPipeline:
 
     ``shard_count`` is the count rows are routed by when published (by default
     read live from the publisher's Redis). ``memory`` is told what each batch
-    published and when Redis refused it for lack of memory.
+    published and when Redis refused it for lack of memory. ``metrics`` is the
+    enqueuer's, updated for every batch.
     """
 
     def __init__(
@@ -74,6 +81,7 @@ class BatchPipeline:
         *,
         repository: OutboxRepository,
         publisher: RedisStreamPublisher,
+        metrics: EnqueuerMetrics,
         settings: BatchSettings = BatchSettings(),
         shard_count: LiveShardCount | None = None,
         memory: RedisMemoryGate | None = None,
@@ -83,84 +91,148 @@ class BatchPipeline:
         self._publisher = publisher
         self._shards = shard_count or LiveShardCount(publisher.client)
         self._memory = memory
+        self._metrics = metrics
+        # A row that carries a trace context gets a publish span, opened here: PostgreSQL
+        # leaves such rows to the enqueuer while OpenTelemetry is installed.
+        self._keep = TRACE_FIELDS[:1] if tracing_enabled() else ()
 
     async def run(self, *, probe: bool = False) -> int:
-        """Lock, publish and settle one batch; return how many rows it held.
+        """Claim, publish and settle one batch; return how many rows it held.
 
         With ``probe``, the batch is one suspect row alone (see the repository).
         """
         s = self.settings
-        async with self._repo.claim_batch(s.batch_size, hold_for=s.hold_for, probe=probe) as batch:
-            if not batch.rows:
+        shards, unknown = await self._shard_count()
+        claim = self._repo.claim_batch(
+            s.batch_size, hold_for=s.hold_for, probe=probe, shards=shards, keep=self._keep
+        )
+        async with claim as batch:
+            size = len(batch)
+            if not size:
                 return 0
-            rows = batch.rows
-            metrics.IN_FLIGHT.inc(len(rows))
+            self._metrics.in_flight.inc(size)
             try:
                 with contextlib.ExitStack() as spans:
-                    results = await self._publish(rows, spans)
-                outcomes = plan_outcomes(rows, results)
+                    replies, packed = await self._publish(batch, shards, unknown, spans)
+                outcomes = _outcomes(batch, replies)
                 if self._memory is not None:
-                    self._memory.published(sum(len(r.payload or "") for r in rows), len(rows))
+                    self._memory.published(packed, size)
                     if outcomes.held:
                         self._memory.refused()
                 try:
                     await batch.settle(outcomes.sent, outcomes.retry, outcomes.dead)
                 except BaseException:
-                    metrics.UNSETTLED.inc()
+                    self._metrics.unsettled.inc()
                     log.error(
                         "could not settle a batch of %d rows (%d published): they stay in the "
                         "outbox and are published again",
-                        len(rows),
+                        size,
                         len(outcomes.sent),
                     )
                     raise
             finally:
-                metrics.IN_FLIGHT.dec(len(rows))
-        _report(rows, outcomes)
-        metrics.BATCHES.inc()
-        return len(rows)
+                self._metrics.in_flight.dec(size)
+        _report(batch, outcomes, metrics=self._metrics)
+        self._metrics.batches.inc()
+        return size
 
-    async def _publish(
-        self, rows: list[ClaimedRow], spans: contextlib.ExitStack
-    ) -> list[PublishResult]:
-        """One result per row, in order: rows that could not be encoded fail alone."""
+    async def _shard_count(self) -> tuple[int, BaseException | None]:
+        """The live shard count, or the error that every row of the batch then fails with."""
         try:
             timeout = self.settings.publish_timeout
-            shards = await asyncio.wait_for(self._shards.current(), timeout)
+            return await asyncio.wait_for(self._shards.current(), timeout), None
         except (TimeoutError, RedisError, OSError, InvalidShardCount) as exc:
-            return [PublishResult(stream=r.stream, error=exc) for r in rows]  # retried
-        results: list[PublishResult | None] = []
-        entries: list[Entry] = []
-        for row in rows:
-            try:
-                entries.append(_traced(_entry(row, shards), spans))
-                results.append(None)
-            except Exception as exc:
-                log.error("outbox row %s cannot be published: %s", row.id, _short(exc))
-                results.append(PublishResult(stream=row.stream, error=exc))
-        started = time.monotonic()
-        sent = iter(await self._publish_entries(entries) if entries else [])
-        elapsed = time.monotonic() - started
-        merged = [r if r is not None else next(sent) for r in results]
-        for row, result in zip(rows, merged, strict=True):
-            if result.ok:
-                metrics.COMMIT_TO_PUBLISH.observe(row.age_seconds + elapsed)
-        return merged
+            return 1, exc  # retried
 
-    async def _publish_entries(self, entries: list[Entry]) -> list[PublishResult]:
+    async def _publish(
+        self,
+        batch: ClaimedBatch,
+        shards: int,
+        unknown: BaseException | None,
+        spans: contextlib.ExitStack,
+    ) -> tuple[list[Any], int]:
+        """One reply per row, in order (an entry id, or the error the row failed with).
+
+        And the size of the commands written (characters), for the memory gate.
+        """
+        if unknown is not None:
+            return [unknown] * len(batch), 0
+        streams, commands = batch.column("target"), batch.column("command")
+        failed: dict[int, BaseException] = {}
+        if None in commands:
+            failed = _encode_here(batch, shards, spans, streams=streams, commands=commands)
+        todo = [i for i in range(len(batch)) if i not in failed] if failed else None
+        started = time.monotonic()
+        if todo is None:
+            replies = await self._publish_packed(streams, commands)
+        else:
+            sent = iter(
+                await self._publish_packed([streams[i] for i in todo], [commands[i] for i in todo])
+            )
+            replies = [failed[i] if i in failed else next(sent) for i in range(len(batch))]
+        elapsed = time.monotonic() - started
+        ages = batch.column("age_seconds")
+        if failed or any(isinstance(reply, BaseException) for reply in replies):
+            ages = [
+                a for a, r in zip(ages, replies, strict=True) if not isinstance(r, BaseException)
+            ]
+        observe_ages(self._metrics.commit_to_publish, ages, plus=elapsed)
+        return replies, sum(map(len, filter(None, commands)))
+
+    async def _publish_packed(self, streams: list[str], commands: list[str]) -> list[Any]:
         s = self.settings
         started = time.monotonic()
         try:
-            results = await asyncio.wait_for(
-                self._publisher.publish_many(
-                    entries, wait_replicas=s.wait_replicas, wait_timeout_ms=s.wait_timeout_ms
+            replies = await asyncio.wait_for(
+                self._publisher.publish_packed(
+                    streams,
+                    commands,
+                    wait_replicas=s.wait_replicas,
+                    wait_timeout_ms=s.wait_timeout_ms,
                 ),
                 s.publish_timeout,
             )
         except (TimeoutError, RedisError, OSError) as exc:
-            results = [PublishResult(stream=stream, error=exc) for stream, _ in entries]
-        metrics.PUBLISH_LATENCY.observe(time.monotonic() - started)
-        return results
+            replies = [exc] * len(commands)
+        self._metrics.publish_latency.observe(time.monotonic() - started)
+        return replies
+
+
+def _encode_here(
+    batch: ClaimedBatch,
+    shards: int,
+    spans: contextlib.ExitStack,
+    *,
+    streams: list[Any],
+    commands: list[Any],
+) -> dict[int, BaseException]:
+    """Route and encode the rows the claim left to the enqueuer, in place; the rows that failed.
+
+    Whatever building a row's entry raises fails that row alone.
+    """
+    failed: dict[int, BaseException] = {}
+    for i, row in enumerate(batch.rows):
+        if commands[i] is not None:
+            continue
+        try:
+            stream, fields = _traced(_entry(row, shards), spans)
+            streams[i], commands[i] = stream, xadd_command(stream, fields)
+        except Exception as exc:
+            log.error("outbox row %s cannot be published: %s", row.id, _short(exc))
+            failed[i] = exc
+    return failed
+
+
+def _outcomes(batch: ClaimedBatch, replies: list[Any]) -> Outcomes:
+    if not any(isinstance(reply, BaseException) for reply in replies):
+        return Outcomes(sent=batch.ids)  # the common case, without an object per row
+    results = [
+        PublishResult(stream=row.target or row.stream, error=reply)
+        if isinstance(reply, BaseException)
+        else PublishResult(stream=row.target or row.stream, entry_id=str(reply))
+        for row, reply in zip(batch.rows, replies, strict=True)
+    ]
+    return plan_outcomes(batch.rows, results)
 
 
 def _entry(row: ClaimedRow, shards: int) -> Entry:
@@ -182,15 +254,17 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:200]
 
 
-def _report(rows: list[ClaimedRow], outcomes: Outcomes) -> None:
-    streams = {r.id: r.stream for r in rows}
-    for counter, ids in (
-        (metrics.PROCESSED, outcomes.sent),
-        (metrics.FAILED, [r.id for r in outcomes.retry]),
-        (metrics.DLQ, [r.id for r in outcomes.dead]),
-    ):
-        for queue, n in collections.Counter(metrics.queue_label(streams[i]) for i in ids).items():
-            counter.labels(queue).inc(n)
+def _report(batch: ClaimedBatch, outcomes: Outcomes, *, metrics: EnqueuerMetrics) -> None:
+    if len(outcomes.sent) == len(batch):
+        _count(metrics.processed, collections.Counter(batch.column("stream")))
+    else:
+        streams = dict(zip(batch.ids, batch.column("stream"), strict=True))
+        for counter, ids in (
+            (metrics.processed, outcomes.sent),
+            (metrics.failed, [r.id for r in outcomes.retry]),
+            (metrics.dlq, [r.id for r in outcomes.dead]),
+        ):
+            _count(counter, collections.Counter(streams[i] for i in ids))
     if outcomes.held:
         log.warning(
             "Redis is full (OOM): %d rows stay PENDING, no attempt counted", len(outcomes.held)
@@ -207,3 +281,11 @@ def _report(rows: list[ClaimedRow], outcomes: Outcomes) -> None:
             len(outcomes.dead),
             outcomes.dead[0].error,
         )
+
+
+def _count(counter: Any, by_stream: collections.Counter[str]) -> None:
+    by_queue: collections.Counter[str] = collections.Counter()
+    for stream, n in by_stream.items():
+        by_queue[queue_label(stream)] += n
+    for queue, n in by_queue.items():
+        counter.labels(queue).inc(n)

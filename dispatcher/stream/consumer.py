@@ -14,11 +14,12 @@ pipeline, so they can travel with other writes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from redis.asyncio.client import Pipeline
 from redis.asyncio.cluster import ClusterPipeline
+from redis.client import NEVER_DECODE
 
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.entries import Message
@@ -27,6 +28,13 @@ from dispatcher.stream.publisher import ensure_group
 __all__ = ["RedisPipeline", "RedisStreamConsumer"]
 
 RedisPipeline = Pipeline | ClusterPipeline
+
+_RAW = {NEVER_DECODE: True}
+_utf8 = bytes.decode  # strict UTF-8
+
+
+def _escaped(value: bytes) -> str:
+    return value.decode(errors="surrogateescape")
 
 
 @dataclass
@@ -51,26 +59,27 @@ class RedisStreamConsumer:
 
     async def read_new(self, max_count: int, *, block: bool = True) -> list[Message]:
         """Never-delivered entries; ``block=False`` answers at once, maybe with none."""
-        reply = await self.client.xreadgroup(
-            self.group,
-            self.consumer,
-            {self.stream: ">"},
-            count=max(max_count, 1),
-            block=self.block_ms if block else None,
-        )
+        args: list[bytes | str | int] = [b"GROUP", self.group, self.consumer]
+        args += [b"COUNT", max(max_count, 1)]
+        if block:
+            args += [b"BLOCK", self.block_ms]
+        args += [b"STREAMS", self.stream, b">"]
+        # As bytes, decoded here entry by entry: one entry that is not UTF-8 must not fail
+        # the whole reply (it becomes a message with an ``error``).
+        reply = await self.client.execute_command("XREADGROUP", *args, **_RAW)
         return [
-            Message(stream=self.stream, id=entry_id, fields=fields or {})
-            for _stream, entries in _stream_replies(reply)
-            for entry_id, fields in entries
+            self._message(eid, fields) for _s, entries in reply or () for eid, fields in entries
         ]
 
     async def reclaim_orphaned(self, min_idle_ms: int) -> list[Message]:
-        claimed: list[tuple[str, dict[str, str]]] = []
-        cursor = "0-0"
+        claimed: list[tuple[bytes, dict[bytes, bytes]]] = []
+        cursor: bytes | str = b"0-0"
         while len(claimed) < self.reclaim_limit:
             count = min(self.reclaim_batch, self.reclaim_limit - len(claimed))
-            reply = await self.client.xautoclaim(
-                self.stream, self.group, self.consumer, min_idle_ms, cursor, count=count
+            reply = await self.client.execute_command(
+                "XAUTOCLAIM",
+                *(self.stream, self.group, self.consumer, min_idle_ms, cursor, b"COUNT", count),
+                **_RAW,
             )
             # Redis >= 7 answers [cursor, entries, deleted ids]; the deleted ids
             # were already dropped from the PEL by Redis itself. Redis 6.2 answers
@@ -79,16 +88,24 @@ class RedisStreamConsumer:
             stale = [eid for eid, fields in entries if fields is None]
             claimed.extend((eid, fields) for eid, fields in entries if fields is not None)
             if stale:
-                await self._drop(stale)
-            if cursor == "0-0":
+                await self._drop([eid.decode() for eid in stale])
+            if cursor == b"0-0":
                 break
         if not claimed:
             return []
-        counts = await self._delivery_counts([eid for eid, _ in claimed])
-        return [
-            Message(stream=self.stream, id=eid, fields=fields, delivery_count=counts.get(eid, 1))
-            for eid, fields in claimed
-        ]
+        messages = [self._message(eid, fields) for eid, fields in claimed]
+        counts = await self._delivery_counts([m.id for m in messages])
+        return [replace(m, delivery_count=counts.get(m.id, 1)) for m in messages]
+
+    def _message(self, entry_id: bytes, fields: dict[bytes, bytes] | None) -> Message:
+        raw = fields or {}
+        try:
+            decoded = dict(zip(map(_utf8, raw.keys()), map(_utf8, raw.values()), strict=True))
+        except UnicodeDecodeError as exc:
+            # Kept as surrogate escapes: a dead letter written from them has the same bytes.
+            escaped = {_escaped(k): _escaped(v) for k, v in raw.items()}
+            return Message(self.stream, entry_id.decode(), escaped, error=f"not UTF-8: {exc}")
+        return Message(self.stream, entry_id.decode(), decoded)
 
     async def keep_fresh(self, entry_ids: Sequence[str]) -> None:
         """Reset the idle time of our pending ``entry_ids``: nobody reclaims them for a while.
@@ -155,8 +172,3 @@ class RedisStreamConsumer:
 def _id_key(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
-
-
-def _stream_replies(reply: Any) -> list[tuple[str, list[tuple[str, dict[str, str] | None]]]]:
-    """XREADGROUP's RESP2 reply, ``[(stream, entries)]``; None on a BLOCK timeout."""
-    return list(reply or [])

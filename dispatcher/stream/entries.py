@@ -21,12 +21,15 @@ class Message:
 
     ``delivery_count`` is 1 on a first delivery and grows with every
     redelivery; it is exact for reclaimed messages (read back from the PEL).
+    ``error`` says why the entry cannot be read (its bytes are not UTF-8:
+    ``fields`` then hold them as surrogate escapes); None for a readable one.
     """
 
     stream: str
     id: str
     fields: Fields
     delivery_count: int = 1
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,6 @@ the shared handler slots (``slots.py``), what happens to one delivery
 from dispatcher.worker.config import WorkerConfig, default_consumer_name
 from dispatcher.worker.dead_letter import dead_letter_fields
 from dispatcher.worker.dedup import AttemptGuard, Claim, attempt_key, lease_key
-from dispatcher.worker.delivery import Outcome
 from dispatcher.worker.handler import Handler, HandlerImportError, load_handler
 from dispatcher.worker.runtime import Worker
 
@@ -19,7 +18,6 @@ __all__ = [
     "Claim",
     "Handler",
     "HandlerImportError",
-    "Outcome",
     "Worker",
     "WorkerConfig",
     "attempt_key",

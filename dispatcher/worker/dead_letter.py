@@ -57,5 +57,11 @@ async def write_dead_letter(
     client: RedisClient, *, queue: str, message: Message, error: str, runs: int = 0
 ) -> str:
     """Append the dead letter of ``message`` to its queue's dead stream; return its id."""
-    fields = dead_letter_fields(message, error=error, runs=runs)
-    return str(await client.xadd(dead_letter_stream(queue), dict[Any, Any](fields)))
+    fields: dict[Any, Any] = dead_letter_fields(message, error=error, runs=runs)
+    if message.error is not None:  # not UTF-8: write its original bytes back, not the escapes
+        fields = {_bytes(k): _bytes(v) for k, v in fields.items()}
+    return str(await client.xadd(dead_letter_stream(queue), fields))
+
+
+def _bytes(text: str) -> bytes:
+    return text.encode(errors="surrogateescape")

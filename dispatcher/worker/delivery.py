@@ -1,412 +1,307 @@
-"""What happens to a batch of delivered entries: parse, dedup, run the handler, settle.
+"""What happens to a read batch: parse, claim, run the handler, settle, in one task.
 
-One round trip claims the leases, counts the runs and reads the done marks of
-the whole batch (``AttemptGuard.claim_many``, joined with the claims of
-batches read at the same time); then each entry goes its own way,
-concurrently, and is settled through the worker's ``Settler`` (grouped acks).
-The outcomes of one entry, in the order they are decided:
+The batch's entries are parsed together (``parse_tasks``); one round trip
+claims their leases, counts their runs and reads their done marks
+(``AttemptGuard.claim_many``, joined with the claims of batches read at the
+same time). Then each entry, in order, is decided:
 
-- malformed fields (anything that makes parsing raise) → dead letter
-  (reason ``malformed``), ack;
+- unreadable (not UTF-8) or malformed fields → dead letter (reason
+  ``malformed``), ack;
 - the attempt is already done → ack without running (a suppressed duplicate);
 - another run holds the attempt's lease → leave it pending, count nothing
-  (reclaimed later);
-- taking the lease would start run ``max_runs + 1`` (the earlier runs'
-  workers died, or the last one could not dead-letter) → dead letter
-  (reason ``max_runs``), ack;
-- the handler succeeds → done mark, then ack (XACK+XDEL);
-- the handler raises or outlives ``handler_timeout`` → on run ``max_runs``,
-  dead letter (reason ``max_runs``, with the error); before that, release
-  the lease and leave the entry pending: a reclaim loop runs it again after
-  ``reclaim_idle``.
+  (it is reclaimed later);
+- its runs exceed ``max_runs`` → dead letter (reason ``max_runs``), ack;
+- otherwise run the handler: success → done mark, ack; failure → release the
+  lease and leave it pending (retried after reclaim-idle), or dead-letter it
+  once this was run ``max_runs``.
 
-A run is a handler start, counted in Redis when its lease is taken, so a
-reclaim that finds a live run (its lease held) never counts, and the
-delivery count (which every reclaim raises) decides nothing. While a handler
-runs its lease is renewed and its entry kept fresh (``leases.py``).
+An async handler starts inline (``eager.py``): the handlers that finish at
+once cost no task, future or loop turn each, and the batch is settled by one
+grouped write (``settle.py``) once all of them were decided. When a handler
+waits, this task goes on awaiting it (holding its lease and its slot,
+``leases.py``) and the rest of the batch continues in a new task, so a slow
+handler never holds up the others or the free slots. Sync handlers and
+entries that carry a trace run one task each (``calls.py``).
 
-Every per-entry step runs inside a guard: a Redis error leaves that entry
-pending, any other exception makes that entry alone a ``malformed`` dead
-letter; the rest of the batch goes on.
-
-A sync handler runs in a thread that cannot be interrupted. Past
-``handler_timeout`` its result is ignored and its entry let go, but its lease
-is kept until the thread returns, so the attempt is not run again meanwhile.
-A run cancelled by shutdown keeps its lease and its entry fresh until the
-thread returns or the process ends (``threads`` says how many are left).
+Every entry's slot is freed (``StreamReader.settled``) once its handler has
+returned or it was decided without a run. Each entry is guarded: a Redis
+error leaves that entry pending, any other exception makes that entry alone
+a ``malformed`` dead letter; the rest of the batch goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
-import enum
-import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import Executor
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from redis.exceptions import RedisError
 
-from dispatcher.models import MalformedMessage, TaskMessage
-from dispatcher.redis_client import RedisClient
-from dispatcher.stream.consumer import RedisStreamConsumer
+from dispatcher.models import MalformedMessage, TaskMessage, parse_tasks
 from dispatcher.stream.entries import Message
-from dispatcher.tracing import carries_trace, child_span
+from dispatcher.tracing import carries_trace
+from dispatcher.worker.calls import HandlerCalls, timed_out
 from dispatcher.worker.coalesce import Coalescer
-from dispatcher.worker.dead_letter import describe_error, write_dead_letter
-from dispatcher.worker.dedup import AttemptGuard, Claim
-from dispatcher.worker.handler import Handler, HandlerTimeout, is_async, thread_call
-from dispatcher.worker.leases import LeaseKeeper
-from dispatcher.worker.metrics import QueueMetrics, WorkerMetrics
-from dispatcher.worker.settle import Settler
+from dispatcher.worker.dead_letter import describe_error
+from dispatcher.worker.dedup import Claim
+from dispatcher.worker.eager import Suspended, start
+from dispatcher.worker.handler import is_async
+from dispatcher.worker.metrics import QueueMetrics, WorkerMetrics, observe_many
+from dispatcher.worker.reader import StreamReader
+from dispatcher.worker.verdicts import Verdicts, left_pending
 
-__all__ = ["Deliveries", "Freed", "Outcome"]
+__all__ = ["Deliveries", "Spawn"]
 
 log = logging.getLogger(__name__)
 
-Freed = Callable[[Message], None]
+# spawn(coroutine, name): run it as a task the worker waits for on shutdown.
+Spawn = Callable[[Coroutine[Any, Any, None], str], None]
 
 # Claim.DONE and Claim.BUSY as plain ints: compared for every entry.
 _DONE, _BUSY = int(Claim.DONE), int(Claim.BUSY)
 
 
-class Outcome(enum.Enum):
-    HANDLED = "handled"
-    FAILED = "failed"
-    DUPLICATE = "duplicate"
-    BUSY = "busy"
-    DEAD_LETTERED = "dead_lettered"
-    UNSETTLED = "unsettled"  # a Redis error: the entry stays pending
+@dataclass(slots=True)
+class _Batch:
+    """A read batch on its way: where it is, and what its decided entries need."""
 
-
-@dataclass(frozen=True, slots=True)
-class _Source:
-    """Where a batch came from, the metrics of its queue, and whom to tell of free slots."""
-
-    consumer: RedisStreamConsumer
-    queue: str
+    reader: StreamReader
     metrics: QueueMetrics
-    freed: Freed
+    messages: Sequence[Message]
+    tasks: list[TaskMessage | MalformedMessage]
+    keys: list[str | None]  # each task's dedup key (None: malformed)
+    claims: list[int | None]
+    at: int = 0  # the next entry to decide
+    handled: list[str] = field(default_factory=list)  # entry ids, acked after their done marks
+    done: list[str] = field(default_factory=list)  # the dedup keys of ``handled``
+    duplicates: list[str] = field(default_factory=list)  # entry ids, acked without a run
+    busy: int = 0
+    times: list[float] = field(default_factory=list)  # run times of the inline runs
+    later: list[Awaitable[None]] = field(default_factory=list)  # dead letters, failed runs
+    freed: list[str] = field(default_factory=list)  # entry ids whose slots are free
 
 
 @dataclass(frozen=True, slots=True)
-class _Task:
-    """A parsed entry and its dedup key, computed once (it is on the hot path)."""
+class _Waiting:
+    """An inline run that suspended: awaited by the batch's task, which then settles it."""
 
-    message: TaskMessage
-    key: str
+    suspended: Suspended
+    started: float  # perf_counter at its start
+    index: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Deliveries:
-    """Settles deliveries for one worker; shared by all its stream loops.
+    """Settles the read batches of one worker; shared by all its stream loops."""
 
-    ``handler_timeout`` 0 means none.
-    """
-
-    client: RedisClient
-    handler: Handler
-    guard: AttemptGuard
-    claims: Coalescer[str, int]  # guard.claim_many, joined across concurrent batches
-    leases: LeaseKeeper
-    settler: Settler
+    claims: Coalescer[str, int]  # AttemptGuard.claim_many, joined across concurrent batches
+    calls: HandlerCalls
+    verdicts: Verdicts
     metrics: WorkerMetrics
     max_runs: int
-    handler_timeout: float = 0.0
-    executor: Executor | None = None
-    # Sync handler threads that have not returned yet.
-    threads: set[concurrent.futures.Future[Any]] = field(default_factory=set)
-    _async: bool = field(init=False)  # the async-or-sync question, answered once
-    _plain: bool = field(init=False)  # async and no timeout: awaited as is
+    spawn: Spawn
+    _inline: bool = field(init=False)  # an async handler: started inline
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_async", is_async(self.handler))
-        object.__setattr__(self, "_plain", self._async and not self.handler_timeout)
+        object.__setattr__(self, "_inline", is_async(self.calls.handler))
 
-    async def process(
-        self,
-        consumer: RedisStreamConsumer,
-        queue: str,
-        messages: Sequence[Message],
-        *,
-        freed: Freed,
-    ) -> list[Outcome]:
-        """Settle one read batch; the outcomes come in the order of ``messages``.
-
-        ``freed(message)`` says the message's handler slot may be reused: once
-        its handler returned (the ack may still be in flight), or once it was
-        decided without a run. It may be called again for the same message
-        later; only the first call counts.
-        """
-        source = _Source(consumer, queue, self.metrics.for_queue(queue), freed)
-        parsed = [_parse(message) for message in messages]
-        keys = [task.key for task in parsed if isinstance(task, _Task)]
+    async def process(self, reader: StreamReader, messages: Sequence[Message]) -> None:
+        """Settle one read batch (its slots are taken); each slot is freed once decided."""
+        tasks = _parsed(messages)
+        keys = [task.dedup_key if type(task) is TaskMessage else None for task in tasks]
         try:
-            claims = await self.claims.submit(keys)
+            claims = await self.claims.submit([key for key in keys if key is not None])
         except Exception as exc:  # the batch's claim, not one entry's fault: retried later
-            for message in messages:
-                _left_pending(message, exc)
-                freed(message)
-            return [Outcome.UNSETTLED] * len(messages)
-        steps = [
-            self._guarded(source, message, self._step(source, message, task, claim))
-            for message, task, claim in zip(messages, parsed, _aligned(parsed, claims), strict=True)
-        ]
-        if len(steps) == 1:
-            return [await steps[0]]
-        return list(await asyncio.gather(*steps))
-
-    async def _step(
-        self,
-        source: _Source,
-        message: Message,
-        task: _Task | MalformedMessage,
-        claim: int | None,
-    ) -> Outcome:
-        if isinstance(task, MalformedMessage) or claim is None:
-            error = f"malformed message: {task}"
-            return await self._dead_letter(source, message, error=error, reason="malformed")
-        if claim == _DONE:
-            await self.settler.settle(source.consumer, message.id)
-            source.metrics.duplicates.inc()
-            return Outcome.DUPLICATE
-        if claim == _BUSY:
-            source.metrics.lease_busy.inc()
-            return Outcome.BUSY
-        if claim > self.max_runs:
-            error = (
-                f"exceeded max runs ({self.max_runs}): the last run ended without a result "
-                "(its worker stopped or died)"
+            log.warning(
+                "could not claim %d entries; they stay pending: %s",
+                len(messages),
+                exc,
+                extra={"stream": reader.stream},
             )
-            await self._dead_letter(source, message, error=error, reason="max_runs", runs=claim - 1)
-            await self.guard.forget(task.key)
-            return Outcome.DEAD_LETTERED
-        return await self._run(source, message, task, run=claim)
+            reader.settled([message.id for message in messages])
+            return
+        metrics = self.metrics.for_queue(reader.queue)
+        await self._go_on(_Batch(reader, metrics, messages, tasks, keys, _aligned(keys, claims)))
 
-    async def _guarded(
-        self, source: _Source, message: Message, step: Awaitable[Outcome]
-    ) -> Outcome:
-        try:
-            return await step
-        except (RedisError, OSError) as exc:
-            _left_pending(message, exc)
-        except Exception as exc:
-            log.exception("cannot process an entry", extra={"entry_id": message.id})
-            error = f"malformed message: cannot process it: {describe_error(exc)}"
+    async def _go_on(self, batch: _Batch) -> None:
+        """Decide the batch's entries from ``batch.at`` on, then settle them together."""
+        messages = batch.messages
+        while batch.at < len(messages):
+            index = batch.at
+            batch.at += 1
             try:
-                return await self._dead_letter(source, message, error=error, reason="malformed")
-            except Exception as again:
-                _left_pending(message, again)
-        finally:
-            source.freed(message)
-        return Outcome.UNSETTLED
+                waiting = self._decide(batch, index)
+            except Exception as exc:
+                batch.later.append(self.verdicts.cannot_process(batch.reader, messages[index], exc))
+                batch.freed.append(messages[index].id)
+                continue
+            if waiting is not None:
+                _free(batch)
+                self.spawn(self._go_on(batch), f"batch {messages[batch.at - 1].id}+")
+                await self._finish(batch.reader, batch.metrics, batch, waiting)
+                return
+        _free(batch)
+        await self._settle(batch)
 
-    async def _run(self, source: _Source, message: Message, task: _Task, run: int) -> Outcome:
+    def _decide(self, batch: _Batch, index: int) -> _Waiting | None:
+        """Decide one entry: None once it is done with here, or its run that waits."""
+        message, task, claim = batch.messages[index], batch.tasks[index], batch.claims[index]
+        if type(task) is not TaskMessage or claim is None:
+            error = f"malformed message: {task}"
+            batch.later.append(self.verdicts.malformed(batch.reader, message, error))
+        elif claim == _DONE:
+            batch.duplicates.append(message.id)
+        elif claim == _BUSY:
+            batch.busy += 1
+        elif claim > self.max_runs:
+            batch.later.append(self.verdicts.exceeded(batch.reader, message, task, runs=claim - 1))
+        elif not self._inline or carries_trace(message.fields):
+            run = self._called(batch.reader, batch.metrics, message, task, claim)
+            self.spawn(self.verdicts.guarded(batch.reader, message, run), f"run {message.id}")
+            return None  # that task frees the slot
+        else:
+            return self._start(batch, index, task, claim)
+        batch.freed.append(message.id)
+        return None
+
+    def _start(self, batch: _Batch, index: int, task: TaskMessage, run: int) -> _Waiting | None:
+        """Start the handler inline; None once it finished (its outcome is noted in ``batch``)."""
+        message = batch.messages[index]
         started = time.perf_counter()
-        lease = self.leases.hold(task.key, source.consumer, message.id)
-        self.metrics.running += 1
-        failure: Exception | None = None
         try:
-            if self._plain and not carries_trace(message.fields):
-                try:
-                    await self.handler(task.message)  # no span, deadline or thread: the hot path
-                except Exception as exc:
-                    failure = exc
-                finally:
-                    self.leases.drop(lease)
-            elif self._async:
-                failure = await self._call_async(message, task.message, lease)
-            else:
-                failure = await self._call_in_thread(message, task.message, lease)
+            suspended = start(self.calls.handler, task)
+        except Exception as exc:
+            batch.later.append(self.verdicts.failed(batch.reader, message, task, exc, run=run))
+        else:
+            if suspended is not None:
+                return _Waiting(suspended, started, index)
+            batch.handled.append(message.id)
+            batch.done.append(batch.keys[index] or "")
+        batch.times.append(time.perf_counter() - started)
+        batch.freed.append(message.id)
+        return None
+
+    async def _finish(
+        self, reader: StreamReader, metrics: QueueMetrics, batch: _Batch, waiting: _Waiting
+    ) -> None:
+        """Await a run that suspended (its lease and entry kept fresh), then settle it."""
+        message, task = batch.messages[waiting.index], batch.tasks[waiting.index]
+        key, run = batch.keys[waiting.index] or "", batch.claims[waiting.index] or 0
+        assert type(task) is TaskMessage
+        lease = self.calls.leases.hold(key, reader.consumer, message.id)
+        self.metrics.running += 1
+        try:
+            failure = await self._awaited(waiting)
         finally:
+            self.calls.leases.drop(lease)
             self.metrics.running -= 1
-            source.metrics.latency.observe(time.perf_counter() - started)
-            source.freed(message)
-        if failure is not None:
-            return await self._failed(source, message, task, failure, run=run)
-        await self.settler.settle(source.consumer, message.id, done=task.key)
-        source.metrics.handled.inc()
-        return Outcome.HANDLED
+            metrics.latency.observe(time.perf_counter() - waiting.started)
+            reader.settled([message.id])
+        ended = self.verdicts.ended(reader, message, task, failure, key=key, run=run)
+        await self.verdicts.guarded(reader, message, ended)
 
-    async def _call_async(
-        self, message: Message, task: TaskMessage, lease: int
-    ) -> Exception | None:
-        """Run an async handler in its span and within the handler timeout (if any).
-
-        Its error (or ``HandlerTimeout``); None on success.
-        """
+    async def _awaited(self, waiting: _Waiting) -> Exception | None:
+        """The rest of an inline run, within what is left of the handler timeout (if any)."""
+        limit = self.calls.handler_timeout
         deadline = None
         try:
-            with _span(message):
-                if not self.handler_timeout:
-                    await self.handler(task)
-                    return None
-                async with asyncio.timeout(self.handler_timeout) as deadline:
-                    await self.handler(task)
+            if not limit:
+                await waiting.suspended
+                return None
+            left = max(limit - (time.perf_counter() - waiting.started), 0.0)
+            async with asyncio.timeout(left) as deadline:
+                await waiting.suspended
         except TimeoutError as exc:
             expired = deadline is not None and deadline.expired()
-            return _timed_out(self.handler_timeout) if expired else exc
+            return timed_out(limit) if expired else exc
         except Exception as exc:
             return exc
+        return None
+
+    async def _called(
+        self,
+        reader: StreamReader,
+        metrics: QueueMetrics,
+        message: Message,
+        task: TaskMessage,
+        run: int,
+    ) -> None:
+        """One run in a task of its own (a sync handler, or a traced entry), then its outcome."""
+        started = time.perf_counter()
+        key = task.dedup_key
+        lease = self.calls.leases.hold(key, reader.consumer, message.id)
+        self.metrics.running += 1
+        try:
+            call = self.calls.call_async if self._inline else self.calls.call_in_thread
+            failure = await call(message, task, lease)
         finally:
-            self.leases.drop(lease)
-        return None
+            self.metrics.running -= 1
+            metrics.latency.observe(time.perf_counter() - started)
+            reader.settled([message.id])
+        await self.verdicts.ended(reader, message, task, failure, key=key, run=run)
 
-    async def _call_in_thread(
-        self, message: Message, task: TaskMessage, lease: int
-    ) -> Exception | None:
-        """Run a sync handler in a thread; the lease goes only when the thread returns."""
-        loop = asyncio.get_running_loop()
-        with _span(message):
-            thread = _submit(self.executor, thread_call(self.handler, task))
-            self.threads.add(thread)
-            thread.add_done_callback(
-                lambda _: _call_soon(loop, self._thread_returned, thread, lease)
+    async def _settle(self, batch: _Batch) -> None:
+        """Ack what the batch decided in one grouped write, beside its dead letters and failures."""
+        metrics = batch.metrics
+        if batch.times:
+            observe_many(metrics.latency, batch.times)
+        if batch.busy:
+            metrics.lease_busy.inc(batch.busy)
+        later = batch.later
+        if batch.handled or batch.duplicates:
+            later.append(self._ack(batch))
+        if len(later) == 1:
+            await later[0]
+        elif later:
+            await asyncio.gather(*later)
+
+    async def _ack(self, batch: _Batch) -> None:
+        consumer, metrics = batch.reader.consumer, batch.metrics
+        try:
+            await self.verdicts.settler.settle_many(
+                consumer, [*batch.handled, *batch.duplicates], done=batch.done
             )
-            returned = asyncio.wrap_future(thread)
-            returned.add_done_callback(_retrieve)  # abandoned at shutdown: no "never retrieved"
-            finished, _ = await asyncio.wait({returned}, timeout=self.handler_timeout or None)
-            if not finished:
-                self.leases.let_entry_go(lease)
-                log.warning(
-                    "handler still running after the handler timeout (%gs): it counts as a "
-                    "failed run and its result will be ignored; its lease is kept until its "
-                    "thread returns",
-                    self.handler_timeout,
-                    extra=_log_fields(message, task),
-                )
-                await asyncio.wait({returned})
-        self.leases.drop(lease)
-        if returned.cancelled():
-            raise asyncio.CancelledError
-        if not finished:
-            return _timed_out(self.handler_timeout)
-        if (exc := returned.exception()) is not None:
-            return exc if isinstance(exc, Exception) else RuntimeError(describe_error(exc))
-        result = returned.result()
-        if inspect.isawaitable(result):  # a sync factory that returned a coroutine
-            try:
-                await result
-            except Exception as exc:
-                return exc
-        return None
-
-    def _thread_returned(self, thread: concurrent.futures.Future[Any], lease: int) -> None:
-        self.threads.discard(thread)
-        self.leases.drop(lease)
-
-    async def _failed(
-        self, source: _Source, message: Message, task: _Task, exc: Exception, *, run: int
-    ) -> Outcome:
-        error = describe_error(exc)
-        source.metrics.failed.inc()
-        if run >= self.max_runs:
-            reason = f"failed {run} runs (max runs {self.max_runs}); last error: {error}"
-            log.warning("handler failed", extra=_log_fields(message, task.message), exc_info=exc)
-            await self._dead_letter(source, message, error=reason, reason="max_runs", runs=run)
-            await self.guard.forget(task.key)
-            return Outcome.DEAD_LETTERED
-        log.warning(
-            "handler failed (run %d of at most %d); the entry stays pending and is retried "
-            "after reclaim-idle",
-            run,
-            self.max_runs,
-            extra=_log_fields(message, task.message) | {"error": error},
-            exc_info=exc,
-        )
-        await self.guard.release(task.key)
-        return Outcome.FAILED
-
-    async def _dead_letter(
-        self, source: _Source, message: Message, *, error: str, reason: str, runs: int = 0
-    ) -> Outcome:
-        dead_id = await write_dead_letter(
-            self.client, queue=source.queue, message=message, error=error, runs=runs
-        )
-        await self.settler.settle(source.consumer, message.id)
-        self.metrics.dead_lettered.labels(source.queue, reason).inc()
-        log.error(
-            "dead-lettered: %s",
-            error,
-            extra={
-                "stream": message.stream,
-                "entry_id": message.id,
-                "delivery_count": message.delivery_count,
-                "runs": runs,
-                "dead_letter_id": dead_id,
-                "reason": reason,
-            },
-        )
-        return Outcome.DEAD_LETTERED
+        except (RedisError, OSError) as exc:
+            for entry_id in [*batch.handled, *batch.duplicates]:
+                left_pending(consumer.stream, entry_id, exc)
+            return
+        if batch.handled:
+            metrics.handled.inc(len(batch.handled))
+        if batch.duplicates:
+            metrics.duplicates.inc(len(batch.duplicates))
 
 
-def _parse(message: Message) -> _Task | MalformedMessage:
-    """The entry as a task, or why it cannot be one (whatever parsing raised)."""
+def _parsed(messages: Sequence[Message]) -> list[TaskMessage | MalformedMessage]:
+    """The batch's tasks; an unreadable or unparseable entry is its own ``MalformedMessage``."""
     try:
-        task = TaskMessage.from_fields(message.fields)
-        return _Task(task, task.dedup_key)
+        tasks = parse_tasks([message.fields for message in messages])
+    except Exception:  # whatever the batch parse raised: find the culprits one by one
+        tasks = [_parsed_alone(message) for message in messages]
+    for index, message in enumerate(messages):
+        if message.error is not None:
+            tasks[index] = MalformedMessage(f"cannot read it: {message.error}")
+    return tasks
+
+
+def _parsed_alone(message: Message) -> TaskMessage | MalformedMessage:
+    try:
+        return TaskMessage.from_fields(message.fields)
     except MalformedMessage as exc:
         return exc
     except Exception as exc:
         return MalformedMessage(f"cannot parse it: {describe_error(exc)}")
 
 
-@contextlib.contextmanager
-def _span(message: Message) -> Any:
-    """The handler's span when the entry carries a trace; nothing (cheaply) otherwise."""
-    if not carries_trace(message.fields):
-        yield
-        return
-    with child_span(
-        message.fields, "handle task", kind="CONSUMER", **{"messaging.source.name": message.stream}
-    ):
-        yield
-
-
-def _submit(executor: Executor | None, call: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-    if executor is None:
-        raise RuntimeError("a sync handler needs an executor")
-    return executor.submit(call)
-
-
-def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> None:
-    with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to tell
-        loop.call_soon_threadsafe(callback, *args)
-
-
-def _retrieve(future: asyncio.Future[Any]) -> None:
-    if not future.cancelled():
-        future.exception()
-
-
-def _timed_out(seconds: float) -> HandlerTimeout:
-    return HandlerTimeout(f"handler still running after the handler timeout ({seconds:g}s)")
-
-
-def _aligned(parsed: list[_Task | MalformedMessage], claims: list[int]) -> list[int | None]:
-    """The claim of each parsed entry (None for a malformed one, which was not claimed)."""
+def _aligned(keys: list[str | None], claims: list[int]) -> list[int | None]:
+    """The claim of each entry (None for a malformed one, which was not claimed)."""
     found = iter(claims)
-    return [next(found) if isinstance(task, _Task) else None for task in parsed]
+    return [next(found) if key is not None else None for key in keys]
 
 
-def _left_pending(message: Message, exc: BaseException) -> None:
-    log.warning(
-        "could not settle an entry; it stays pending: %s",
-        exc,
-        extra={"stream": message.stream, "entry_id": message.id},
-    )
-
-
-def _log_fields(message: Message, task: TaskMessage) -> dict[str, object]:
-    return {
-        "stream": message.stream,
-        "entry_id": message.id,
-        "task_id": task.task_id,
-        "attempt": task.attempt,
-        "delivery_count": message.delivery_count,
-    }
+def _free(batch: _Batch) -> None:
+    if batch.freed:
+        batch.reader.settled(batch.freed)
+        batch.freed = []

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
@@ -51,10 +51,17 @@ class StreamReader:
     stopping: asyncio.Event
     reclaim_idle_ms: int
     on_redis_ok: Callable[[], None]
+    # Ids of the entries in hand (read, slot taken, not yet settled): never started twice.
+    in_hand: set[str] = field(default_factory=set)
 
     @property
     def stream(self) -> str:
         return self.consumer.stream
+
+    def settled(self, entry_ids: Sequence[str]) -> None:
+        """``entry_ids`` are done with here (their handlers returned): free their slots."""
+        self.in_hand.difference_update(entry_ids)
+        self.slots.release(len(entry_ids))
 
     async def read_loop(self) -> None:
         backoff = _BACKOFF_FIRST

@@ -1,22 +1,17 @@
 """``Worker``: consume a queue's shard streams, run the handler, settle each entry.
 
-One worker process reads every shard stream of its queues, each with its own
-read and reclaim loops (``reader.py``), and runs handlers in one bounded pool
-of slots: each read batch is one task that claims all its entries at once and
-then runs them concurrently (``delivery.py``); finished entries are acked in
-groups (``settle.py``) and long runs keep their leases (``leases.py``). It
-re-reads ``composer:stream_shards`` every few seconds and starts loops for new
-shards without a restart. It does not trust the count for reading: it never
-stops reading a shard it read, and it looks for other shard streams of its
-queues that still hold entries or pending entries (a decrease made before it
-started, a writer that still had the old count) and reads those too
-(``stream/discovery.py``). ``request_stop()`` stops reading; handlers in hand finish
-within the grace period, the rest stay pending for another worker; a consumer
-with nothing pending is then removed from its group. Until ``run()`` returns,
-every handler still running keeps its lease and its entry fresh; a sync
-handler's thread cannot be stopped, so ``abandoned`` counts the threads still
-running when ``run()`` returns, and the process should then end at once (the
-CLI exits hard) before their leases can lapse.
+One worker process reads every shard stream of its queues (``streams.py``),
+each with its own read and reclaim loops (``reader.py``), and runs handlers
+in one bounded pool of slots (``slots.py``): each read batch is one task that
+claims all its entries at once, starts their handlers and settles them
+together (``delivery.py``); long runs keep their leases and their entries
+fresh (``leases.py``). ``request_stop()`` stops reading; handlers in hand
+finish within the grace period, the rest stay pending for another worker; a
+consumer with nothing pending is then removed from its group. Until
+``run()`` returns, every handler still running keeps its lease and its entry
+fresh; a sync handler's thread cannot be stopped, so ``abandoned`` counts the
+threads still running when ``run()`` returns, and the process should then
+end at once (the CLI exits hard) before their leases can lapse.
 """
 
 from __future__ import annotations
@@ -33,12 +28,9 @@ from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
 from dispatcher.redis_client import RedisClient
-from dispatcher.stream.consumer import RedisStreamConsumer
-from dispatcher.stream.discovery import existing_shards
 from dispatcher.stream.entries import Message
-from dispatcher.stream.naming import parse_task_stream, queue_streams, task_stream
-from dispatcher.stream.shard_count import read_shard_count
 from dispatcher.stream.stats import stream_stats
+from dispatcher.worker.calls import HandlerCalls
 from dispatcher.worker.coalesce import Coalescer
 from dispatcher.worker.config import WorkerConfig
 from dispatcher.worker.dedup import AttemptGuard
@@ -49,6 +41,8 @@ from dispatcher.worker.metrics import WorkerMetrics
 from dispatcher.worker.reader import StreamReader
 from dispatcher.worker.settle import Settler
 from dispatcher.worker.slots import SlotPool
+from dispatcher.worker.streams import WorkerStreams
+from dispatcher.worker.verdicts import Verdicts
 
 __all__ = ["Worker"]
 
@@ -59,9 +53,6 @@ REDIS_UNREADY_AFTER = 15.0
 # ... and only after this long is it presumed stuck (liveness): a Redis failover can take
 # minutes, and restarting every worker for it only adds a storm of reconnects.
 REDIS_DEAD_AFTER = 600.0
-# Look for left-over shard streams (a keyspace SCAN) every this many shard-count polls, and
-# whenever the count drops.
-DISCOVER_EVERY_POLLS = 6
 
 
 class Worker:
@@ -80,15 +71,22 @@ class Worker:
         self._clock = clock
         self.config = config
         self.metrics = WorkerMetrics(registry if registry is not None else CollectorRegistry())
-        self.shards = 0
         self._handler = handler
         self._stopping = asyncio.Event()
-        self._readers: dict[str, StreamReader] = {}
         self._loops: set[asyncio.Task[None]] = set()
         self._keeper: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[None]] = set()
-        self._in_flight: set[tuple[str, str]] = set()
         self._slots = SlotPool(config.concurrency)
+        self._streams = WorkerStreams(
+            client=client,
+            config=config,
+            metrics=self.metrics,
+            slots=self._slots,
+            submit=self._submit,
+            stopping=self._stopping,
+            on_redis_ok=self._redis_ok,
+            spawn_loop=self._spawn_loop,
+        )
         self._last_redis_ok = 0.0
         self._started = False
         self._executor = ThreadPoolExecutor(config.concurrency, thread_name_prefix="handler")
@@ -98,12 +96,16 @@ class Worker:
 
     @property
     def streams(self) -> list[str]:
-        return list(self._readers)
+        return list(self._streams.readers)
+
+    @property
+    def shards(self) -> int:
+        return self._streams.shards
 
     @property
     def abandoned(self) -> int:
         """Sync handler threads still running (after ``run()``: left behind by the grace period)."""
-        return len(self._deliveries.threads)
+        return len(self._deliveries.calls.threads)
 
     def request_stop(self) -> None:
         """Stop reading; ``run()`` returns once handlers in hand are settled."""
@@ -138,19 +140,19 @@ class Worker:
             await self._stopping.wait()
             log.info("stopping: no new reads; waiting for handlers in hand")
             await self._drain()
-            await self._leave_groups()
+            await self._streams.leave_groups()
         finally:
             keeper = {self._keeper} if self._keeper else set()
             await self._cancel(self._loops | self._handlers | keeper)
             await self._deliveries.claims.aclose()
-            await self._deliveries.settler.aclose()
+            await self._deliveries.verdicts.settler.aclose()
             # A sync handler still running past the grace period cannot be
             # interrupted: we stop waiting for it, its entry stays pending, and
             # the caller ends the process (``abandoned``).
             self._executor.shutdown(wait=False, cancel_futures=True)
             log.info("worker stopped", extra={"consumer": self.config.consumer})
 
-    # -- start-up and shard growth -------------------------------------------
+    # -- start-up -------------------------------------------------------------
 
     def _make_deliveries(self) -> Deliveries:
         guard = AttemptGuard(
@@ -159,28 +161,35 @@ class Worker:
             lease_ttl_ms=int(self.config.lease_ttl * 1000),
             done_ttl_ms=int(self.config.dedup_window * 1000),
         )
-        return Deliveries(
-            client=self.client,
+        calls = HandlerCalls(
             handler=self._handler,
-            guard=guard,
-            claims=Coalescer(guard.claim_many, name="claim"),
             leases=LeaseKeeper(guard, reclaim_idle=self.config.reclaim_idle),
-            settler=Settler(self.client, guard),
-            metrics=self.metrics,
-            max_runs=self.config.max_runs,
             handler_timeout=self.config.handler_timeout,
             executor=self._executor,
         )
+        verdicts = Verdicts(
+            client=self.client,
+            guard=guard,
+            settler=Settler(self.client, guard),
+            metrics=self.metrics,
+            max_runs=self.config.max_runs,
+        )
+        return Deliveries(
+            claims=Coalescer(guard.claim_many, name="claim"),
+            calls=calls,
+            verdicts=verdicts,
+            metrics=self.metrics,
+            max_runs=self.config.max_runs,
+            spawn=self._spawn_handling,
+        )
 
     async def _start(self) -> None:
-        shards = await read_shard_count(self.client, fallback=self.config.shards)
-        await self._grow_to(shards)
-        await self._discover()
+        shards = await self._streams.start()
         self._last_redis_ok = self._clock()
         # Not a loop of its own: it renews leases of handlers still draining.
-        self._keeper = asyncio.create_task(self._deliveries.leases.run(), name="lease keeper")
+        self._keeper = asyncio.create_task(self._deliveries.calls.leases.run(), name="lease keeper")
         self._keeper.add_done_callback(_log_crash)
-        self._spawn_loop(self._watch_shards(), "shard watch")
+        self._spawn_loop(self._streams.watch(), "shard watch")
         self._spawn_loop(self._report_stats(), "stream stats")
         self._started = True
         log.info(
@@ -194,75 +203,9 @@ class Worker:
             },
         )
 
-    async def _grow_to(self, shards: int) -> None:
-        """Start reading the streams of ``shards`` shards that are not read yet."""
-        for stream in queue_streams(self.config.queues, shards):
-            if stream not in self._readers:
-                await self._add_stream(stream)
-        self.shards = shards
-        self.metrics.streams.set(len(self._readers))
-
-    async def _discover(self) -> None:
-        """Start reading other shard streams of our queues that still hold work."""
-        try:
-            await self._discover_each()
-        except (RedisError, OSError) as exc:  # e.g. an ACL without SCAN: the count still works
-            log.warning("cannot look for left-over shard streams: %s", exc)
-
-    async def _discover_each(self) -> None:
-        for queue in self.config.queues:
-            for shard in sorted(await existing_shards(self.client, queue)):
-                stream = task_stream(queue, shard)
-                if stream in self._readers:
-                    continue
-                stats = await stream_stats(self.client, stream, self.config.group)
-                if stats.length or stats.pending:
-                    log.info("reading a shard beyond the count until it is empty: %s", stream)
-                    await self._add_stream(stream)
-        self.metrics.streams.set(len(self._readers))
-
-    async def _add_stream(self, stream: str) -> None:
-        consumer = RedisStreamConsumer(
-            client=self.client,
-            stream=stream,
-            group=self.config.group,
-            consumer=self.config.consumer,
-            block_ms=self.config.block_ms,
-            reclaim_limit=self.config.concurrency,
-            reclaim_batch=self.config.concurrency,
-        )
-        await consumer.setup()
-        reader = StreamReader(
-            consumer=consumer,
-            queue=_queue_of(stream),
-            slots=self._slots,
-            submit=self._submit,
-            stopping=self._stopping,
-            reclaim_idle_ms=self.config.reclaim_idle_ms,
-            on_redis_ok=self._redis_ok,
-        )
-        self._readers[stream] = reader
-        self._spawn_loop(reader.read_loop(), f"read {stream}")
-        self._spawn_loop(reader.reclaim_loop(), f"reclaim {stream}")
-
-    async def _watch_shards(self) -> None:
-        polls = 0
-        while not await self._stopped_within(self.config.shard_poll_interval):
-            polls += 1
-            try:
-                shards = await read_shard_count(self.client, fallback=self.shards)
-                if shards != self.shards:
-                    log.info("shard count changed from %d to %d", self.shards, shards)
-                dropped = shards < self.shards
-                await self._grow_to(shards)
-                if dropped or polls % DISCOVER_EVERY_POLLS == 0:
-                    await self._discover()
-            except (RedisError, OSError, ValueError) as exc:
-                log.warning("cannot refresh the shard count: %s", exc)
-
     async def _report_stats(self) -> None:
         while not await self._stopped_within(self.config.stats_interval):
-            for stream, reader in list(self._readers.items()):
+            for stream, reader in list(self._streams.readers.items()):
                 try:
                     stats = await stream_stats(self.client, stream, self.config.group)
                 except (RedisError, OSError) as exc:
@@ -278,7 +221,8 @@ class Worker:
 
         ``held`` slots were taken for the batch's first entries by the caller.
         """
-        todo = [m for m in batch if (m.stream, m.id) not in self._in_flight]
+        in_hand = reader.in_hand
+        todo = [m for m in batch if m.id not in in_hand] if in_hand else list(batch)
         if held:
             part, todo = todo[:held], todo[held:]
             self._slots.release(held - len(part))  # taken for entries already in hand
@@ -293,28 +237,18 @@ class Worker:
             self._start_batch(reader, part)
 
     def _start_batch(self, reader: StreamReader, messages: list[Message]) -> None:
-        self._in_flight.update((m.stream, m.id) for m in messages)
-        task = asyncio.create_task(self._process(reader, messages), name=f"batch {messages[0].id}")
+        reader.in_hand.update([m.id for m in messages])
+        self._spawn_handling(self._deliveries.process(reader, messages), f"batch {messages[0].id}")
+
+    def _spawn_handling(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
         self._handlers.add(task)
-        task.add_done_callback(self._handlers.discard)
+        task.add_done_callback(self._handled)
 
-    async def _process(self, reader: StreamReader, messages: list[Message]) -> None:
-        """Run one batch; a slot frees when its handler is done, ``_in_flight`` at the end."""
-        holding = {message.id for message in messages}
-
-        def freed(message: Message) -> None:
-            if message.id in holding:
-                holding.discard(message.id)
-                self._slots.release()
-
-        try:
-            await self._deliveries.process(reader.consumer, reader.queue, messages, freed=freed)
-        except Exception:
-            log.exception("unexpected error settling entries", extra={"stream": reader.stream})
-        finally:
-            for message in messages:
-                freed(message)
-                self._in_flight.discard((message.stream, message.id))
+    def _handled(self, task: asyncio.Task[None]) -> None:
+        self._handlers.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("unexpected error settling entries: %s", exc, exc_info=exc)
 
     # -- shutdown -----------------------------------------------------------------
 
@@ -329,7 +263,7 @@ class Worker:
         if self._handlers:
             log.warning(
                 "grace period over: %d entries in hand cancelled; they stay pending",
-                len(self._in_flight),
+                self._streams.in_hand(),
             )
             await self._cancel(self._handlers)
         if self.abandoned:
@@ -338,21 +272,6 @@ class Worker:
                 "kept until the process exits",
                 self.abandoned,
             )
-
-    async def _leave_groups(self) -> None:
-        """XGROUP DELCONSUMER on every stream where this consumer holds nothing."""
-        for stream, reader in self._readers.items():
-            try:
-                if await reader.consumer.pending_count() == 0:
-                    await self.client.xgroup_delconsumer(
-                        stream, self.config.group, self.config.consumer
-                    )
-                else:
-                    log.info(
-                        "consumer keeps pending entries; not removed", extra={"stream": stream}
-                    )
-            except (RedisError, OSError) as exc:
-                log.warning("cannot remove the consumer: %s", exc, extra={"stream": stream})
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -376,11 +295,6 @@ class Worker:
             task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-
-
-def _queue_of(stream: str) -> str:
-    queue, _shard = parse_task_stream(stream)
-    return queue
 
 
 def _log_crash(task: asyncio.Task[None]) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from redis.asyncio import RedisCluster
@@ -75,10 +76,12 @@ RETRY_DELAYS = (0.1, 0.2, 0.4, 0.8, 1.6)
 
 
 @dataclass(frozen=True, slots=True)
-class _Ack:
+class _Acks:
+    """Entries of one stream to ack; ``done``: dedup keys whose marks precede the acks."""
+
     consumer: RedisStreamConsumer
-    entry_id: str
-    done: str | None  # the dedup key whose done mark precedes the ack
+    entry_ids: Sequence[str]
+    done: Sequence[str]
 
 
 class Settler:
@@ -95,22 +98,28 @@ class Settler:
         self, consumer: RedisStreamConsumer, entry_id: str, *, done: str | None = None
     ) -> None:
         """Write ``done``'s mark (if given), then ack and delete the entry; raise on failure."""
-        await self._groups.submit([_Ack(consumer, entry_id, done)])
+        await self.settle_many(consumer, [entry_id], done=[done] if done is not None else [])
+
+    async def settle_many(
+        self, consumer: RedisStreamConsumer, entry_ids: Sequence[str], *, done: Sequence[str]
+    ) -> None:
+        """Write the done marks of ``done``, then ack and delete ``entry_ids``; raise on failure."""
+        await self._groups.submit([_Acks(consumer, entry_ids, done)])
 
     async def aclose(self) -> None:
         await self._groups.aclose()
 
-    async def _write(self, group: list[_Ack]) -> list[None]:
+    async def _write(self, group: list[_Acks]) -> list[None]:
         for delay in RETRY_DELAYS:
             try:
                 return await self._write_once(group)
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                log.warning("settling %d entries failed (%s); retrying", len(group), exc)
+                log.warning("settling %d entries failed (%s); retrying", _size(group), exc)
                 await asyncio.sleep(delay)
         return await self._write_once(group)
 
-    async def _write_once(self, group: list[_Ack]) -> list[None]:
-        done = [ack.done for ack in group if ack.done is not None]
+    async def _write_once(self, group: list[_Acks]) -> list[None]:
+        done = [key for acks in group for key in acks.done]
         streams = _by_stream(group)
         if self._cluster:
             await self._guard.mark_done_many(done)
@@ -129,8 +138,12 @@ class Settler:
         return [None] * len(group)
 
 
-def _by_stream(group: list[_Ack]) -> list[tuple[RedisStreamConsumer, list[str]]]:
+def _by_stream(group: list[_Acks]) -> list[tuple[RedisStreamConsumer, list[str]]]:
     streams: dict[str, tuple[RedisStreamConsumer, list[str]]] = {}
-    for ack in group:
-        streams.setdefault(ack.consumer.stream, (ack.consumer, []))[1].append(ack.entry_id)
+    for acks in group:
+        streams.setdefault(acks.consumer.stream, (acks.consumer, []))[1].extend(acks.entry_ids)
     return list(streams.values())
+
+
+def _size(group: list[_Acks]) -> int:
+    return sum(len(acks.entry_ids) for acks in group)

@@ -61,6 +61,10 @@ class SlotPool:
 
     def release(self, count: int = 1) -> None:
         """Hand each of ``count`` slots to the first waiter, or free it."""
+        if not self._waiters and count > 0:
+            self._held -= count
+            self._freed.set()
+            return
         for _ in range(count):
             self._release_one()
 

@@ -7,15 +7,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from prometheus_client import REGISTRY, CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 
+from dispatcher._testing.data import insert_rows
+from dispatcher._testing.servers import RedisProcess
+from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.outbox import OutboxRepository, enqueue_dispatch
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.stream import publish_shard_count, shard_for, task_stream
-from tests.fix_outbox import insert_rows, make_enqueuer, outbox_status, published, running
-from tests.fix_servers import RedisProcess
-from tests.helpers import eventually
+from tests.enqueuers import make_enqueuer, running
+from tests.outbox_rows import outbox_status, published
 
 
 def dispatch(task_id: str, queue: str) -> TaskDispatch:
@@ -192,7 +195,8 @@ async def test_listener_reconnects_after_its_backend_is_killed(
         # Committed while nobody listens; the poll is 60 s away.
         insert_rows(outbox_db_url, 5, queue=queue)
         await eventually(lambda: _has_entries(redis_standalone, queue, 5), within=20)
-        assert listener.connects >= 2
+        # The claims that stand in for NOTIFY while nobody listens may publish them first.
+        await eventually(lambda: _true(listener.connects >= 2))
 
 
 def _retry_delays(url: str) -> dict[int, list[float]]:
@@ -218,3 +222,23 @@ async def _true(value: object) -> bool:
 
 async def _has_entries(client: RedisClient, queue: str, n: int) -> bool:
     return len(await published(client, queue)) >= n
+
+
+async def test_each_enqueuer_counts_in_the_registry_it_is_given(
+    pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str, outbox_db_url: str
+) -> None:
+    """Two enqueuers in one process keep their own metrics; the process registry gets none."""
+    insert_rows(outbox_db_url, 20, queue=queue)
+    mine, other = CollectorRegistry(), CollectorRegistry()
+    working = make_enqueuer(pool, redis_standalone, registry=mine, poll_interval=0.05)
+    make_enqueuer(pool, redis_standalone, registry=other)  # the same metric names, never run
+    processed = "dispatcher_outbox_processed_total"
+
+    async def counted() -> bool:
+        return mine.get_sample_value(processed, {"queue": queue}) == 20
+
+    async with running(working):
+        await eventually(counted)
+    assert mine.get_sample_value("dispatcher_outbox_batches_total")
+    assert other.get_sample_value(processed, {"queue": queue}) is None
+    assert REGISTRY.get_sample_value(processed, {"queue": queue}) is None

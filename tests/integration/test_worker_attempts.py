@@ -11,14 +11,17 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Awaitable, Callable
 
+from redis.asyncio import Redis
+
+from dispatcher._testing.data import publish, tasks
+from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import dead_letter_stream, publish_shard_count, task_stream
 from dispatcher.worker import Worker, attempt_key, lease_key
-from tests.handlers import publish, tasks
-from tests.helpers import eventually
-from tests.integration.test_worker_runtime import config, metric, running
+from tests.workers import config, metric, running
 
 
 async def _handled(worker: Worker, queue: str, count: int) -> bool:
@@ -60,35 +63,69 @@ async def test_a_long_run_that_fails_once_runs_twice_and_is_handled(
     assert await metric(worker, "dispatcher_worker_failed_total", queue=queue) == 1
 
 
-async def test_a_deeply_nested_entry_is_one_dead_letter_and_its_batch_is_handled(
-    redis_standalone: RedisClient, queue: str
-) -> None:
-    await publish_shard_count(redis_standalone, 1)
+async def _one_bad_in_a_batch(
+    client: RedisClient, queue: str, add_bad: Callable[[str], Awaitable[str]]
+) -> str:
+    """Four healthy entries around one that ``add_bad(stream)`` adds, read as one batch.
+
+    Run a worker until the four are handled and there is a dead letter; the bad entry's id.
+    """
+    await publish_shard_count(client, 1)
     seen: list[str] = []
 
     async def handle(message: TaskMessage) -> None:
         seen.append(message.task_id)
 
-    stream = task_stream(queue, 0)
-    healthy = tasks(queue, 5)
-    await publish(redis_standalone, healthy[:2], shards=1)
-    deep = "[" * 5000 + "]" * 5000  # json.loads raises RecursionError, not ValueError
-    bad_id = await redis_standalone.xadd(stream, {"task_id": "deep", "input": deep})
-    await publish(redis_standalone, healthy[2:], shards=1)
-    worker = Worker(redis_standalone, handle, config(queue, shards=1, concurrency=8))
-    async with running(worker):  # the six entries are one read batch
+    healthy = tasks(queue, 4)
+    await publish(client, healthy[:2], shards=1)
+    bad_id = await add_bad(task_stream(queue, 0))
+    await publish(client, healthy[2:], shards=1)
+    worker = Worker(client, handle, config(queue, shards=1, concurrency=8))
+    async with running(worker):
 
         async def settled() -> bool:
-            return len(seen) >= 5 and len(await _dead(redis_standalone, queue)) >= 1
+            return len(seen) >= 4 and await client.xlen(dead_letter_stream(queue)) >= 1
 
         await eventually(settled, within=30)
 
     assert sorted(seen) == sorted(t.task_id for t in healthy)
+    assert await client.xlen(task_stream(queue, 0)) == 0
+    return bad_id
+
+
+async def test_a_deeply_nested_entry_is_one_dead_letter_and_its_batch_is_handled(
+    redis_standalone: RedisClient, queue: str
+) -> None:
+    async def deep(stream: str) -> str:
+        nested = "[" * 5000 + "]" * 5000  # json.loads raises RecursionError, not ValueError
+        return str(await redis_standalone.xadd(stream, {"task_id": "deep", "input": nested}))
+
+    bad_id = await _one_bad_in_a_batch(redis_standalone, queue, deep)
+
     ((_, fields),) = await _dead(redis_standalone, queue)
     assert (fields["source_id"], fields["task_id"]) == (bad_id, "deep")
     assert fields["error"].startswith("malformed message: ")
     assert "nested too deeply" in fields["error"]
-    assert await redis_standalone.xlen(stream) == 0
+
+
+async def test_an_entry_with_invalid_utf8_is_one_dead_letter_with_its_bytes(
+    redis_url: str, redis_standalone: RedisClient, queue: str
+) -> None:
+    raw = Redis.from_url(redis_url)  # bytes in, bytes out
+
+    async def not_utf8(stream: str) -> str:
+        fields = {b"task_id": b"bad\xff\xfe", b"input": b"null"}
+        return (await raw.xadd(stream, fields)).decode()  # type: ignore[arg-type]
+
+    try:
+        bad_id = await _one_bad_in_a_batch(redis_standalone, queue, not_utf8)
+        ((_, fields),) = await raw.xrange(dead_letter_stream(queue))
+    finally:
+        await raw.aclose()
+
+    assert (fields[b"source_id"].decode(), fields[b"task_id"]) == (bad_id, b"bad\xff\xfe")
+    assert fields[b"error"].startswith(b"malformed message: ")
+    assert b"UTF-8" in fields[b"error"]
 
 
 async def test_the_same_task_id_under_two_run_ids_runs_twice(

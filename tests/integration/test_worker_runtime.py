@@ -8,67 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
-import dataclasses
-from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
+from dispatcher._testing.data import GROUP, publish, tasks
+from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import dead_letter_stream, publish_shard_count, queue_streams, task_stream
 from dispatcher.stream.stats import stream_stats
-from dispatcher.worker import Handler, Worker, WorkerConfig, attempt_key
-from tests.handlers import GROUP, publish, tasks
-from tests.helpers import eventually, poll
-
-FAST = WorkerConfig(
-    queues=("placeholder",),
-    concurrency=4,
-    reclaim_idle=1.0,
-    lease_ttl=2.0,
-    dedup_window=120.0,
-    max_runs=3,
-    shard_poll_interval=0.2,
-    stats_interval=0.2,
-    grace_period=10.0,
-    block_ms=200,
-)
-
-
-def config(queue: str, **changes: Any) -> WorkerConfig:
-    return dataclasses.replace(FAST, queues=(queue,), **changes)
-
-
-@contextlib.asynccontextmanager
-async def running(*workers: Worker) -> AsyncIterator[None]:
-    runs = [asyncio.create_task(w.run()) for w in workers]
-    try:
-        await eventually(lambda: _all_ready(workers, runs), within=10)
-        yield
-    finally:
-        for w in workers:
-            w.request_stop()
-        await asyncio.wait_for(asyncio.gather(*runs), timeout=30)
-
-
-async def _all_ready(workers: tuple[Worker, ...], runs: list[asyncio.Task[None]]) -> bool:
-    for run in runs:
-        if run.done():
-            run.result()  # surface a start-up failure instead of timing out
-    return all(w.ready() for w in workers)
-
-
-def recorder(seen: list[str]) -> Handler:
-    async def handle(message: TaskMessage) -> None:
-        seen.append(message.task_id)
-
-    return handle
-
-
-async def metric(worker: Worker, name: str, **labels: str) -> float:
-    return worker.metrics.registry.get_sample_value(name, labels) or 0.0
+from dispatcher.worker import Worker, attempt_key
+from tests.workers import config, metric, recorder, running
 
 
 async def test_two_workers_handle_every_task_exactly_once(
@@ -114,7 +64,7 @@ async def test_a_failing_task_is_dead_lettered_and_others_flow(
     worker = Worker(any_redis, handle, config(queue))
     async with running(worker):
         (poison_id, *_) = await publish(any_redis, [poison, *healthy], shards=4)
-        dead = await poll(lambda: any_redis.xrange(dead_letter_stream(queue)), within=30)
+        dead = await eventually(lambda: any_redis.xrange(dead_letter_stream(queue)), within=30)
         await eventually(lambda: _settled(seen, len(healthy)))
 
     assert sorted(seen) == sorted(t.task_id for t in healthy)
@@ -152,7 +102,7 @@ async def test_a_malformed_entry_is_dead_lettered_at_once(
     stream = task_stream(queue, 2)
     async with running(worker):
         bad_id = await any_redis.xadd(stream, {"task_id": "x", "input": "{not json"})
-        dead = await poll(lambda: any_redis.xrange(dead_letter_stream(queue)))
+        dead = await eventually(lambda: any_redis.xrange(dead_letter_stream(queue)))
         good = tasks(queue, 5)
         await publish(any_redis, good, shards=4)
         await eventually(lambda: _settled(seen, 5))
@@ -293,8 +243,8 @@ async def test_stop_leaves_the_group_only_with_nothing_pending(
 async def test_probes_and_metrics_are_served(redis_standalone: RedisClient, queue: str) -> None:
     import aiohttp
 
+    from dispatcher._testing.servers import free_port
     from dispatcher.observability import ObservabilityServer
-    from tests.fix_servers import free_port
 
     seen: list[str] = []
     worker = Worker(redis_standalone, recorder(seen), config(queue, shards=1))

@@ -7,19 +7,15 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
+from controller.identity import Owner, migration_job_name, worker_name
 from controller.model import OutboxDispatcherSpec
+from controller.pods import CONFIG_HASH_ANNOTATION, SECRETS_HASH_ANNOTATION, WorkloadDefaults
 from controller.render import (
-    CONFIG_HASH_ANNOTATION,
-    SECRETS_HASH_ANNOTATION,
-    Owner,
-    WorkloadDefaults,
     build_enqueuer_deployment,
     build_enqueuer_pdb,
     build_migration_job,
     build_worker_deployment,
     build_worker_pdb,
-    migration_job_name,
-    worker_name,
 )
 
 K8S_VERSION = "1.37.0"

@@ -266,19 +266,20 @@ def test_monitoring_objects() -> None:
         {"port": "metrics", "path": "/metrics", "interval": "15s"}
     ]
     # The PodMonitor selects what the operator renders, in every watched namespace.
-    from controller.render import METRICS_PORT, Owner, _labels, instance_labels, worker_selector
+    from controller.identity import Owner, instance_labels, object_labels, worker_selector
+    from controller.pods import METRICS_PORT
 
     owner = Owner(name="orders", namespace="team-a", uid="u")
     selector = pods["spec"]["selector"]
     for labels in (
-        _labels(instance_labels(owner, "enqueuer")),
-        _labels(worker_selector(owner, "q")),
+        object_labels(instance_labels(owner, "enqueuer")),
+        object_labels(worker_selector(owner, "q")),
     ):
         assert selector["matchLabels"].items() <= labels.items()
         (expression,) = selector["matchExpressions"]
         assert labels[expression["key"]] in expression["values"]
     assert (
-        _labels(instance_labels(owner, "migrate"))["app.kubernetes.io/component"]
+        object_labels(instance_labels(owner, "migrate"))["app.kubernetes.io/component"]
         not in (selector["matchExpressions"][0]["values"])
     )
     assert pods["spec"]["namespaceSelector"]["matchNames"] == ["team-a", "team-b"]

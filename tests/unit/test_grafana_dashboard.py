@@ -6,9 +6,9 @@ import json
 import re
 from pathlib import Path
 
-from prometheus_client import REGISTRY, CollectorRegistry
+from prometheus_client import CollectorRegistry
 
-import dispatcher.outbox.metrics  # noqa: F401  (registers the enqueuer's metrics)
+from dispatcher.outbox.metrics import EnqueuerMetrics
 from dispatcher.worker.metrics import WorkerMetrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "outbox-dispatcher.json"
@@ -17,9 +17,10 @@ SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")
 
 def exported_names() -> set[str]:
     names = set()
-    worker = CollectorRegistry()
+    enqueuer, worker = CollectorRegistry(), CollectorRegistry()
+    EnqueuerMetrics(enqueuer)
     WorkerMetrics(worker)
-    for registry in (REGISTRY, worker):
+    for registry in (enqueuer, worker):
         for family in registry.collect():
             names.update(sample.name for sample in family.samples)
             names.add(family.name)

@@ -1,0 +1,82 @@
+"""Async handlers started inline in their read batch, on real Redis.
+
+A batch's handlers start one after the other in the batch's task; one that
+waits must hold only its own slot, and each handler must still see a task
+and a context of its own, as if it had been awaited in a task alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+
+from dispatcher._testing.data import publish, tasks
+from dispatcher._testing.waiting import eventually
+from dispatcher.models import TaskMessage
+from dispatcher.redis_client import RedisClient
+from dispatcher.stream import publish_shard_count
+from dispatcher.worker import Worker
+from tests.workers import config, metric, running
+
+_SEEN_BY_EARLIER: contextvars.ContextVar[str | None] = contextvars.ContextVar("seen", default=None)
+
+
+async def _handled(worker: Worker, queue: str, count: int) -> bool:
+    return await metric(worker, "dispatcher_worker_handled_total", queue=queue) >= count
+
+
+async def test_a_slow_handler_in_a_batch_holds_one_slot_and_the_rest_flow(
+    redis_standalone: RedisClient, queue: str
+) -> None:
+    await publish_shard_count(redis_standalone, 1)
+    slow, *rest = tasks(queue, 4)
+    later = tasks(queue, 12)
+    release = asyncio.Event()
+    seen: list[str] = []
+
+    async def handle(message: TaskMessage) -> None:
+        if message.task_id == slow.task_id:
+            await release.wait()
+        seen.append(message.task_id)
+
+    worker = Worker(redis_standalone, handle, config(queue, shards=1, concurrency=4))
+    await publish(redis_standalone, [slow, *rest], shards=1)  # one batch of 4: all slots
+    async with running(worker):
+        await eventually(lambda: _handled(worker, queue, 3), within=30)
+        await publish(redis_standalone, later, shards=1)  # read into the 3 free slots
+        await eventually(lambda: _handled(worker, queue, 15), within=30)
+        assert slow.task_id not in seen
+        assert worker.metrics.running == 1
+        release.set()
+        await eventually(lambda: _handled(worker, queue, 16), within=30)
+
+    assert sorted(seen) == sorted(t.task_id for t in [slow, *rest, *later])
+
+
+async def test_each_handler_of_a_batch_has_its_own_context_and_task(
+    redis_standalone: RedisClient, queue: str
+) -> None:
+    await publish_shard_count(redis_standalone, 1)
+    waits, *rest = tasks(queue, 6)
+    leaked: list[str] = []
+    timed_out: list[str] = []
+
+    async def handle(message: TaskMessage) -> None:
+        if (earlier := _SEEN_BY_EARLIER.get()) is not None:
+            leaked.append(earlier)
+        _SEEN_BY_EARLIER.set(message.task_id)
+        if message.task_id == waits.task_id:
+            # Entered before the handler first waits: it must cancel this run, not its batch.
+            try:
+                async with asyncio.timeout(0.05):
+                    await asyncio.sleep(30)
+            except TimeoutError:
+                timed_out.append(message.task_id)
+
+    worker = Worker(redis_standalone, handle, config(queue, shards=1, concurrency=8))
+    await publish(redis_standalone, [waits, *rest], shards=1)  # one batch
+    async with running(worker):
+        await eventually(lambda: _handled(worker, queue, 6), within=30)
+
+    assert leaked == []
+    assert timed_out == [waits.task_id]
