@@ -7,8 +7,9 @@ notification is on the way. Both paths register here, in the one event loop,
 before publishing, so whichever registers a row first publishes it and the
 other leaves it alone:
 
-* a claim leaves out rows being published from notifications (their delete
-  waits for the claim's transaction to end, then removes them);
+* a claim that meets rows being published from notifications lets go of
+  all its rows untouched (their delete waits for the claim's transaction to
+  end, then removes them; the next claim takes the others);
 * a notification is dropped for rows a claim holds, or took lately (a claim
   can lock, publish and delete a row before its notification is read).
 
@@ -43,17 +44,17 @@ class InFlight:
         self._taken: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._remember = remember
 
-    def claim(self, rows: Sequence[R]) -> list[R]:
-        """Register a claim's rows; return those it should publish (not out elsewhere)."""
-        notified = self._notified
-        mine = [r for r in rows if r.id not in notified] if notified else list(rows)
+    def claim(self, ids: Sequence[str]) -> bool:
+        """Register a claim's rows, unless some are out from notifications (then False)."""
+        if self._notified and not self._notified.isdisjoint(ids):
+            return False
         taken = self._taken
-        for r in mine:
-            taken[r.id] = None
-        self._claimed.update(r.id for r in mine)
+        for i in ids:
+            taken[i] = None
         while len(taken) > self._remember:
             taken.popitem(last=False)
-        return mine
+        self._claimed.update(ids)
+        return True
 
     def unclaim(self, ids: Iterable[str]) -> None:
         """The claim's transaction has ended."""

@@ -44,18 +44,20 @@ def test_an_unreadable_notification_raises(message: str, says: str) -> None:
 def test_a_row_goes_out_by_whichever_path_registers_it_first() -> None:
     inflight = InFlight()
     assert inflight.notify([row("a"), row("b"), row("a")]) == [row("a"), row("b")]
-    # A claim that locked "b" and "c" leaves "b" (out from its notification) alone.
-    assert inflight.claim([row("b"), row("c")]) == [row("c")]
-    # Notified again while claimed, or after a claim took it: not published twice.
-    assert inflight.notify([row("c")]) == []
-    inflight.unclaim(["c"])
-    assert inflight.notify([row("c")]) == [], "a claim took it lately"
-    inflight.release(["a", "b"])
-    assert inflight.claim([row("a")]) == [row("a")], "deleted or handed over: claimable"
+    # A claim that locked "b" (out from its notification) and "c" lets go of both.
+    assert not inflight.claim(["b", "c"])
+    assert inflight.notify([row("c")]) == [row("c")], "not registered by that claim"
+    inflight.release(["a", "b", "c"])
+    assert inflight.claim(["c", "d"])
+    # Notified while claimed, or after a claim took it: not published twice.
+    assert inflight.notify([row("d")]) == []
+    inflight.unclaim(["c", "d"])
+    assert inflight.notify([row("d")]) == [], "a claim took it lately"
 
 
 def test_what_claims_took_is_remembered_within_a_bound() -> None:
     inflight = InFlight(remember=2)
     for i in ("x", "y", "z"):
-        inflight.unclaim(r.id for r in inflight.claim([row(i)]))
+        assert inflight.claim([i])
+        inflight.unclaim([i])
     assert inflight.notify([row("x"), row("y"), row("z")]) == [row("x")]
