@@ -24,8 +24,10 @@ from dispatcher._testing.waiting import eventually
 from dispatcher.outbox import OutboxEnqueuer
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.stream import queue_streams
-from tests.fix_outbox import charged, make_enqueuer, outbox_status, running
+from tests.enqueuers import make_enqueuer, running
+from tests.fix_db import charged
 from tests.fix_servers import RedisProcess
+from tests.outbox_rows import outbox_status
 
 INSERT = """
 INSERT INTO outbox (id, task_id, stream, payload, type, next_attempt_at)
