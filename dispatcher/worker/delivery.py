@@ -51,6 +51,7 @@ from dispatcher.worker.eager import Suspended, start
 from dispatcher.worker.handler import is_async
 from dispatcher.worker.metrics import QueueMetrics, WorkerMetrics, observe_many
 from dispatcher.worker.reader import StreamReader
+from dispatcher.worker.slots import SlotPool
 from dispatcher.worker.verdicts import Verdicts, left_pending
 
 __all__ = ["Deliveries", "Spawn"]
@@ -81,7 +82,10 @@ class _Batch:
     busy: int = 0
     times: list[float] = field(default_factory=list)  # run times of the inline runs
     later: list[Awaitable[None]] = field(default_factory=list)  # dead letters, failed runs
-    freed: list[str] = field(default_factory=list)  # entry ids whose slots are free
+    freed: list[str] = field(default_factory=list)  # entry ids done with here
+    started: asyncio.Future[None] | None = None  # set once every entry started or was decided
+    slot: bool = False  # this task holds a handler slot for the next inline run
+    waited: bool = False  # a handler of the batch did not finish in its first step
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +112,19 @@ class Deliveries:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_inline", is_async(self.calls.handler))
 
-    async def process(self, reader: StreamReader, messages: Sequence[Message]) -> None:
-        """Settle one read batch (its slots are taken); each slot is freed once decided."""
+    async def process(
+        self, reader: StreamReader, messages: Sequence[Message], started: asyncio.Future[None]
+    ) -> None:
+        """Settle one read batch; ``started`` is set once each entry started or was decided."""
+        try:
+            await self._process(reader, messages, started)
+        finally:
+            if not started.done():
+                started.set_result(None)
+
+    async def _process(
+        self, reader: StreamReader, messages: Sequence[Message], started: asyncio.Future[None]
+    ) -> None:
         tasks = _parsed(messages)
         keys = [task.dedup_key if type(task) is TaskMessage else None for task in tasks]
         try:
@@ -124,13 +139,17 @@ class Deliveries:
             reader.settled([message.id for message in messages])
             return
         metrics = self.metrics.for_queue(reader.queue)
-        await self._go_on(_Batch(reader, metrics, messages, tasks, keys, _aligned(keys, claims)))
+        batch = _Batch(reader, metrics, messages, tasks, keys, _aligned(keys, claims))
+        batch.started = started
+        await self._go_on(batch)
 
     async def _go_on(self, batch: _Batch) -> None:
         """Decide the batch's entries from ``batch.at`` on, then settle them together."""
         messages = batch.messages
         while batch.at < len(messages):
             index = batch.at
+            if not batch.slot and self._runs(batch, index) and not await self._slot(batch):
+                break  # stopping: the entries not started are given back
             batch.at += 1
             try:
                 waiting = self._decide(batch, index)
@@ -144,7 +163,49 @@ class Deliveries:
                 await self._finish(batch.reader, batch.metrics, batch, waiting)
                 return
         _free(batch)
+        if batch.slot:
+            batch.reader.slots.release()
+            batch.slot = False
+        batch.reader.inline = not batch.waited
+        if batch.started is not None and not batch.started.done():
+            batch.started.set_result(None)
         await self._settle(batch)
+
+    def _runs(self, batch: _Batch, index: int) -> bool:
+        """Whether deciding the entry may start its handler (then it needs a slot)."""
+        claim = batch.claims[index]
+        return claim is not None and 0 < claim <= self.max_runs
+
+    async def _slot(self, batch: _Batch) -> bool:
+        """Take a handler slot for the batch's next run; False if stopping first.
+
+        While it waits, the leases of the entries not started yet are kept and
+        their entries kept fresh. If the worker stops first, those entries are
+        given back (their leases released, their runs not counted) and stay pending.
+        """
+        reader = batch.reader
+        if reader.slots.take(1):
+            batch.slot = True
+            return True
+        held = self._not_started(batch)
+        handles = [self.calls.leases.hold(key, reader.consumer, entry_id) for key, entry_id in held]
+        try:
+            batch.slot = await _acquire_unless(reader.slots, reader.stopping)
+        finally:
+            for handle in handles:
+                self.calls.leases.drop(handle)
+        if not batch.slot:
+            await self.verdicts.give_back(reader, [key for key, _entry_id in held])
+            batch.freed += [message.id for message in batch.messages[batch.at :]]
+        return batch.slot
+
+    def _not_started(self, batch: _Batch) -> list[tuple[str, str]]:
+        """(dedup key, entry id) of the entries whose leases are ours and that did not start."""
+        return [
+            (key, batch.messages[i].id)
+            for i in range(batch.at, len(batch.messages))
+            if (key := batch.keys[i]) is not None and (batch.claims[i] or 0) > 0
+        ]
 
     def _decide(self, batch: _Batch, index: int) -> _Waiting | None:
         """Decide one entry: None once it is done with here, or its run that waits."""
@@ -161,7 +222,8 @@ class Deliveries:
         elif not self._inline or carries_trace(message.fields):
             run = self._called(batch.reader, batch.metrics, message, task, claim)
             self.spawn(self.verdicts.guarded(batch.reader, message, run), f"run {message.id}")
-            return None  # that task frees the slot
+            batch.slot, batch.waited = False, True  # the slot goes with that task
+            return None  # that task says when it is done with the entry
         else:
             return self._start(batch, index, task, claim)
         batch.freed.append(message.id)
@@ -177,6 +239,7 @@ class Deliveries:
             batch.later.append(self.verdicts.failed(batch.reader, message, task, exc, run=run))
         else:
             if suspended is not None:
+                batch.slot, batch.waited = False, True  # the slot stays with the handler
                 return _Waiting(suspended, started, index)
             batch.handled.append(message.id)
             batch.done.append(batch.keys[index] or "")
@@ -199,6 +262,7 @@ class Deliveries:
             self.calls.leases.drop(lease)
             self.metrics.running -= 1
             metrics.latency.observe(time.perf_counter() - waiting.started)
+            reader.slots.release()
             reader.settled([message.id])
         ended = self.verdicts.ended(reader, message, task, failure, key=key, run=run)
         await self.verdicts.guarded(reader, message, ended)
@@ -240,6 +304,7 @@ class Deliveries:
         finally:
             self.metrics.running -= 1
             metrics.latency.observe(time.perf_counter() - started)
+            reader.slots.release()
             reader.settled([message.id])
         await self.verdicts.ended(reader, message, task, failure, key=key, run=run)
 
@@ -305,3 +370,22 @@ def _free(batch: _Batch) -> None:
     if batch.freed:
         batch.reader.settled(batch.freed)
         batch.freed = []
+
+
+async def _acquire_unless(slots: SlotPool, stopping: asyncio.Event) -> bool:
+    """Wait for a slot: True once it is ours, False if ``stopping`` was set first."""
+    acquiring = asyncio.ensure_future(slots.acquire())
+    stopped = asyncio.ensure_future(stopping.wait())
+    try:
+        await asyncio.wait({acquiring, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not acquiring.done():
+            acquiring.cancel()
+            await asyncio.gather(acquiring, return_exceptions=True)
+    if acquiring.cancelled() or acquiring.exception() is not None:
+        return False
+    if stopping.is_set():
+        slots.release()
+        return False
+    return True
