@@ -40,18 +40,17 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from dispatcher.models import MalformedMessage, TaskMessage, parse_tasks
+from dispatcher.models import MalformedMessage, TaskMessage
 from dispatcher.stream.entries import Message
 from dispatcher.tracing import carries_trace
-from dispatcher.worker.calls import HandlerCalls, timed_out
+from dispatcher.worker.calls import HandlerCalls
 from dispatcher.worker.coalesce import Coalescer
-from dispatcher.worker.dead_letter import describe_error
 from dispatcher.worker.dedup import Claim
 from dispatcher.worker.eager import Suspended, start
+from dispatcher.worker.entries import aligned, tasks_of
 from dispatcher.worker.handler import is_async
 from dispatcher.worker.metrics import QueueMetrics, WorkerMetrics, observe_many
 from dispatcher.worker.reader import StreamReader
-from dispatcher.worker.slots import SlotPool
 from dispatcher.worker.verdicts import Verdicts, left_pending
 
 __all__ = ["Deliveries", "Spawn"]
@@ -125,7 +124,7 @@ class Deliveries:
     async def _process(
         self, reader: StreamReader, messages: Sequence[Message], started: asyncio.Future[None]
     ) -> None:
-        tasks = _parsed(messages)
+        tasks = tasks_of(messages)
         keys = [task.dedup_key if type(task) is TaskMessage else None for task in tasks]
         try:
             claims = await self.claims.submit([key for key in keys if key is not None])
@@ -139,7 +138,7 @@ class Deliveries:
             reader.settled([message.id for message in messages])
             return
         metrics = self.metrics.for_queue(reader.queue)
-        batch = _Batch(reader, metrics, messages, tasks, keys, _aligned(keys, claims))
+        batch = _Batch(reader, metrics, messages, tasks, keys, aligned(keys, claims))
         batch.started = started
         await self._go_on(batch)
 
@@ -160,7 +159,8 @@ class Deliveries:
             if waiting is not None:
                 _free(batch)
                 self.spawn(self._go_on(batch), f"batch {messages[batch.at - 1].id}+")
-                await self._finish(batch.reader, batch.metrics, batch, waiting)
+                message = messages[waiting.index]
+                await self.verdicts.guarded(batch.reader, message, self._finish(batch, waiting))
                 return
         _free(batch)
         if batch.slot:
@@ -190,7 +190,7 @@ class Deliveries:
         held = self._not_started(batch)
         handles = [self.calls.leases.hold(key, reader.consumer, entry_id) for key, entry_id in held]
         try:
-            batch.slot = await _acquire_unless(reader.slots, reader.stopping)
+            batch.slot = await reader.slots.acquire_unless(reader.stopping)
         finally:
             for handle in handles:
                 self.calls.leases.drop(handle)
@@ -220,8 +220,10 @@ class Deliveries:
         elif claim > self.max_runs:
             batch.later.append(self.verdicts.exceeded(batch.reader, message, task, runs=claim - 1))
         elif not self._inline or carries_trace(message.fields):
-            run = self._called(batch.reader, batch.metrics, message, task, claim)
-            self.spawn(self.verdicts.guarded(batch.reader, message, run), f"run {message.id}")
+            run = self.verdicts.guarded(
+                batch.reader, message, self._called(batch, message, task, claim)
+            )
+            self.spawn(run, f"run {message.id}")
             batch.slot, batch.waited = False, True  # the slot goes with that task
             return None  # that task says when it is done with the entry
         else:
@@ -247,60 +249,43 @@ class Deliveries:
         batch.freed.append(message.id)
         return None
 
-    async def _finish(
-        self, reader: StreamReader, metrics: QueueMetrics, batch: _Batch, waiting: _Waiting
-    ) -> None:
-        """Await a run that suspended (its lease and entry kept fresh), then settle it."""
+    def _finish(self, batch: _Batch, waiting: _Waiting) -> Awaitable[None]:
+        """The rest of a run that waited in its first step, then its outcome."""
         message, task = batch.messages[waiting.index], batch.tasks[waiting.index]
         key, run = batch.keys[waiting.index] or "", batch.claims[waiting.index] or 0
         assert type(task) is TaskMessage
-        lease = self.calls.leases.hold(key, reader.consumer, message.id)
-        self.metrics.running += 1
-        try:
-            failure = await self._awaited(waiting)
-        finally:
-            self.calls.leases.drop(lease)
-            self.metrics.running -= 1
-            metrics.latency.observe(time.perf_counter() - waiting.started)
-            reader.slots.release()
-            reader.settled([message.id])
-        ended = self.verdicts.ended(reader, message, task, failure, key=key, run=run)
-        await self.verdicts.guarded(reader, message, ended)
+        lease = self.calls.leases.hold(key, batch.reader.consumer, message.id)
+        running = self.calls.resume(waiting.suspended, started=waiting.started, lease=lease)
+        return self._alone(batch, message, task, running, key=key, run=run, started=waiting.started)
 
-    async def _awaited(self, waiting: _Waiting) -> Exception | None:
-        """The rest of an inline run, within what is left of the handler timeout (if any)."""
-        limit = self.calls.handler_timeout
-        deadline = None
-        try:
-            if not limit:
-                await waiting.suspended
-                return None
-            left = max(limit - (time.perf_counter() - waiting.started), 0.0)
-            async with asyncio.timeout(left) as deadline:
-                await waiting.suspended
-        except TimeoutError as exc:
-            expired = deadline is not None and deadline.expired()
-            return timed_out(limit) if expired else exc
-        except Exception as exc:
-            return exc
-        return None
-
-    async def _called(
-        self,
-        reader: StreamReader,
-        metrics: QueueMetrics,
-        message: Message,
-        task: TaskMessage,
-        run: int,
-    ) -> None:
+    def _called(
+        self, batch: _Batch, message: Message, task: TaskMessage, run: int
+    ) -> Awaitable[None]:
         """One run in a task of its own (a sync handler, or a traced entry), then its outcome."""
         started = time.perf_counter()
         key = task.dedup_key
-        lease = self.calls.leases.hold(key, reader.consumer, message.id)
+        lease = self.calls.leases.hold(key, batch.reader.consumer, message.id)
+        call = self.calls.call_async if self._inline else self.calls.call_in_thread
+        return self._alone(
+            batch, message, task, call(message, task, lease), key=key, run=run, started=started
+        )
+
+    async def _alone(
+        self,
+        batch: _Batch,
+        message: Message,
+        task: TaskMessage,
+        running: Awaitable[Exception | None],
+        *,
+        key: str,
+        run: int,
+        started: float,
+    ) -> None:
+        """Await a run that ends outside its batch's grouped ack; free its slot; settle it."""
+        reader, metrics = batch.reader, batch.metrics
         self.metrics.running += 1
         try:
-            call = self.calls.call_async if self._inline else self.calls.call_in_thread
-            failure = await call(message, task, lease)
+            failure = await running
         finally:
             self.metrics.running -= 1
             metrics.latency.observe(time.perf_counter() - started)
@@ -339,53 +324,7 @@ class Deliveries:
             metrics.duplicates.inc(len(batch.duplicates))
 
 
-def _parsed(messages: Sequence[Message]) -> list[TaskMessage | MalformedMessage]:
-    """The batch's tasks; an unreadable or unparseable entry is its own ``MalformedMessage``."""
-    try:
-        tasks = parse_tasks([message.fields for message in messages])
-    except Exception:  # whatever the batch parse raised: find the culprits one by one
-        tasks = [_parsed_alone(message) for message in messages]
-    for index, message in enumerate(messages):
-        if message.error is not None:
-            tasks[index] = MalformedMessage(f"cannot read it: {message.error}")
-    return tasks
-
-
-def _parsed_alone(message: Message) -> TaskMessage | MalformedMessage:
-    try:
-        return TaskMessage.from_fields(message.fields)
-    except MalformedMessage as exc:
-        return exc
-    except Exception as exc:
-        return MalformedMessage(f"cannot parse it: {describe_error(exc)}")
-
-
-def _aligned(keys: list[str | None], claims: list[int]) -> list[int | None]:
-    """The claim of each entry (None for a malformed one, which was not claimed)."""
-    found = iter(claims)
-    return [next(found) if key is not None else None for key in keys]
-
-
 def _free(batch: _Batch) -> None:
     if batch.freed:
         batch.reader.settled(batch.freed)
         batch.freed = []
-
-
-async def _acquire_unless(slots: SlotPool, stopping: asyncio.Event) -> bool:
-    """Wait for a slot: True once it is ours, False if ``stopping`` was set first."""
-    acquiring = asyncio.ensure_future(slots.acquire())
-    stopped = asyncio.ensure_future(stopping.wait())
-    try:
-        await asyncio.wait({acquiring, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        stopped.cancel()
-        if not acquiring.done():
-            acquiring.cancel()
-            await asyncio.gather(acquiring, return_exceptions=True)
-    if acquiring.cancelled() or acquiring.exception() is not None:
-        return False
-    if stopping.is_set():
-        slots.release()
-        return False
-    return True
