@@ -95,7 +95,7 @@ def core_schema(name: str) -> dict[str, Any]:
     return schema
 
 
-def validate(value: Any, schema: Mapping[str, Any], path: str = "") -> list[str]:
+def validate(value: Any, schema: Mapping[str, Any], *, path: str = "") -> list[str]:
     """Every way ``value`` breaks ``schema`` (types, required, enums, unknown fields)."""
     where = path or "value"
     if schema.get("x-kubernetes-int-or-string"):
@@ -118,23 +118,23 @@ def validate(value: Any, schema: Mapping[str, Any], path: str = "") -> list[str]
         return [
             e
             for i, item in enumerate(value)
-            for e in validate(item, schema["items"], f"{path}[{i}]")
+            for e in validate(item, schema["items"], path=f"{path}[{i}]")
         ]
     if kind == "object":
-        return _object_errors(value, schema, path)
+        return _object_errors(value, schema, path=path)
     return []
 
 
-def _object_errors(value: Mapping[str, Any], schema: Mapping[str, Any], path: str) -> list[str]:
+def _object_errors(value: Mapping[str, Any], schema: Mapping[str, Any], *, path: str) -> list[str]:
     prefix = f"{path}." if path else ""
     errors = [f"{prefix}{key}: required" for key in schema.get("required", []) if key not in value]
     properties = schema.get("properties")
     extra = schema.get("additionalProperties")
     for key, item in value.items():
         if properties is not None and key in properties:
-            errors += validate(item, properties[key], f"{prefix}{key}")
+            errors += validate(item, properties[key], path=f"{prefix}{key}")
         elif isinstance(extra, Mapping):
-            errors += validate(item, extra, f"{prefix}{key}")
+            errors += validate(item, extra, path=f"{prefix}{key}")
         elif properties is not None:
             errors.append(f"{prefix}{key}: unknown field")
     return errors

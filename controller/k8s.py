@@ -75,7 +75,7 @@ _KINDS = {
 }
 
 
-def object_url(kind: str, namespace: str, name: str | None = None) -> str:
+def object_url(kind: str, *, namespace: str, name: str | None = None) -> str:
     prefix, plural = _KINDS[kind]
     url = f"{prefix}/namespaces/{quote(namespace)}/{plural}"
     return url if name is None else f"{url}/{quote(name)}"
@@ -93,7 +93,7 @@ class KubeApi:
         self._settings = settings
         self._logger = logger
 
-    async def _call(self, method: str, url: str, payload: object | None = None) -> Any:
+    async def _call(self, method: str, url: str, *, payload: object | None = None) -> Any:
         kwargs: dict[str, Any] = {"settings": self._settings, "logger": self._logger}
         if method == "get":
             return await kopf_api.get(url, **kwargs)
@@ -123,13 +123,15 @@ class KubeApi:
     async def create_deployment(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Create it; ``APIConflictError`` if the name is taken."""
         url = _deployments(manifest["metadata"]["namespace"])
-        created: dict[str, Any] = await self._call("post", url, manifest)
+        created: dict[str, Any] = await self._call("post", url, payload=manifest)
         return created
 
     async def patch_deployment(
         self, *, namespace: str, name: str, patch: Mapping[str, Any]
     ) -> dict[str, Any]:
-        patched: dict[str, Any] = await self._call("patch", _deployments(namespace, name), patch)
+        patched: dict[str, Any] = await self._call(
+            "patch", _deployments(namespace, name), payload=patch
+        )
         return patched
 
     async def delete_deployment(self, *, namespace: str, name: str) -> None:
@@ -142,7 +144,7 @@ class KubeApi:
             f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{quote(namespace)}/"
             f"{PLURAL}/{quote(name)}/status"
         )
-        await self._call("patch", url, {"status": status})
+        await self._call("patch", url, payload={"status": status})
 
     async def post_event(
         self,
@@ -179,7 +181,7 @@ class KubeApi:
             "eventTime": now,
         }
         try:
-            await self._call("post", f"/api/v1/namespaces/{quote(namespace)}/events", event)
+            await self._call("post", f"/api/v1/namespaces/{quote(namespace)}/events", payload=event)
         except APIError as exc:
             self._logger.warning("cannot post Event %s: %s", reason, exc)
 
@@ -187,7 +189,9 @@ class KubeApi:
 
     async def get_object(self, kind: str, *, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            found: dict[str, Any] = await self._call("get", object_url(kind, namespace, name))
+            found: dict[str, Any] = await self._call(
+                "get", object_url(kind, namespace=namespace, name=name)
+            )
         except kopf_errors.APINotFoundError:
             return None
         return found
@@ -195,7 +199,7 @@ class KubeApi:
     async def create_object(self, manifest: dict[str, Any]) -> dict[str, Any]:
         namespace = manifest["metadata"]["namespace"]
         created: dict[str, Any] = await self._call(
-            "post", object_url(manifest["kind"], namespace), manifest
+            "post", object_url(manifest["kind"], namespace=namespace), payload=manifest
         )
         return created
 
@@ -210,7 +214,11 @@ class KubeApi:
             return "created"
         if contains(live, manifest):
             return "unchanged"
-        await self._call("patch", object_url(kind, meta["namespace"], meta["name"]), manifest)
+        await self._call(
+            "patch",
+            object_url(kind, namespace=meta["namespace"], name=meta["name"]),
+            payload=manifest,
+        )
         return "updated"
 
     async def list_objects(
@@ -218,7 +226,7 @@ class KubeApi:
     ) -> list[dict[str, Any]]:
         """Objects of ``kind`` carrying every label of ``selector`` (checked here too)."""
         query = urlencode({"labelSelector": ",".join(f"{k}={v}" for k, v in selector.items())})
-        listing = await self._call("get", f"{object_url(kind, namespace)}?{query}")
+        listing = await self._call("get", f"{object_url(kind, namespace=namespace)}?{query}")
         items: list[dict[str, Any]] = listing.get("items") or []
         return [
             o
@@ -228,7 +236,7 @@ class KubeApi:
 
     async def delete_object(self, kind: str, *, namespace: str, name: str) -> None:
         with contextlib.suppress(kopf_errors.APINotFoundError):
-            await self._call("delete", object_url(kind, namespace, name))
+            await self._call("delete", object_url(kind, namespace=namespace, name=name))
 
     async def served(self, *, group: str, version: str, plural: str) -> bool:
         """Whether API discovery lists ``plural`` in ``group/version`` (a CRD established)."""

@@ -9,13 +9,13 @@ The enqueuer's and the worker's are ``dispatcher.outbox.metrics`` and ``dispatch
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 from controller.report import Pass
+from dispatcher.observability import PrefixedMetrics
 
 __all__ = ["OperatorMetrics"]
 
-_PREFIX = "dispatcher_operator_"
 _QUEUE = ["namespace", "dispatcher", "queue"]
 
 
@@ -24,41 +24,31 @@ class OperatorMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.reconciles = Counter(
-            _PREFIX + "reconciles",
+        declare = PrefixedMetrics(registry, prefix="dispatcher_operator_")
+        self.reconciles = declare.counter(
+            "reconciles",
             "Passes over an OutboxDispatcher, by outcome (applied; failed: stopped before "
             "applying; migrating: the enqueuer waits for its migration Job).",
             ["outcome"],
-            registry=registry,
         )
-        self.reconcile_seconds = Histogram(
-            _PREFIX + "reconcile_seconds",
-            "Time of one pass (reconcile and autoscale).",
-            registry=registry,
+        self.reconcile_seconds = declare.histogram(
+            "reconcile_seconds", "Time of one pass (reconcile and autoscale)."
         )
-        self.autoscale_ticks = Counter(
-            _PREFIX + "autoscale_ticks",
+        self.autoscale_ticks = declare.counter(
+            "autoscale_ticks",
             "Backlog measurements of passes that applied, by outcome (ok, redis_unavailable).",
             ["outcome"],
-            registry=registry,
         )
-        self.scale_events = Counter(
-            _PREFIX + "scale_events",
-            "Worker Deployments rescaled, by direction (up, down).",
-            ["direction"],
-            registry=registry,
+        self.scale_events = declare.counter(
+            "scale_events", "Worker Deployments rescaled, by direction (up, down).", ["direction"]
         )
-        self.backlog = Gauge(
-            _PREFIX + "queue_backlog",
+        self.backlog = declare.gauge(
+            "queue_backlog",
             "Entries of a queue not yet completed, as the autoscaler last measured them.",
             _QUEUE,
-            registry=registry,
         )
-        self.replicas = Gauge(
-            _PREFIX + "queue_replicas",
-            "Worker replicas of a queue the autoscaler last set.",
-            _QUEUE,
-            registry=registry,
+        self.replicas = declare.gauge(
+            "queue_replicas", "Worker replicas of a queue the autoscaler last set.", _QUEUE
         )
 
     def count_pass(self, *, namespace: str, dispatcher: str, result: Pass) -> None:

@@ -103,7 +103,7 @@ def base_container(
     resources: Resources | None,
     defaults: WorkloadDefaults,
 ) -> dict[str, Any]:
-    def probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    def probe(path: str, *, period: int, failures: int) -> dict[str, Any]:
         return {
             "httpGet": {"path": path, "port": "metrics"},
             "periodSeconds": period,
@@ -119,8 +119,8 @@ def base_container(
         "args": args,
         "env": env,
         "ports": [{"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"}],
-        "livenessProbe": {**probe("/healthz", 10, 3), "initialDelaySeconds": 10},
-        "readinessProbe": probe("/readyz", 5, 2),
+        "livenessProbe": {**probe("/healthz", period=10, failures=3), "initialDelaySeconds": 10},
+        "readinessProbe": probe("/readyz", period=5, failures=2),
         "resources": _resources(resources),
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -191,8 +191,8 @@ def with_startup_probe(container: dict[str, Any]) -> dict[str, Any]:
 def pod_template_meta(
     labels: dict[str, str],
     pod: dict[str, Any],
-    settings: PodSettings | None,
     *,
+    settings: PodSettings | None,
     secrets_hash: str = "",
 ) -> dict[str, Any]:
     extra_labels = settings.pod_labels if settings is not None else None

@@ -117,9 +117,11 @@ async def reconcile_once(ctx: Context) -> Pass:
         problem = Failure(Reason.POSTGRES_UNAVAILABLE, pg)
     redis_url = values[spec.redis.secret_for("operator")]
     draining_queues = _draining_queues(ctx)
-    measured, redis_problem = await _measure(ctx, redis_url, draining_queues)
+    measured, redis_problem = await _measure(ctx, url=redis_url, draining=draining_queues)
     problem = redis_problem or problem
-    decision = await _shards(ctx, redis_url, measured) if measured is not None else None
+    decision = (
+        await _shards(ctx, url=redis_url, measured=measured) if measured is not None else None
+    )
     shards = decision.shards if decision is not None else (ctx.status.shards or spec.shards)
     try:
         migration = await migrate(
@@ -254,7 +256,7 @@ def _draining_queues(ctx: Context) -> dict[str, dict[str, Any]]:
 
 
 async def _measure(
-    ctx: Context, url: str, draining: Mapping[str, Any]
+    ctx: Context, *, url: str, draining: Mapping[str, Any]
 ) -> tuple[Measurement | None, Failure | None]:
     client = ctx.redis(url)
     queues = [q.name for q in ctx.spec.queues] + list(draining)
@@ -270,7 +272,7 @@ async def _measure(
         return None, Failure(Reason.REDIS_UNAVAILABLE, redis_message(client, exc))
 
 
-async def _shards(ctx: Context, url: str, measured: Measurement) -> ShardDecision | None:
+async def _shards(ctx: Context, *, url: str, measured: Measurement) -> ShardDecision | None:
     queues = [q.name for q in ctx.spec.queues]
     desired = ctx.spec.shards
     left = draining_shards(measured.streams, queues=queues, shards=desired)

@@ -53,7 +53,7 @@ class Measurement:
 
 
 async def _pipelined(
-    client: RedisClient, queues: list[str], shards: int
+    client: RedisClient, *, queues: list[str], shards: int
 ) -> tuple[int | None, dict[str, tuple[int, int]]]:
     streams = [task_stream(q, s) for q in queues for s in range(shards)]
     pipe: Any = client.pipeline(transaction=False)
@@ -85,10 +85,10 @@ async def measure(client: RedisClient, *, queues: Iterable[str], shards: int) ->
     second round trip reads the streams up to it, so no entry goes unseen.
     """
     names = sorted(set(queues))
-    published, streams = await _pipelined(client, names, shards)
+    published, streams = await _pipelined(client, queues=names, shards=shards)
     if published is not None and published > shards:
         shards = published
-        published, streams = await _pipelined(client, names, shards)
+        published, streams = await _pipelined(client, queues=names, shards=shards)
     return Measurement(published=published, streams=streams, shards=shards)
 
 

@@ -76,7 +76,9 @@ def _deployment(
             "revisionHistoryLimit": 3,
             "selector": {"matchLabels": selector},
             "template": {
-                "metadata": pod_template_meta(labels, pod, settings, secrets_hash=secrets_hash),
+                "metadata": pod_template_meta(
+                    labels, pod, settings=settings, secrets_hash=secrets_hash
+                ),
                 "spec": pod,
             },
         },
@@ -263,6 +265,9 @@ def build_migration_job(
             "backoffLimit": 4,
             "activeDeadlineSeconds": 900,
             "ttlSecondsAfterFinished": MIGRATION_JOB_TTL,
-            "template": {"metadata": pod_template_meta(labels, pod, enqueuer), "spec": pod},
+            "template": {
+                "metadata": pod_template_meta(labels, pod, settings=enqueuer),
+                "spec": pod,
+            },
         },
     }

@@ -74,34 +74,43 @@ class Verdict:
     message: str = ""
 
 
-def _flag(type_: str, value: bool, reason: str, message: str = "") -> Verdict:
+def _flag(type_: str, value: bool, *, reason: str, message: str = "") -> Verdict:
     return Verdict(type_, "True" if value else "False", reason, message)
 
 
 def _ready(result: Pass) -> Verdict:
     problem, migration, rollout = result.problem, result.migration, result.rollout
     if problem is not None:
-        return _flag(READY, False, problem.reason, problem.message)
+        return _flag(READY, False, reason=problem.reason, message=problem.message)
     if migration is not None and not migration.done:
-        return _flag(READY, False, Reason.MIGRATING, migration.condition()[2])
+        return _flag(READY, False, reason=Reason.MIGRATING, message=migration.condition()[2])
     if rollout.unavailable:
         waiting = ", ".join(rollout.unavailable)
-        return _flag(READY, False, Reason.DEPLOYMENTS_UNAVAILABLE, f"not available yet: {waiting}")
+        return _flag(
+            READY,
+            False,
+            reason=Reason.DEPLOYMENTS_UNAVAILABLE,
+            message=f"not available yet: {waiting}",
+        )
     shards = "" if result.decision is None else f"; {result.decision.message}"
-    return _flag(READY, True, Reason.RECONCILED, f"every Deployment is available{shards}")
+    return _flag(
+        READY, True, reason=Reason.RECONCILED, message=f"every Deployment is available{shards}"
+    )
 
 
 def _progressing(rollout: Rollout) -> Verdict:
     if rollout.rolling:
         rolling = ", ".join(rollout.rolling)
-        return _flag(PROGRESSING, True, Reason.ROLLING_OUT, f"rolling out: {rolling}")
-    return _flag(PROGRESSING, False, Reason.ROLLOUT_COMPLETE)
+        return _flag(
+            PROGRESSING, True, reason=Reason.ROLLING_OUT, message=f"rolling out: {rolling}"
+        )
+    return _flag(PROGRESSING, False, reason=Reason.ROLLOUT_COMPLETE)
 
 
 def _degraded(problem: Failure | None) -> Verdict:
     if problem is not None:
-        return _flag(DEGRADED, True, problem.reason, problem.message)
-    return _flag(DEGRADED, False, Reason.AS_EXPECTED)
+        return _flag(DEGRADED, True, reason=problem.reason, message=problem.message)
+    return _flag(DEGRADED, False, reason=Reason.AS_EXPECTED)
 
 
 def verdicts(result: Pass) -> list[Verdict]:
@@ -111,13 +120,15 @@ def verdicts(result: Pass) -> list[Verdict]:
     if decision is not None:  # measured: what is left on removed shards is known
         reason = Reason.REMOVED_SHARDS_NOT_EMPTY if decision.draining else Reason.AS_EXPECTED
         draining = bool(decision.draining)
-        found.append(_flag(SHARDS_DRAINING, draining, reason, decision.draining_message))
+        found.append(
+            _flag(SHARDS_DRAINING, draining, reason=reason, message=decision.draining_message)
+        )
     if result.draining:
         left = "; ".join(f"{q}: {what}" for q, what in sorted(result.draining.items()))
         message = f"removed queues still hold work: {left}"
-        found.append(_flag(QUEUES_DRAINING, True, Reason.DRAINING, message))
+        found.append(_flag(QUEUES_DRAINING, True, reason=Reason.DRAINING, message=message))
     elif result.problem is None:
-        found.append(_flag(QUEUES_DRAINING, False, Reason.DRAINED))
+        found.append(_flag(QUEUES_DRAINING, False, reason=Reason.DRAINED))
     if result.migration is not None:
         found.append(Verdict(MIGRATED, *result.migration.condition()))
     return found

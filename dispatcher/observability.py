@@ -1,23 +1,59 @@
-"""The HTTP side of a process: Prometheus ``/metrics``, ``/healthz`` and ``/readyz``.
+"""What a process shows of itself: its Prometheus metrics, ``/metrics``, ``/healthz``, ``/readyz``.
 
-Liveness and readiness are callables the component provides, so the probes
-report real state (listener connected, Redis reachable) instead of "the
-process answers HTTP".
+``PrefixedMetrics`` declares one component's metrics in the registry it is given, each named
+with the component's prefix: the process registry that ``ObservabilityServer`` serves, or a
+fresh one in tests and embedders, so several components can live in one process. Liveness
+and readiness are callables the component provides, so the probes report real state
+(listener connected, Redis reachable) instead of "the process answers HTTP".
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
-__all__ = ["ObservabilityServer"]
+__all__ = ["ObservabilityServer", "PrefixedMetrics"]
 
 log = logging.getLogger(__name__)
 
 Probe = Callable[[], bool]
+
+
+class PrefixedMetrics:
+    """Declares metrics named ``prefix + name`` in ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry, *, prefix: str) -> None:
+        self.registry = registry
+        self.prefix = prefix
+
+    def counter(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
+        return Counter(self.prefix + name, documentation, labels, registry=self.registry)
+
+    def gauge(self, name: str, documentation: str, labels: Sequence[str] = ()) -> Gauge:
+        return Gauge(self.prefix + name, documentation, labels, registry=self.registry)
+
+    def histogram(
+        self,
+        name: str,
+        documentation: str,
+        labels: Sequence[str] = (),
+        *,
+        buckets: Sequence[float] = Histogram.DEFAULT_BUCKETS,
+    ) -> Histogram:
+        return Histogram(
+            self.prefix + name, documentation, labels, buckets=buckets, registry=self.registry
+        )
 
 
 class ObservabilityServer:

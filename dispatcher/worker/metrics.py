@@ -17,13 +17,13 @@ import collections
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from dispatcher.observability import PrefixedMetrics
 from dispatcher.stream.stats import StreamStats
 
 __all__ = ["QueueMetrics", "WorkerMetrics", "observe_many"]
 
-_PREFIX = "dispatcher_worker_"
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 
@@ -44,58 +44,42 @@ class WorkerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self._queues: dict[str, QueueMetrics] = {}
+        declare = PrefixedMetrics(registry, prefix="dispatcher_worker_")
         q = ["queue"]
-        self.handled = Counter(
-            _PREFIX + "handled", "Messages whose handler succeeded (acked).", q, registry=registry
+        self.handled = declare.counter("handled", "Messages whose handler succeeded (acked).", q)
+        self.failed = declare.counter("failed", "Handler runs that raised (left pending).", q)
+        self.dead_lettered = declare.counter(
+            "dead_lettered", "Messages moved to workflow.dead.<queue>, by reason.", [*q, "reason"]
         )
-        self.failed = Counter(
-            _PREFIX + "failed", "Handler runs that raised (left pending).", q, registry=registry
-        )
-        self.dead_lettered = Counter(
-            _PREFIX + "dead_lettered",
-            "Messages moved to workflow.dead.<queue>, by reason.",
-            [*q, "reason"],
-            registry=registry,
-        )
-        self.duplicates = Counter(
-            _PREFIX + "duplicates_suppressed",
+        self.duplicates = declare.counter(
+            "duplicates_suppressed",
             "Deliveries of an attempt already done: acked without running.",
             q,
-            registry=registry,
         )
-        self.lease_busy = Counter(
-            _PREFIX + "lease_busy",
+        self.lease_busy = declare.counter(
+            "lease_busy",
             "Deliveries left pending because another run holds the attempt's lease.",
             q,
-            registry=registry,
         )
-        self.latency = Histogram(
-            _PREFIX + "handler_seconds",
-            "Handler run time.",
-            q,
-            buckets=_LATENCY_BUCKETS,
-            registry=registry,
+        self.latency = declare.histogram(
+            "handler_seconds", "Handler run time.", q, buckets=_LATENCY_BUCKETS
         )
-        self._add_gauges(registry)
+        self._add_gauges(declare)
 
-    def _add_gauges(self, registry: CollectorRegistry) -> None:
+    def _add_gauges(self, declare: PrefixedMetrics) -> None:
         s = ["queue", "stream"]
-        self.in_flight = Gauge(_PREFIX + "in_flight", "Handlers running now.", registry=registry)
+        self.in_flight = declare.gauge("in_flight", "Handlers running now.")
         # Counted as a plain int on the hot path; the gauge reads it when scraped.
         self.running = 0
         self.in_flight.set_function(lambda: self.running)
-        self.streams = Gauge(_PREFIX + "streams", "Shard streams being read.", registry=registry)
-        self.stream_length = Gauge(
-            _PREFIX + "stream_length",
+        self.streams = declare.gauge("streams", "Shard streams being read.")
+        self.stream_length = declare.gauge(
+            "stream_length",
             "XLEN of a shard stream: backlog plus in-flight entries (acked ones are deleted).",
             s,
-            registry=registry,
         )
-        self.stream_pending = Gauge(
-            _PREFIX + "stream_pending",
-            "Entries delivered to the group and not yet acked.",
-            s,
-            registry=registry,
+        self.stream_pending = declare.gauge(
+            "stream_pending", "Entries delivered to the group and not yet acked.", s
         )
 
     def for_queue(self, queue: str) -> QueueMetrics:
