@@ -17,7 +17,7 @@ from dispatcher.models import TaskDispatch, TaskMessage, payload_fields
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import publish_shard_count, task_stream
 from dispatcher.worker import Worker, attempt_key, lease_key
-from tests.integration.test_worker_runtime import config, metric, running
+from tests.workers import config, metric, running
 
 _SEEN_BY_EARLIER: contextvars.ContextVar[str | None] = contextvars.ContextVar("seen", default=None)
 
