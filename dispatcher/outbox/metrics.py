@@ -55,6 +55,11 @@ class EnqueuerMetrics:
         self.batches = Counter(
             _PREFIX + "batches", "Claim batches processed (non-empty)", registry=registry
         )
+        self.notified_rows = Counter(
+            _PREFIX + "notified_rows",
+            "Outbox rows published from their notification, without a claim (the idle path)",
+            registry=registry,
+        )
         self.idle_announced = Counter(
             _PREFIX + "idle_announcements",
             "Times this enqueuer announced itself idle (outbox inserts NOTIFY until it withdraws)",
