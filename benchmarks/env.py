@@ -21,8 +21,8 @@ from pathlib import Path
 
 import psycopg
 
+from dispatcher._testing.servers import RedisProcess
 from dispatcher.outbox.schema import available_migrations
-from tests.fix_servers import RedisProcess
 
 __all__ = ["ADMIN_URL", "BenchEnv", "RedisProcess", "bench_env", "machine_facts"]
 

@@ -1,12 +1,11 @@
 """Test-suite wiring: fixtures live in the ``tests/fix_*.py`` plugin modules."""
 
 pytest_plugins = [
+    "tests.fix_db",
     "tests.fix_servers",
     "tests.fix_redis",
-    "tests.fix_db",
     "tests.fix_outbox",
     "tests.fix_kube",
-    "tests.fix_pg",
     "tests.fix_proxy",
     "tests.fix_pgbouncer",
 ]

@@ -21,38 +21,6 @@ from dispatcher.outbox import EnqueuerConfig, OutboxEnqueuer, OutboxRepository
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import RedisStreamPublisher, queue_streams
 
-# Payloads shaped like enqueue_dispatch's, built in SQL so 10k rows take milliseconds.
-BULK_INSERT = """
-INSERT INTO outbox (id, task_id, stream, payload, type, max_retries, backoff_seconds)
-SELECT %(prefix)s || g, %(prefix)s || g,
-       'workflow.tasks.' || %(queue)s || '.' || (g %% %(shards)s),
-       jsonb_build_object('task_id', %(prefix)s || g, 'run_id', 'r', 'workflow_id', 'wf',
-                          'workflow_version', 1, 'node_id', 'n', 'node_type', 't',
-                          'attempt', 1, 'input', '{}'),
-       'TASK_EXECUTION', %(max_retries)s, %(backoff)s
-  FROM generate_series(1, %(n)s) AS g
-"""
-
-
-def insert_rows(
-    url: str,
-    n: int,
-    *,
-    queue: str,
-    shards: int = 4,
-    prefix: str = "row-",
-    max_retries: int = 5,
-    backoff: int = 5,
-) -> list[str]:
-    """Insert ``n`` due rows in one transaction; return their ids."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            BULK_INSERT,
-            {"prefix": prefix, "queue": queue, "shards": shards, "n": n,
-             "max_retries": max_retries, "backoff": backoff},
-        )  # fmt: skip
-    return [f"{prefix}{i}" for i in range(1, n + 1)]
-
 
 def outbox_status(url: str) -> dict[str, int]:
     with psycopg.connect(url) as conn:

@@ -17,7 +17,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.fix_servers import free_port, wait_until
+from dispatcher._testing.servers import free_port
+from dispatcher._testing.waiting import eventually_sync
 
 __all__ = ["pgbouncer"]
 
@@ -79,7 +80,10 @@ def pgbouncer() -> Iterator[Callable[..., PgBouncerProcess]]:
         bouncer = PgBouncerProcess(Path(workdir), pool_mode, ignore)
         started.append(bouncer)
         probe = f"postgresql://postgres@127.0.0.1:{bouncer.port}/postgres"
-        wait_until(lambda: psycopg.connect(probe, connect_timeout=1).close() is None)
+        eventually_sync(
+            lambda: psycopg.connect(probe, connect_timeout=1).close() is None,
+            ignoring=(psycopg.OperationalError,),
+        )
         return bouncer
 
     yield start

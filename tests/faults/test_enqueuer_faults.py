@@ -16,9 +16,10 @@ from collections.abc import Callable
 
 import psycopg
 
+from dispatcher._testing.servers import RedisProcess
+from dispatcher._testing.waiting import eventually_sync
 from tests.faults.harness import Pipeline, scale
 from tests.faults.load import LoadSpec
-from tests.fix_servers import RedisProcess, wait_until
 
 RECOVERY_AGE = 3.0  # --recover-in-flight-after of ENQUEUER_FLAGS
 
@@ -46,7 +47,9 @@ def test_enqueuer_sigkilled_repeatedly_during_a_drain(
         before = p.handled()
         victim = p.enqueuer()
         # Let it claim and publish (progress downstream), then kill it at a random moment.
-        wait_until(lambda b=before: p.handled() > b or (load.done and p.handled() > 0), timeout=30)
+        eventually_sync(
+            lambda b=before: p.handled() > b or (load.done and p.handled() > 0), within=30
+        )
         time.sleep(rng.uniform(0.0, 0.3))
         victim.kill()
         p.fault("enqueuer SIGKILL")
@@ -64,7 +67,7 @@ def test_enqueuer_sigstopped_past_the_recovery_age_then_continued(
     p.worker()
     p.start_load(LoadSpec(tasks=s.tasks, rate=s.rate / 2))
     for _ in range(max(1, s.rounds // 3)):
-        wait_until(lambda: p.handled() > 0, timeout=30)
+        eventually_sync(lambda: p.handled() > 0, within=30)
         paused.signal(signal.SIGSTOP)
         p.fault("enqueuer SIGSTOP")
         p.fault("rows in flight at SIGSTOP", in_flight(p.db_url))

@@ -14,10 +14,10 @@ from typing import Any
 
 import psycopg
 
+from dispatcher._testing.servers import PostgresProcess, RedisProcess
+from dispatcher._testing.waiting import eventually_sync
 from tests.faults.harness import Pipeline, scale
 from tests.faults.load import LoadSpec
-from tests.fix_pg import PostgresProcess
-from tests.fix_servers import RedisProcess, wait_until
 
 TERMINATE_LISTENERS = """
 SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
@@ -55,7 +55,7 @@ def test_postgres_restarted_under_load(
     load = p.start_load(LoadSpec(tasks=s.tasks, rate=s.rate / 2))
     for _ in range(max(1, s.rounds // 2)):
         before = p.handled()
-        wait_until(lambda b=before: p.handled() > b + 20 or load.done, timeout=60)
+        eventually_sync(lambda b=before: p.handled() > b + 20 or load.done, within=60)
         pg_process.restart()
         p.fault("pg_ctl restart -m fast")
     p.verify(within=s.drain_within)

@@ -14,11 +14,12 @@ from collections.abc import Callable
 
 import psycopg
 
+from dispatcher._testing.servers import RedisClusterProcess, RedisProcess
+from dispatcher._testing.waiting import eventually_sync
 from dispatcher.stream import queue_streams
 from tests.faults.harness import Pipeline, scale
 from tests.faults.load import LoadSpec
 from tests.fix_proxy import TcpProxy
-from tests.fix_servers import RedisClusterProcess, RedisProcess, wait_until
 
 
 def test_redis_restarted_with_aof_and_paused(
@@ -85,10 +86,10 @@ def test_cluster_master_killed_replica_promoted_with_wait_replicas(
 
     victim, _ = _fail_over_a_lagging_master(cluster, p)
     # The new master has no replica: WAIT 1 cannot be met, its rows stay in the outbox.
-    wait_until(lambda: _retrying(p.db_url) > 0 or load.done, timeout=30)
+    eventually_sync(lambda: _retrying(p.db_url) > 0 or load.done, within=30)
     p.fault("rows kept unreplicated (RETRY)", _retrying(p.db_url))
     victim.start()  # rejoins as the new master's replica; WAIT 1 succeeds again
-    wait_until(lambda: victim.cli("ROLE").startswith("slave"), timeout=60)
+    eventually_sync(lambda: victim.cli("ROLE").startswith("slave"), within=60)
     p.verify(within=s.drain_within, duplicates_allowed=True)
 
 
@@ -107,10 +108,10 @@ def test_cluster_master_killed_without_wait_replicas_reports_what_was_lost(
     p = pipeline(cluster.url, cluster=True)
     p.enqueuer()
     load = p.start_load(LoadSpec(tasks=s.tasks, rate=s.rate / 2))
-    wait_until(lambda: load.attempted >= 20 or load.done, timeout=60)
+    eventually_sync(lambda: load.attempted >= 20 or load.done, within=60)
     victim, _ = _fail_over_a_lagging_master(cluster, p)
     victim.start()
-    wait_until(lambda: victim.cli("ROLE").startswith("slave"), timeout=60)
+    eventually_sync(lambda: victim.cli("ROLE").startswith("slave"), within=60)
     p.worker()
     p.worker()
     report = p.verify(within=s.drain_within, duplicates_allowed=True, loss_allowed=True)
@@ -140,15 +141,15 @@ def _fail_over_a_lagging_master(
     victim.kill()
     replica.resume()
     p.fault("cluster master SIGKILL")
-    wait_until(lambda: replica.cli("ROLE").startswith("master"), timeout=60)
-    wait_until(lambda: "cluster_state:ok" in replica.cli("CLUSTER", "INFO"), timeout=60)
+    eventually_sync(lambda: replica.cli("ROLE").startswith("master"), within=60)
+    eventually_sync(lambda: "cluster_state:ok" in replica.cli("CLUSTER", "INFO"), within=60)
     p.fault("replica promoted")
     return victim, replica
 
 
 def _progress(p: Pipeline, *, load_done: Callable[[], bool], by: int = 20) -> None:
     before = p.handled()
-    wait_until(lambda: p.handled() >= before + by or load_done(), timeout=60)
+    eventually_sync(lambda: p.handled() >= before + by or load_done(), within=60)
 
 
 def _retrying(db_url: str) -> int:

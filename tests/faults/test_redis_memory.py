@@ -17,9 +17,10 @@ from collections.abc import Callable
 
 import psycopg
 
+from dispatcher._testing.servers import RedisProcess
+from dispatcher._testing.waiting import eventually_sync
 from tests.faults.harness import LONG, Pipeline
 from tests.faults.load import LoadSpec
-from tests.fix_servers import RedisProcess, wait_until
 
 TASKS = 50_000
 PADDING = "x" * 560  # with the dispatch's own fields, ~0.7 KB per outbox payload
@@ -38,7 +39,7 @@ def test_redis_full_pauses_the_enqueuer_and_workers_drain_it_later(
         )
     )  # fmt: skip
     load.wait()
-    wait_until(lambda: "backpressure: Redis memory at" in enqueuer.tail(200), timeout=120)
+    eventually_sync(lambda: "backpressure: Redis memory at" in enqueuer.tail(200), within=120)
     p.fault("enqueuer paused (backpressure)")
     pending_at_pause = _outbox(p.db_url)["pending"]
     assert pending_at_pause > 0, "all 50,000 fitted: the scenario did not fill Redis"

@@ -20,12 +20,13 @@ from typing import Any
 
 import psycopg
 
+from dispatcher._testing.servers import RedisProcess
+from dispatcher._testing.waiting import eventually_sync
 from dispatcher.stream import parse_task_stream
 from tests.faults.checker import shard_streams
 from tests.faults.harness import ROOT, Pipeline, scale
 from tests.faults.load import LoadSpec
 from tests.fix_proxy import TcpProxy
-from tests.fix_servers import RedisProcess, wait_until
 
 QUEUES = 3
 
@@ -49,7 +50,7 @@ def _fail_some_publishes(p: Pipeline, proxy: TcpProxy) -> None:
     """Blackhole the enqueuer's Redis until some rows failed their publish and are in RETRY."""
     proxy.blackhole()
     try:
-        wait_until(lambda: _outbox(p, "RETRY") > 0, timeout=60)
+        eventually_sync(lambda: _outbox(p, "RETRY") > 0, within=60)
     finally:
         proxy.heal()
     p.fault("publish failed (blackhole) -> RETRY rows")
@@ -81,7 +82,7 @@ def test_shard_count_changed_up_and_down_under_load(
         )
     )  # fmt: skip
     for count in (8, 2, 5):
-        wait_until(lambda: p.handled() > 0, timeout=60)
+        eventually_sync(lambda: p.handled() > 0, within=60)
         _fail_some_publishes(p, proxy)
         done = _shards_set(p, count)
         print(done.stdout)  # shown with -s: the progress of each change
@@ -90,7 +91,7 @@ def test_shard_count_changed_up_and_down_under_load(
         p.fault(f"dispatcher shards set {count}")
     after_last = _entries_added(p.redis, queues)
     handled_at_last = p.handled()
-    wait_until(lambda: p.handled() > handled_at_last + s.tasks, timeout=s.drain_within)
+    eventually_sync(lambda: p.handled() > handled_at_last + s.tasks, within=s.drain_within)
     load.stop()  # the load ran through every change; now let the pipeline drain
     p.verify(within=s.drain_within)
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from dispatcher._testing.servers import RedisProcess
+from dispatcher._testing.waiting import eventually_sync
 from dispatcher.stream.naming import dead_letter_stream
 from tests.faults.harness import Pipeline, scale
 from tests.faults.load import LoadSpec
-from tests.fix_servers import RedisProcess, wait_until
 
 
 def test_workers_sigkilled_mid_handler(
@@ -27,7 +28,7 @@ def test_workers_sigkilled_mid_handler(
     rng = random.Random(8)
     for n in range(s.rounds):
         before = p.handled()
-        wait_until(lambda b=before: p.handled() >= b + 20 or load.done, timeout=60)
+        eventually_sync(lambda b=before: p.handled() >= b + 20 or load.done, within=60)
         victim = workers.pop(rng.randrange(len(workers)))
         victim.kill()  # handlers are sleeping inside it: they never finish
         p.fault("worker SIGKILL")

@@ -12,8 +12,8 @@ from typing import Any
 
 import psycopg
 
+from dispatcher._testing.data import insert_rows
 from dispatcher.outbox.queries import QUERIES
-from tests.fix_outbox import insert_rows
 
 NOT_YET_DUE = """
 INSERT INTO outbox (id, task_id, stream, payload, next_attempt_at)

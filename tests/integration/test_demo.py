@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -22,12 +27,23 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def test_demo_starts_its_own_servers_and_cleans_up(tmp_path: Path) -> None:
+@pytest.fixture
+def demo_tmpdir() -> Iterator[Path]:
+    """The demo's TMPDIR, reachable by PostgreSQL running as the postgres OS user (as root)."""
+    path = Path(tempfile.mkdtemp(prefix="od-demo-"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_demo_starts_its_own_servers_and_cleans_up(demo_tmpdir: Path) -> None:
     env = {
         **os.environ,
         "DATABASE_URL": "postgresql://demo@127.0.0.1:1/nowhere",
         "REDIS_URL": "redis://127.0.0.1:1/0",
-        "TMPDIR": str(tmp_path),
+        "TMPDIR": str(demo_tmpdir),
     }
     out = subprocess.run(
         [sys.executable, "-m", "dispatcher.cli", "demo", "--tasks", "2000", "--seed", "7"],
@@ -43,8 +59,8 @@ def test_demo_starts_its_own_servers_and_cleans_up(tmp_path: Path) -> None:
     assert int(committed) + int(rolled_back) == 2000
     assert int(rolled_back) > 0, "the demo rolls some transactions back"
     assert _row(out.stdout, "handled (unique)") == committed
-    assert list(tmp_path.iterdir()) == [], "temp dirs left behind"
-    assert processes_mentioning(str(tmp_path)) == [], "server processes left behind"
+    assert list(demo_tmpdir.iterdir()) == [], "temp dirs left behind"
+    assert processes_mentioning(str(demo_tmpdir)) == [], "server processes left behind"
 
 
 def _row(table: str, label: str) -> str:

@@ -31,6 +31,7 @@ import pytest
 import yaml
 from kmock._internal import rendering
 
+from dispatcher._testing.waiting import eventually
 from tests.fix_db import ADMIN_URL
 from tests.fix_kube import (
     DEPLOYMENTS,
@@ -42,7 +43,6 @@ from tests.fix_kube import (
     running_operator,
     secret,
 )
-from tests.helpers import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 CR_URL = f"/apis/dispatch.composer.dev/v1alpha1/namespaces/{NAMESPACE}/outboxdispatchers"

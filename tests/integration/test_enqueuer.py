@@ -10,13 +10,14 @@ import psycopg
 from prometheus_client import REGISTRY, CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 
+from dispatcher._testing.data import insert_rows
+from dispatcher._testing.servers import RedisProcess
+from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.outbox import OutboxRepository, enqueue_dispatch
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.stream import publish_shard_count, shard_for, task_stream
-from tests.fix_outbox import insert_rows, make_enqueuer, outbox_status, published, running
-from tests.fix_servers import RedisProcess
-from tests.helpers import eventually
+from tests.fix_outbox import make_enqueuer, outbox_status, published, running
 
 
 def dispatch(task_id: str, queue: str) -> TaskDispatch:

@@ -9,10 +9,11 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from dispatcher._testing.data import insert_rows
+from dispatcher._testing.waiting import eventually
 from dispatcher.outbox.idle_flag import IDLE_FLAG_KEY
 from dispatcher.redis_client import RedisClient
-from tests.fix_outbox import insert_rows, make_enqueuer, outbox_status, published, running
-from tests.helpers import eventually
+from tests.fix_outbox import make_enqueuer, outbox_status, published, running
 
 
 def notifications_after_insert(db_url: str, queue: str) -> list[str]:

@@ -17,10 +17,11 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from dispatcher._testing.data import insert_rows
+from dispatcher._testing.waiting import eventually
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import queue_streams
-from tests.fix_outbox import INSERT_ONE, flat_payload, insert_rows, make_enqueuer, running
-from tests.helpers import eventually
+from tests.fix_outbox import INSERT_ONE, flat_payload, make_enqueuer, running
 
 
 async def entry_ms(client: RedisClient, queue: str) -> dict[str, int]:

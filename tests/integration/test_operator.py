@@ -18,6 +18,7 @@ import redis.asyncio
 from controller.conditions import OutboxDispatcherStatus
 from controller.operator import Operator
 from controller.pods import CONFIG_HASH_ANNOTATION
+from dispatcher._testing.waiting import eventually
 from dispatcher.stream.naming import SHARDS_KEY
 from tests.fix_kube import (
     CR_RESOURCE,
@@ -33,7 +34,6 @@ from tests.fix_kube import (
     running_operator,
     secret,
 )
-from tests.helpers import eventually
 
 
 async def _apply(kube: KubeEmulator, body: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import pytest
 import redis.asyncio
 
 from controller.operator import Operator
+from dispatcher._testing.waiting import eventually
 from tests.fix_db import ADMIN_URL
 from tests.fix_kube import (
     CR_RESOURCE,
@@ -29,7 +30,6 @@ from tests.fix_kube import (
     running_operator,
     secret,
 )
-from tests.helpers import eventually
 
 DEPLOYMENTS_URL = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments"
 WORKERS = ("orders-worker-emails", "orders-worker-invoices")

@@ -19,6 +19,7 @@ import redis.asyncio
 from controller.conditions import OutboxDispatcherStatus
 from controller.identity import Owner, migration_job_name
 from controller.operator import Operator
+from dispatcher._testing.waiting import eventually
 from dispatcher.stream.naming import SHARDS_KEY
 from tests.fix_kube import (
     CR_RESOURCE,
@@ -33,7 +34,6 @@ from tests.fix_kube import (
     running_operator,
     secret,
 )
-from tests.helpers import eventually
 
 CR_URL = f"/apis/dispatch.composer.dev/v1alpha1/namespaces/{NAMESPACE}/outboxdispatchers"
 SECRETS_URL = f"/api/v1/namespaces/{NAMESPACE}/secrets"

@@ -13,6 +13,8 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
+from dispatcher._testing.data import insert_rows, publish, tasks
+from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import (
@@ -22,9 +24,7 @@ from dispatcher.stream import (
     task_stream,
 )
 from dispatcher.worker import Worker, WorkerConfig, attempt_key
-from tests.fix_outbox import insert_rows, make_enqueuer, outbox_status, published
-from tests.handlers import publish, tasks
-from tests.helpers import eventually
+from tests.fix_outbox import make_enqueuer, outbox_status, published
 
 
 def cli(*args: str, db_url: str, redis_url: str) -> subprocess.CompletedProcess[str]:

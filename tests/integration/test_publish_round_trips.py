@@ -13,8 +13,8 @@ from typing import Any, ClassVar
 
 from redis.asyncio import Connection, ConnectionPool, Redis, RedisCluster
 
+from dispatcher._testing.servers import RedisClusterProcess, RedisProcess
 from dispatcher.stream import RedisStreamPublisher, queue_streams, shard_for, task_stream
-from tests.fix_servers import RedisClusterProcess, RedisProcess
 
 N = 1000
 

@@ -6,10 +6,10 @@ import pytest
 import redis as sync_redis
 from redis.exceptions import ResponseError
 
+from dispatcher._testing.servers import RedisProcess
 from dispatcher.outbox.backpressure import MemoryMarks, RedisMemoryGate
 from dispatcher.redis_client import RedisClient, check_eviction_policy, connect_redis
 from dispatcher.stream.publisher import ensure_group
-from tests.fix_servers import RedisProcess
 
 
 class Clock:

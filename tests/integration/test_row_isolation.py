@@ -10,10 +10,10 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from dispatcher._testing.waiting import eventually
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import queue_streams
 from tests.fix_outbox import INSERT_ONE, charged, dead_letters, flat_payload, make_enqueuer, running
-from tests.helpers import eventually
 
 # Deeper than Python's recursion limit: json.loads raises RecursionError on it.
 DEEP = 3000

@@ -11,7 +11,6 @@ running throughout.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dispatcher._testing.waiting import eventually_sync
 from dispatcher.stream import DEFAULT_SHARDS, SHARDS_KEY, shard_for, task_stream
 from dispatcher.stream.naming import dead_letter_stream
 from tests.faults.harness import Pipeline
@@ -78,10 +78,9 @@ def test_fuzzed_payloads_are_handled_or_dead_lettered_and_no_loop_dies(
                 (outbox_id, outbox_id, task_stream(p.queue, len(outbox_id) % 4),
                  None if payload is None else json.dumps(payload)),
             )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while (missing := _unsettled(p, ids)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not missing, f"rows neither handled nor dead-lettered: {sorted(missing)[:5]}"
+    eventually_sync(
+        lambda: not _unsettled(p, ids), within=60, what="every row handled or dead-lettered"
+    )
     assert all(proc.alive() for proc in p.procs), [proc.tail() for proc in p.procs]
 
 
@@ -98,13 +97,8 @@ def test_a_row_aimed_at_a_key_of_the_wrong_type_ends_in_the_outbox_dlq(
             " VALUES ('wrongtype', 't', %s, '{}', 1, 1)",
             (stream,),
         )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            row = conn.execute("SELECT last_error FROM outbox_dlq WHERE id = 'wrongtype'")
-            if error := row.fetchone():
-                break
-            time.sleep(0.1)
-    assert error, "dead-lettered to outbox_dlq"
+        dlq = "SELECT last_error FROM outbox_dlq WHERE id = 'wrongtype'"
+        error = eventually_sync(lambda: conn.execute(dlq).fetchone(), within=60)
     assert "WRONGTYPE" in str(error[0])
     assert all(proc.alive() for proc in p.procs)
 

@@ -24,13 +24,12 @@ import pytest
 import redis as sync_redis
 from redis.exceptions import NoPermissionError, ResponseError
 
+from dispatcher._testing.servers import PostgresProcess, RedisProcess
+from dispatcher._testing.waiting import eventually
 from tests.faults.harness import ROOT, Pipeline
 from tests.faults.load import LoadSpec
 from tests.fix_kube import CR_RESOURCE, NAMESPACE, FakeClock, KubeEmulator, running_operator
 from tests.fix_kube import secret as k8s_secret
-from tests.fix_pg import PostgresProcess
-from tests.fix_servers import RedisProcess
-from tests.helpers import eventually
 
 DOC = ROOT / "docs" / "security.md"
 

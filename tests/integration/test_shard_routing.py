@@ -17,6 +17,8 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher import TaskDispatch, enqueue_dispatch
+from dispatcher._testing.data import insert_rows, publish, tasks
+from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import (
@@ -27,9 +29,7 @@ from dispatcher.stream import (
     task_stream,
 )
 from dispatcher.worker import Worker, WorkerConfig
-from tests.fix_outbox import insert_rows, make_enqueuer, outbox_status, running, spawn_enqueuer
-from tests.handlers import publish, tasks
-from tests.helpers import eventually
+from tests.fix_outbox import make_enqueuer, outbox_status, running, spawn_enqueuer
 
 
 def dispatch(queue: str, task_id: str) -> TaskDispatch:

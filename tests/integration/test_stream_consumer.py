@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from dispatcher._testing.waiting import eventually
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import (
     RedisStreamConsumer,
@@ -13,7 +14,6 @@ from dispatcher.stream import (
     queue_streams,
     task_stream,
 )
-from tests.helpers import poll
 
 GROUP = "workers"
 
@@ -83,7 +83,7 @@ async def test_unacked_message_is_reclaimed_by_another_consumer(
     (first,) = await crashed.read_new(1)
 
     assert await rescuer.reclaim_orphaned(min_idle_ms=60_000) == []  # not idle long enough
-    reclaimed = await poll(lambda: rescuer.reclaim_orphaned(min_idle_ms=100))
+    reclaimed = await eventually(lambda: rescuer.reclaim_orphaned(min_idle_ms=100))
 
     assert [(m.id, m.fields, m.delivery_count) for m in reclaimed] == [(first.id, {"n": "7"}, 2)]
     assert await crashed.pending_count() == 0
@@ -100,7 +100,7 @@ async def test_reclaim_follows_the_cursor_and_counts_every_message(
     await RedisStreamPublisher(any_redis).publish_many([(stream, {"n": str(i)}) for i in range(40)])
     assert len(await crashed.read_new(40)) == 40
 
-    reclaimed = await poll(lambda: rescuer.reclaim_orphaned(min_idle_ms=100))
+    reclaimed = await eventually(lambda: rescuer.reclaim_orphaned(min_idle_ms=100))
 
     assert sorted(int(m.fields["n"]) for m in reclaimed) == list(range(40))
     assert {m.delivery_count for m in reclaimed} == {2}
@@ -120,7 +120,7 @@ async def test_reclaiming_an_entry_deleted_meanwhile_does_not_crash(
     gone, kept = await crashed.read_new(2)
     await any_redis.xdel(stream, gone.id)
 
-    reclaimed = await poll(lambda: rescuer.reclaim_orphaned(min_idle_ms=100))
+    reclaimed = await eventually(lambda: rescuer.reclaim_orphaned(min_idle_ms=100))
 
     assert [m.id for m in reclaimed] == [kept.id]
     pending = await any_redis.xpending_range(stream, GROUP, "-", "+", 10)

@@ -14,12 +14,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from psycopg_pool import AsyncConnectionPool
 
+from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.outbox import enqueue_dispatch
 from dispatcher.redis_client import RedisClient
 from dispatcher.worker import Worker, WorkerConfig
 from tests.fix_outbox import make_enqueuer
-from tests.helpers import eventually
 
 _EXPORTER = InMemorySpanExporter()
 

@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import venv
 from pathlib import Path
 
@@ -24,7 +23,8 @@ import psycopg
 import pytest
 import redis as sync_redis
 
-from tests.fix_outbox import insert_rows
+from dispatcher._testing.data import insert_rows
+from dispatcher._testing.waiting import eventually_sync
 from tests.unit.test_deploy_images import build_sources
 
 pytestmark = pytest.mark.slow
@@ -74,14 +74,6 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _wait(predicate: object, *, within: float = 60.0) -> None:
-    assert callable(predicate)
-    deadline = time.monotonic() + within
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
-
-
 def test_the_wheel_migrates_dispatches_and_reports(
     shipped: Path, empty_db_url: str, redis_url: str, queue: str, tmp_path: Path
 ) -> None:
@@ -118,7 +110,7 @@ def test_the_wheel_migrates_dispatches_and_reports(
                 and all(g["pending"] == 0 and g["entries-read"] for g in groups)
             )
 
-        _wait(handled)
+        eventually_sync(handled, within=60, interval=0.1)
         status = json.loads(_run(shipped / "dispatcher", "status", "--json", cwd=tmp_path, env=env))
     finally:
         for proc in procs:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 
+from dispatcher._testing.data import publish, tasks
+from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import publish_shard_count
 from dispatcher.worker import Worker
-from tests.handlers import publish, tasks
-from tests.helpers import eventually
 from tests.integration.test_worker_runtime import config, metric, running
 
 _SEEN_BY_EARLIER: contextvars.ContextVar[str | None] = contextvars.ContextVar("seen", default=None)

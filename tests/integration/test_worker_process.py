@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import redis as sync_redis
 
+from dispatcher._testing.data import GROUP, publish, tasks
+from dispatcher._testing.waiting import eventually, eventually_sync
 from dispatcher.models import TaskDispatch
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import dead_letter_stream, publish_shard_count, queue_streams
 from dispatcher.worker import Worker, WorkerConfig
-from tests.fix_servers import wait_until
-from tests.handlers import GROUP, publish, slow, tasks
-from tests.helpers import eventually
+from tests.handlers import slow
 
 ROOT = Path(__file__).resolve().parents[2]
 LOG_KEY = "handler-log"
@@ -105,7 +105,7 @@ async def test_tasks_of_a_killed_worker_are_completed_by_another(
     spawn.append(victim)
     published = tasks(queue, 8, input={"sleep": 1.5})
     await publish(redis_standalone, published, shards=4)
-    wait_until(lambda: sum(events(log, "started").values()) >= 4, timeout=20)
+    eventually_sync(lambda: sum(events(log, "started").values()) >= 4, within=20)
     victim.kill()  # SIGKILL in the middle of four handlers
     assert not events(log, "done")
 
@@ -146,7 +146,7 @@ async def test_sigterm_lets_running_handlers_finish_and_exits_zero(
     spawn.append(worker)
     published = tasks(queue, 4, input={"sleep": 1.0})
     await publish(redis_standalone, published, shards=4)
-    wait_until(lambda: sum(events(log, "started").values()) == 4, timeout=20)
+    eventually_sync(lambda: sum(events(log, "started").values()) == 4, within=20)
 
     worker.proc.send_signal(signal.SIGTERM)
 
@@ -172,7 +172,7 @@ async def test_sigterm_past_the_grace_period_keeps_work_pending(
     spawn.append(worker)
     (task,) = tasks(queue, 1, input={"sleep": 2})
     await publish(redis_standalone, [task], shards=1)
-    wait_until(lambda: events(log, "started"), timeout=20)
+    eventually_sync(lambda: events(log, "started"), within=20)
 
     worker.proc.send_signal(signal.SIGTERM)
 
@@ -204,7 +204,7 @@ async def test_a_killed_workers_entries_are_run_again_not_dead_lettered(
     spawn.extend([victim, survivor])
     published = tasks(queue, 200, input={"sleep": 0.3})
     await publish(redis_standalone, published, shards=4)
-    wait_until(lambda: sum(events(log, "started").values()) >= 24, timeout=30)
+    eventually_sync(lambda: sum(events(log, "started").values()) >= 24, within=30)
     victim.kill()  # SIGKILL with handlers in hand
 
     await eventually(lambda: _all_done(log, published), within=120)
@@ -237,7 +237,7 @@ async def test_sigterm_past_the_grace_period_never_lets_a_sync_run_overlap_anoth
     spawn.append(first)
     (task,) = tasks(queue, 1, input={"first_sleep": 20})
     await publish(redis_standalone, [task], shards=1)
-    wait_until(lambda: events(log, "started"), timeout=30)
+    eventually_sync(lambda: events(log, "started"), within=30)
     second = WorkerProcess(redis_url, tmp_path, "--consumer", "second", *common)
     spawn.append(second)
 

@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
+from dispatcher._testing.data import GROUP, publish, tasks
+from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import dead_letter_stream, publish_shard_count, queue_streams, task_stream
 from dispatcher.stream.stats import stream_stats
 from dispatcher.worker import Handler, Worker, WorkerConfig, attempt_key
-from tests.handlers import GROUP, publish, tasks
-from tests.helpers import eventually, poll
 
 FAST = WorkerConfig(
     queues=("placeholder",),
@@ -114,7 +114,7 @@ async def test_a_failing_task_is_dead_lettered_and_others_flow(
     worker = Worker(any_redis, handle, config(queue))
     async with running(worker):
         (poison_id, *_) = await publish(any_redis, [poison, *healthy], shards=4)
-        dead = await poll(lambda: any_redis.xrange(dead_letter_stream(queue)), within=30)
+        dead = await eventually(lambda: any_redis.xrange(dead_letter_stream(queue)), within=30)
         await eventually(lambda: _settled(seen, len(healthy)))
 
     assert sorted(seen) == sorted(t.task_id for t in healthy)
@@ -152,7 +152,7 @@ async def test_a_malformed_entry_is_dead_lettered_at_once(
     stream = task_stream(queue, 2)
     async with running(worker):
         bad_id = await any_redis.xadd(stream, {"task_id": "x", "input": "{not json"})
-        dead = await poll(lambda: any_redis.xrange(dead_letter_stream(queue)))
+        dead = await eventually(lambda: any_redis.xrange(dead_letter_stream(queue)))
         good = tasks(queue, 5)
         await publish(any_redis, good, shards=4)
         await eventually(lambda: _settled(seen, 5))
@@ -293,8 +293,8 @@ async def test_stop_leaves_the_group_only_with_nothing_pending(
 async def test_probes_and_metrics_are_served(redis_standalone: RedisClient, queue: str) -> None:
     import aiohttp
 
+    from dispatcher._testing.servers import free_port
     from dispatcher.observability import ObservabilityServer
-    from tests.fix_servers import free_port
 
     seen: list[str] = []
     worker = Worker(redis_standalone, recorder(seen), config(queue, shards=1))

@@ -165,7 +165,14 @@ def test_enqueuer_flags_are_finite_numbers_or_exit_2_with_one_error_line(
 def test_worker_flags_are_finite_numbers_or_exit_2_with_one_error_line(
     flag: str, value: str
 ) -> None:
-    argv = ["worker", "--queue", "q", "--handler", "tests.handlers:noop", f"{flag}={value}"]
+    argv = [
+        "worker",
+        "--queue",
+        "q",
+        "--handler",
+        "dispatcher._testing.handlers:noop",
+        f"{flag}={value}",
+    ]
     args = _parse_or_exit(argv)
     if args is None:
         return
