@@ -10,59 +10,21 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import hiredis  # a dependency: redis[hiredis]
 from redis.asyncio import Redis, RedisCluster
-from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import RedisError
+
+from dispatcher.redis_connection import packing_class
 
 __all__ = [
     "RedisClient",
     "check_eviction_policy",
     "connect_redis",
     "memory_infos",
-    "use_hiredis_packing",
 ]
 
 log = logging.getLogger(__name__)
 
 RedisClient = Redis | RedisCluster
-
-_python_pack_command = AbstractConnection.pack_command
-
-
-def _hiredis_pack_command(self: AbstractConnection, *args: Any) -> list[bytes]:
-    """``pack_command`` in C (hiredis), as redis-py's sync client already does it.
-
-    Arguments hiredis does not take (bool, None, bytearray, memoryview) and
-    encodings other than strict UTF-8 go to redis-py's own packer, so the
-    bytes on the wire and the errors raised are exactly what they were.
-    """
-    encoder = self.encoder
-    if encoder.encoding.lower().replace("-", "") == "utf8" and encoder.encoding_errors == "strict":
-        if isinstance(args[0], str):
-            args = (*args[0].encode().split(), *args[1:])
-        elif b" " in args[0]:
-            args = (*args[0].split(), *args[1:])
-        try:
-            return [hiredis.pack_command(args)]
-        except TypeError:
-            pass
-    return _python_pack_command(self, *args)
-
-
-def use_hiredis_packing() -> bool:
-    """Let redis-py's asyncio connections pack commands with hiredis; True if in effect.
-
-    redis-py 5-8 use hiredis to pack commands only in the sync client; the
-    asyncio client packs every argument in Python, which was 37 % of the
-    enqueuer's CPU while draining (a 50-row XADD pipeline is ~1,000
-    arguments). Patching the one method covers standalone and Cluster
-    connections alike (the Cluster client does not take a connection class).
-    """
-    if not hasattr(hiredis, "pack_command"):  # hiredis < 2
-        return False
-    AbstractConnection.pack_command = _hiredis_pack_command  # type: ignore[method-assign]
-    return True
 
 
 def connect_redis(
@@ -74,22 +36,32 @@ def connect_redis(
 ) -> RedisClient:
     """Create (lazily connecting) an asyncio client for ``url``.
 
-    Responses are decoded to ``str``: stream fields are UTF-8 JSON text.
+    Responses are decoded to ``str``: stream fields are UTF-8 JSON text. Its
+    connections pack commands with hiredis (``dispatcher.redis_connection``).
     """
-    use_hiredis_packing()
     if cluster:
-        return RedisCluster.from_url(
+        cluster_client = RedisCluster.from_url(
             url,
             decode_responses=True,
             socket_timeout=socket_timeout,
             health_check_interval=health_check_interval,
         )
-    return Redis.from_url(
+        # RedisCluster takes no connection class (it picks redis-py's TCP or TLS one); its
+        # nodes, made now and on every refresh of the slot map, take theirs from here.
+        kwargs = cluster_client.connection_kwargs
+        kwargs["connection_class"] = packing_class(kwargs["connection_class"])
+        for node in cluster_client.nodes_manager.startup_nodes.values():
+            node.connection_class = kwargs["connection_class"]
+        return cluster_client
+    client = Redis.from_url(
         url,
         decode_responses=True,
         socket_timeout=socket_timeout,
         health_check_interval=health_check_interval,
     )
+    pool = client.connection_pool
+    pool.connection_class = packing_class(pool.connection_class)
+    return client
 
 
 async def memory_infos(client: RedisClient) -> list[dict[str, Any]]:

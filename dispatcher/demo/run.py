@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import hiredis  # a dependency: redis[hiredis]
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
@@ -33,8 +34,6 @@ from dispatcher.outbox import (
 from dispatcher.outbox.repository import enqueuer_pool
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.stream import (
-    Fields,
-    PublishResult,
     RedisStreamPublisher,
     dead_letter_stream,
     queue_streams,
@@ -81,15 +80,24 @@ class _RecordingPublisher(RedisStreamPublisher):
         super().__init__(client, group=WORKER_GROUP)
         self._progress = progress
 
-    async def publish_many(
-        self, entries: Sequence[tuple[str, Fields]], **kw: Any
-    ) -> list[PublishResult]:
-        results = await super().publish_many(entries, **kw)
+    async def publish_packed(
+        self, streams: Sequence[str], commands: Sequence[str], **kw: Any
+    ) -> list[Any]:
+        replies = await super().publish_packed(streams, commands, **kw)
         now = time.perf_counter()
-        for (_, fields), result in zip(entries, results, strict=True):
-            if result.ok:
-                self._progress.published_at.setdefault(fields.get("task_id", ""), now)
-        return results
+        for command, reply in zip(commands, replies, strict=True):
+            if not isinstance(reply, BaseException):
+                self._progress.published_at.setdefault(_task_id(command), now)
+        return replies
+
+
+def _task_id(command: str) -> str:
+    """The task_id field of a packed XADD command (the demo's own payloads have one)."""
+    reader = hiredis.Reader(encoding="utf-8")
+    reader.feed(command.encode())
+    args = reader.gets()
+    fields = dict(zip(args[3::2], args[4::2], strict=True)) if isinstance(args, list) else {}
+    return str(fields.get("task_id", ""))
 
 
 async def _produce(

@@ -9,6 +9,7 @@ nothing. Abandoned, it rolls back and its rows are due again, untouched.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -28,14 +29,35 @@ class ClaimedBatch:
     and dead-letters in that transaction and commits it, in one round trip.
     If the batch is abandoned (an exception, a cancellation, a crash) the
     transaction rolls back and the rows are due again, untouched.
+
+    The claim's rows are kept as they came (in ``ClaimedRow``'s field order);
+    ``column`` reads one field of every row for the publishing path, and
+    ``rows`` makes a ``ClaimedRow`` of each only when asked (the rows of a
+    batch that went out whole never are).
     """
 
-    def __init__(self, conn: AsyncConnection[Any], token: uuid.UUID, rows: list[ClaimedRow]):
+    def __init__(self, conn: AsyncConnection[Any], token: uuid.UUID, raw: list[tuple[Any, ...]]):
         self._conn = conn
         self.token = token
-        self.rows = rows
+        self._raw = raw
+        self._rows: list[ClaimedRow] | None = None
+        self.ids: list[str] = [r[0] for r in raw]
         self.settled = False
         self.journal: asyncio.Task[None] | None = None  # the journal row being written
+
+    def __len__(self) -> int:
+        return len(self._raw)
+
+    @property
+    def rows(self) -> list[ClaimedRow]:
+        if self._rows is None:
+            self._rows = [ClaimedRow(*r) for r in self._raw]
+        return self._rows
+
+    def column(self, name: str) -> list[Any]:
+        """One of ``ClaimedRow``'s fields for every row, in the claim's order."""
+        index = _COLUMNS[name]
+        return [r[index] for r in self._raw]
 
     async def settle(
         self, sent: Sequence[str], retries: Sequence[Retry] = (), dead: Sequence[Retry] = ()
@@ -44,7 +66,10 @@ class ClaimedBatch:
             await self.journal  # its row must exist before the commit that deletes it
         if not retries and not dead:  # the common case: one statement and COMMIT, one execute
             cur = AsyncClientCursor(self._conn)
-            await cur.execute(_SETTLE_SENT, {"token": self.token, "ids": list(sent)})
+            if len(sent) == len(self) and self._raw:
+                await cur.execute(_SETTLE_ALL, {"token": self.token})
+            else:
+                await cur.execute(_SETTLE_SENT, {"token": self.token, "ids": list(sent)})
             self.settled = True
             return
         async with self._conn.pipeline():
@@ -70,6 +95,14 @@ def _retry_params(retries: Sequence[Retry]) -> dict[str, Any]:
     }
 
 
+_COLUMNS = {f.name: i for i, f in enumerate(dataclasses.fields(ClaimedRow))}
+_SETTLE_ALL = "; ".join(
+    [
+        QUERIES["delete_claimed"].rstrip(";"),
+        QUERIES["close_journal"].rstrip(";"),
+        "COMMIT",
+    ]
+)
 _SETTLE_SENT = "; ".join(
     [
         QUERIES["close_journal"].rstrip(";"),

@@ -11,14 +11,19 @@ The worker's twin is ``dispatcher.worker.metrics``, the operator's
 
 from __future__ import annotations
 
+import bisect
+import collections
 import functools
+import itertools
+import operator
+from collections.abc import Sequence
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Histogram
 
 from dispatcher.observability import PrefixedMetrics
 from dispatcher.stream.naming import queue_of_stream
 
-__all__ = ["EnqueuerMetrics", "queue_label"]
+__all__ = ["EnqueuerMetrics", "observe_ages", "queue_label"]
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
@@ -43,6 +48,10 @@ class EnqueuerMetrics:
             "Batches whose settling transaction failed (rows rolled back, published again)",
         )
         self.batches = declare.counter("batches", "Claim batches processed (non-empty)")
+        self.notified_rows = declare.counter(
+            "notified_rows",
+            "Outbox rows published from their notification, without a claim (the idle path)",
+        )
         self.idle_announced = declare.counter(
             "idle_announcements",
             "Times this enqueuer announced itself idle (outbox inserts NOTIFY until it withdraws)",
@@ -77,3 +86,24 @@ class EnqueuerMetrics:
 @functools.lru_cache(maxsize=4096)
 def queue_label(stream: str) -> str:
     return queue_of_stream(stream) or "other"
+
+
+def observe_ages(histogram: Histogram, ages: Sequence[float], *, plus: float) -> None:
+    """``histogram.observe(age + plus)`` for every age, as one add per bucket.
+
+    ``observe`` scans the buckets and takes a lock once per value, which was the
+    largest share of the enqueuer's CPU per row once PostgreSQL packs the entries.
+    Without the client's bucket internals (another version), it observes one by one.
+    """
+    bounds = getattr(histogram, "_upper_bounds", None)
+    buckets = getattr(histogram, "_buckets", None)
+    total = getattr(histogram, "_sum", None)
+    if bounds is None or buckets is None or total is None:
+        for age in ages:
+            histogram.observe(age + plus)
+        return
+    values = list(map(operator.add, ages, itertools.repeat(plus)))  # in C, as the rest
+    counts = collections.Counter(map(functools.partial(bisect.bisect_left, bounds), values))
+    for i, n in counts.items():
+        buckets[i].inc(n)
+    total.inc(sum(values))

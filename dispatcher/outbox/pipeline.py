@@ -1,9 +1,13 @@
-"""One batch from claim to report: lock -> encode -> publish -> settle -> report.
+"""One batch from claim to report: claim -> publish -> settle -> report.
 
 A batch is one transaction: it locks due rows (FOR UPDATE SKIP LOCKED),
-encodes each row's stream entry, publishes them in one pipelined round trip
-and settles them before it commits: published rows are deleted, failed ones
-rescheduled with backoff or dead-lettered. The row locks are the claim; if
+which PostgreSQL returns with each row's stream entry already routed and
+packed as an XADD command; they go to Redis in one write (per node) and are
+settled before the transaction commits: published rows are deleted, failed
+ones rescheduled with backoff or dead-lettered. The few rows PostgreSQL leaves
+to the enqueuer (a payload its encoder could write otherwise, a trace context
+to continue) are routed and encoded here. No per-row object is made for a
+batch that publishes whole. The row locks are the claim; if
 anything escapes before the settlement commits, the transaction rolls back and
 the rows are due again (recovery reads the batch's journal row).
 
@@ -19,22 +23,34 @@ import collections
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from redis.exceptions import RedisError
 
 from dispatcher.models import payload_fields
 from dispatcher.outbox.backpressure import RedisMemoryGate
-from dispatcher.outbox.metrics import EnqueuerMetrics, queue_label
+from dispatcher.outbox.claim import ClaimedBatch
+from dispatcher.outbox.inflight import InFlight
+from dispatcher.outbox.metrics import EnqueuerMetrics, observe_ages, queue_label
 from dispatcher.outbox.outcomes import ClaimedRow, Outcomes, plan_outcomes
 from dispatcher.outbox.repository import OutboxRepository
 from dispatcher.stream.entries import PublishResult
 from dispatcher.stream.naming import route_stream
-from dispatcher.stream.publisher import RedisStreamPublisher
+from dispatcher.stream.publisher import RedisStreamPublisher, xadd_command
 from dispatcher.stream.shard_count import InvalidShardCount, LiveShardCount
-from dispatcher.tracing import child_span
+from dispatcher.tracing import TRACE_FIELDS, child_span, tracing_enabled
 
-__all__ = ["FALLBACK_STREAM", "BatchPipeline", "BatchSettings", "target_stream"]
+__all__ = [
+    "FALLBACK_STREAM",
+    "BatchPipeline",
+    "BatchSettings",
+    "Entry",
+    "encode_rows",
+    "publish_entries",
+    "target_stream",
+]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +95,7 @@ class BatchPipeline:
         settings: BatchSettings = BatchSettings(),
         shard_count: LiveShardCount | None = None,
         memory: RedisMemoryGate | None = None,
+        inflight: InFlight | None = None,
     ) -> None:
         self.settings = settings
         self._repo = repository
@@ -86,84 +103,212 @@ class BatchPipeline:
         self._shards = shard_count or LiveShardCount(publisher.client)
         self._memory = memory
         self._metrics = metrics
+        self._inflight = inflight or InFlight()
+        # A row that carries a trace context gets a publish span, opened here: PostgreSQL
+        # leaves such rows to the enqueuer while OpenTelemetry is installed.
+        self._keep = TRACE_FIELDS[:1] if tracing_enabled() else ()
 
-    async def run(self, *, probe: bool = False) -> int:
-        """Lock, publish and settle one batch; return how many rows it held.
+    async def run(self, *, probe: bool = False, min_age: float = 0.0) -> int:
+        """Claim, publish and settle one batch; return how many rows it held.
 
         With ``probe``, the batch is one suspect row alone (see the repository).
+        Rows due less than ``min_age`` seconds ago are left for another enqueuer.
         """
         s = self.settings
-        async with self._repo.claim_batch(s.batch_size, hold_for=s.hold_for, probe=probe) as batch:
-            if not batch.rows:
+        shards, unknown = await self._shard_count()
+        claim = self._repo.claim_batch(
+            s.batch_size,
+            hold_for=s.hold_for,
+            probe=probe,
+            shards=shards,
+            keep=self._keep,
+            min_age=min_age,
+        )
+        async with claim as batch:
+            size = len(batch)
+            if not size:
                 return 0
-            rows = batch.rows
-            self._metrics.in_flight.inc(len(rows))
+            if not self._inflight.claim(batch.ids):
+                # Some are out from their notifications (their delete follows): let go of
+                # every row untouched, uncharged; the next claim takes the others.
+                await batch.settle([])
+                return size
             try:
-                with contextlib.ExitStack() as spans:
-                    results = await self._publish(rows, spans)
-                outcomes = plan_outcomes(rows, results)
-                if self._memory is not None:
-                    self._memory.published(sum(len(r.payload or "") for r in rows), len(rows))
-                    if outcomes.held:
-                        self._memory.refused()
-                try:
-                    await batch.settle(outcomes.sent, outcomes.retry, outcomes.dead)
-                except BaseException:
-                    self._metrics.unsettled.inc()
-                    log.error(
-                        "could not settle a batch of %d rows (%d published): they stay in the "
-                        "outbox and are published again",
-                        len(rows),
-                        len(outcomes.sent),
-                    )
-                    raise
+                return await self._publish_and_settle(batch, shards, unknown)
             finally:
-                self._metrics.in_flight.dec(len(rows))
-        _report(rows, outcomes, metrics=self._metrics)
-        self._metrics.batches.inc()
-        return len(rows)
+                self._inflight.unclaim(batch.ids)
 
-    async def _publish(
-        self, rows: list[ClaimedRow], spans: contextlib.ExitStack
-    ) -> list[PublishResult]:
-        """One result per row, in order: rows that could not be encoded fail alone."""
+    async def _publish_and_settle(
+        self, batch: ClaimedBatch, shards: int, unknown: BaseException | None
+    ) -> int:
+        size = len(batch)
+        self._metrics.in_flight.inc(size)
+        try:
+            with contextlib.ExitStack() as spans:
+                replies, packed = await self._publish(batch, shards, unknown, spans)
+            outcomes = _outcomes(batch, replies)
+            if self._memory is not None:
+                self._memory.published(packed, size)
+                if outcomes.held:
+                    self._memory.refused()
+            try:
+                await batch.settle(outcomes.sent, outcomes.retry, outcomes.dead)
+            except BaseException:
+                self._metrics.unsettled.inc()
+                log.error(
+                    "could not settle a batch of %d rows (%d published): they stay in the "
+                    "outbox and are published again",
+                    size,
+                    len(outcomes.sent),
+                )
+                raise
+        finally:
+            self._metrics.in_flight.dec(size)
+        _report(batch, outcomes, metrics=self._metrics)
+        self._metrics.batches.inc()
+        return size
+
+    async def _shard_count(self) -> tuple[int, BaseException | None]:
+        """The live shard count, or the error that every row of the batch then fails with."""
         try:
             timeout = self.settings.publish_timeout
-            shards = await asyncio.wait_for(self._shards.current(), timeout)
+            return await asyncio.wait_for(self._shards.current(), timeout), None
         except (TimeoutError, RedisError, OSError, InvalidShardCount) as exc:
-            return [PublishResult(stream=r.stream, error=exc) for r in rows]  # retried
-        results: list[PublishResult | None] = []
-        entries: list[Entry] = []
-        for row in rows:
-            try:
-                entries.append(_traced(_entry(row, shards), spans))
-                results.append(None)
-            except Exception as exc:
-                log.error("outbox row %s cannot be published: %s", row.id, _short(exc))
-                results.append(PublishResult(stream=row.stream, error=exc))
-        started = time.monotonic()
-        sent = iter(await self._publish_entries(entries) if entries else [])
-        elapsed = time.monotonic() - started
-        merged = [r if r is not None else next(sent) for r in results]
-        for row, result in zip(rows, merged, strict=True):
-            if result.ok:
-                self._metrics.commit_to_publish.observe(row.age_seconds + elapsed)
-        return merged
+            return 1, exc  # retried
 
-    async def _publish_entries(self, entries: list[Entry]) -> list[PublishResult]:
+    async def _publish(
+        self,
+        batch: ClaimedBatch,
+        shards: int,
+        unknown: BaseException | None,
+        spans: contextlib.ExitStack,
+    ) -> tuple[list[Any], int]:
+        """One reply per row, in order (an entry id, or the error the row failed with).
+
+        And the size of the commands written (characters), for the memory gate.
+        """
+        if unknown is not None:
+            return [unknown] * len(batch), 0
+        streams, commands = batch.column("target"), batch.column("command")
+        failed: dict[int, BaseException] = {}
+        if None in commands:
+            failed = _encode_here(batch, shards, spans, streams=streams, commands=commands)
+        todo = [i for i in range(len(batch)) if i not in failed] if failed else None
+        started = time.monotonic()
+        if todo is None:
+            replies = await self._publish_packed(streams, commands)
+        else:
+            sent = iter(
+                await self._publish_packed([streams[i] for i in todo], [commands[i] for i in todo])
+            )
+            replies = [failed[i] if i in failed else next(sent) for i in range(len(batch))]
+        elapsed = time.monotonic() - started
+        ages = batch.column("age_seconds")
+        if failed or any(isinstance(reply, BaseException) for reply in replies):
+            ages = [
+                a for a, r in zip(ages, replies, strict=True) if not isinstance(r, BaseException)
+            ]
+        observe_ages(self._metrics.commit_to_publish, ages, plus=elapsed)
+        return replies, sum(map(len, filter(None, commands)))
+
+    async def _publish_packed(self, streams: list[str], commands: list[str]) -> list[Any]:
         s = self.settings
         started = time.monotonic()
         try:
-            results = await asyncio.wait_for(
-                self._publisher.publish_many(
-                    entries, wait_replicas=s.wait_replicas, wait_timeout_ms=s.wait_timeout_ms
+            replies = await asyncio.wait_for(
+                self._publisher.publish_packed(
+                    streams,
+                    commands,
+                    wait_replicas=s.wait_replicas,
+                    wait_timeout_ms=s.wait_timeout_ms,
                 ),
                 s.publish_timeout,
             )
         except (TimeoutError, RedisError, OSError) as exc:
-            results = [PublishResult(stream=stream, error=exc) for stream, _ in entries]
+            replies = [exc] * len(commands)
         self._metrics.publish_latency.observe(time.monotonic() - started)
-        return results
+        return replies
+
+
+def _encode_here(
+    batch: ClaimedBatch,
+    shards: int,
+    spans: contextlib.ExitStack,
+    *,
+    streams: list[Any],
+    commands: list[Any],
+) -> dict[int, BaseException]:
+    """Route and encode the rows the claim left to the enqueuer, in place; the rows that failed.
+
+    Whatever building a row's entry raises fails that row alone.
+    """
+    failed: dict[int, BaseException] = {}
+    for i, row in enumerate(batch.rows):
+        if commands[i] is not None:
+            continue
+        try:
+            stream, fields = _traced(_entry(row, shards), spans)
+            streams[i], commands[i] = stream, xadd_command(stream, fields)
+        except Exception as exc:
+            log.error("outbox row %s cannot be published: %s", row.id, _short(exc))
+            failed[i] = exc
+    return failed
+
+
+def encode_rows(
+    rows: Sequence[ClaimedRow], shards: int, spans: contextlib.ExitStack
+) -> tuple[list[Entry], list[PublishResult | None]]:
+    """Route and encode rows here, as for the rows a claim leaves to the enqueuer.
+
+    The second list has one item per row: None for a row whose entry is in the
+    first list (in order), the error for a row that cannot be encoded.
+    """
+    results: list[PublishResult | None] = []
+    entries: list[Entry] = []
+    for row in rows:
+        try:
+            entries.append(_traced(_entry(row, shards), spans))
+            results.append(None)
+        except Exception as exc:
+            log.error("outbox row %s cannot be published: %s", row.id, _short(exc))
+            results.append(PublishResult(stream=row.stream, error=exc))
+    return entries, results
+
+
+async def publish_entries(
+    publisher: RedisStreamPublisher,
+    entries: list[Entry],
+    *,
+    settings: BatchSettings,
+    metrics: EnqueuerMetrics,
+) -> list[PublishResult]:
+    """One pipelined publish (with WAIT when asked), bounded by the publish timeout."""
+    if not entries:
+        return []
+    s = settings
+    started = time.monotonic()
+    try:
+        # A timeout scope, not wait_for: no task of its own, one turn of the loop less.
+        async with asyncio.timeout(s.publish_timeout):
+            results = await publisher.publish_many(
+                entries, wait_replicas=s.wait_replicas, wait_timeout_ms=s.wait_timeout_ms
+            )
+    except (TimeoutError, RedisError, OSError) as exc:
+        results = [PublishResult(stream=stream, error=exc) for stream, _ in entries]
+    metrics.publish_latency.observe(time.monotonic() - started)
+    return results
+
+
+def _outcomes(batch: ClaimedBatch, replies: list[Any]) -> Outcomes:
+    if not any(isinstance(reply, BaseException) for reply in replies):
+        return Outcomes(sent=batch.ids)  # the common case, without an object per row
+    results = [
+        PublishResult(stream=row.target or row.stream, error=reply)
+        if isinstance(reply, BaseException)
+        else PublishResult(stream=row.target or row.stream, entry_id=str(reply))
+        for row, reply in zip(batch.rows, replies, strict=True)
+    ]
+    return plan_outcomes(batch.rows, results)
 
 
 def _entry(row: ClaimedRow, shards: int) -> Entry:
@@ -185,15 +330,17 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:200]
 
 
-def _report(rows: list[ClaimedRow], outcomes: Outcomes, *, metrics: EnqueuerMetrics) -> None:
-    streams = {r.id: r.stream for r in rows}
-    for counter, ids in (
-        (metrics.processed, outcomes.sent),
-        (metrics.failed, [r.id for r in outcomes.retry]),
-        (metrics.dlq, [r.id for r in outcomes.dead]),
-    ):
-        for queue, n in collections.Counter(queue_label(streams[i]) for i in ids).items():
-            counter.labels(queue).inc(n)
+def _report(batch: ClaimedBatch, outcomes: Outcomes, *, metrics: EnqueuerMetrics) -> None:
+    if len(outcomes.sent) == len(batch):
+        _count(metrics.processed, collections.Counter(batch.column("stream")))
+    else:
+        streams = dict(zip(batch.ids, batch.column("stream"), strict=True))
+        for counter, ids in (
+            (metrics.processed, outcomes.sent),
+            (metrics.failed, [r.id for r in outcomes.retry]),
+            (metrics.dlq, [r.id for r in outcomes.dead]),
+        ):
+            _count(counter, collections.Counter(streams[i] for i in ids))
     if outcomes.held:
         log.warning(
             "Redis is full (OOM): %d rows stay PENDING, no attempt counted", len(outcomes.held)
@@ -210,3 +357,11 @@ def _report(rows: list[ClaimedRow], outcomes: Outcomes, *, metrics: EnqueuerMetr
             len(outcomes.dead),
             outcomes.dead[0].error,
         )
+
+
+def _count(counter: Any, by_stream: collections.Counter[str]) -> None:
+    by_queue: collections.Counter[str] = collections.Counter()
+    for stream, n in by_stream.items():
+        by_queue[queue_label(stream)] += n
+    for queue, n in by_queue.items():
+        counter.labels(queue).inc(n)

@@ -13,7 +13,7 @@ import contextlib
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,6 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.outbox.claim import ClaimedBatch
-from dispatcher.outbox.outcomes import ClaimedRow
 from dispatcher.outbox.queries import QUERIES
 
 __all__ = [
@@ -137,9 +136,22 @@ class OutboxRepository:
 
     @contextlib.asynccontextmanager
     async def claim_batch(
-        self, limit: int, *, hold_for: float, probe: bool = False
+        self,
+        limit: int,
+        *,
+        hold_for: float,
+        probe: bool = False,
+        shards: int = 1,
+        keep: Sequence[str] = (),
+        min_age: float = 0.0,
     ) -> AsyncIterator[ClaimedBatch]:
         """Claim up to ``limit`` due rows (lock them) for the body of the ``async with``.
+
+        Each row comes with the stream it is published to at ``shards`` shards
+        and its XADD command, packed by PostgreSQL, except a row whose payload
+        holds one of the ``keep`` keys or that PostgreSQL cannot pack exactly
+        as ``payload_fields`` would (see ``ClaimedRow``). Rows due less than
+        ``min_age`` seconds ago are left out.
 
         With ``probe``, claim one due suspect alone (``limit`` is ignored) and
         journal the batch as a probe: if it never settles, its row alone is
@@ -153,7 +165,8 @@ class OutboxRepository:
         transaction back.
         """
         async with self._pool.connection() as conn:
-            batch = await self._begin(conn, limit, hold_for, probe)
+            claim = {"limit": limit, "shards": shards, "keep": list(keep), "min_age": min_age}
+            batch = await self._begin(conn, claim, hold_for, probe)
             try:
                 yield batch
             finally:
@@ -165,27 +178,27 @@ class OutboxRepository:
                         await conn.rollback()
 
     async def _begin(
-        self, conn: AsyncConnection[Any], limit: int, hold_for: float, probe: bool
+        self, conn: AsyncConnection[Any], claim: dict[str, Any], hold_for: float, probe: bool
     ) -> ClaimedBatch:
         # One simple-protocol round trip (client-side binding of two numbers). Not a pipeline:
         # the Flush psycopg sends after a pipeline's Sync disarms the server's
         # idle-in-transaction timer, which is the whole point of hold_for.
         cur = AsyncClientCursor(conn)
         hold_ms = str(max(1, round(hold_for * 1000)))
-        await cur.execute(_BEGIN_PROBE if probe else _BEGIN, {"hold_ms": hold_ms, "limit": limit})
+        await cur.execute(_BEGIN_PROBE if probe else _BEGIN, {"hold_ms": hold_ms, **claim})
         cur.nextset()  # past BEGIN
         cur.nextset()  # past set_config
-        rows = [ClaimedRow(*r) for r in await cur.fetchall()]
+        raw = await cur.fetchall()
         cur.nextset()
         xact = await cur.fetchone()
-        batch = ClaimedBatch(conn, uuid.uuid4(), rows)
-        if rows:
+        batch = ClaimedBatch(conn, uuid.uuid4(), raw)
+        if raw:
             if xact is None or xact[0] is None:  # locking a row always assigns one
                 raise RuntimeError("a batch locked rows but has no transaction id")
             params = {
                 "token": batch.token,
                 "xact": xact[0],
-                "ids": [r.id for r in rows],
+                "ids": batch.ids,
                 "enqueuer": self._holder,
                 "probe": probe,
             }
@@ -220,6 +233,10 @@ class OutboxRepository:
             foreign=foreign,
         )
 
+    async def delete_notified(self, ids: Sequence[str]) -> None:
+        """Delete rows published from their notifications, in one statement."""
+        await self._execute("delete_notified", {"ids": list(ids)})
+
     async def suspects_due_in(self) -> float | None:
         """Seconds until the next suspect is due (<= 0: now), or None without suspects."""
         (row,) = await self._execute("suspects_due_in", {})
@@ -243,7 +260,8 @@ def _begin(claim: str) -> str:
         [
             "BEGIN",
             "SELECT set_config('idle_in_transaction_session_timeout', %(hold_ms)s, true)",
-            QUERIES[claim].rstrip(";"),
+            f"WITH claimed AS ({QUERIES[claim].rstrip(';')}) "
+            + QUERIES["claimed_entries"].rstrip(";"),
             QUERIES["batch_xact"].rstrip(";"),
         ]
     )

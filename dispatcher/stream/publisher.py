@@ -1,27 +1,46 @@
-"""Publish entries to Redis Streams: one pipelined round trip per batch (per node).
+"""Publish entries to Redis Streams: one write per batch (per node), replies read in bulk.
 
-``publish_many`` queues every XADD of a batch in one non-transactional
-pipeline. On Redis Cluster, redis-py groups a pipeline's commands by node and
-sends each node its share in one round trip, concurrently. Results are per
-entry: a failed XADD (wrong type, OOM, a node down) is reported for that entry
-alone. With ``wait_replicas`` a ``WAIT`` rides in the same pipeline, on the
-same connection, after the writes of each node, so an entry counts as
-published only once enough replicas have it.
+``publish_packed`` takes XADD commands already packed as RESP (the claim query
+packs them) and writes them all at once; on Redis Cluster each node gets its
+share in one write, concurrently, by the slot of each entry's stream. Results
+are per entry: a failed XADD (wrong type, OOM, a node down) is reported for
+that entry alone. With ``wait_replicas`` a ``WAIT`` rides in the same write,
+on the same connection, after the writes of each node, so an entry counts as
+published only once enough replicas have it. ``publish_many`` is the same for
+entries given as (stream, fields).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from redis.asyncio import RedisCluster
-from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
+from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode
+from redis.exceptions import (
+    AskError,
+    ConnectionError,
+    MovedError,
+    OutOfMemoryError,
+    RedisError,
+    ResponseError,
+)
 
 from dispatcher.redis_client import RedisClient
+from dispatcher.redis_connection import execute_packed, pack_commands
 from dispatcher.stream.entries import Fields, PublishResult
 
-__all__ = ["InsufficientReplicas", "RedisStreamPublisher", "ensure_group", "error_code"]
+__all__ = [
+    "InsufficientReplicas",
+    "RedisStreamPublisher",
+    "ensure_group",
+    "error_code",
+    "xadd_command",
+]
+
+Wait = tuple[int, int]  # (replicas, timeout in ms); 0 replicas: no WAIT
 
 
 class InsufficientReplicas(RedisError):
@@ -62,7 +81,7 @@ async def _group_exists(client: RedisClient, stream: str, group: str) -> bool:
 
 
 class RedisStreamPublisher:
-    """Publishes entries to Redis Streams, standalone or Cluster; safe for concurrent use.
+    """``Publisher`` on Redis Streams, standalone or Cluster.
 
     ``group``: if set, the consumer group is created on each stream before the
     first entry is published to it (once per stream per publisher), so no
@@ -92,80 +111,47 @@ class RedisStreamPublisher:
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
     ) -> list[PublishResult]:
-        group_errors = await self._ensure_groups(stream for stream, _ in entries)
-        todo = [(s, f) for s, f in entries if s not in group_errors]
-        published = iter(await self._xadd_all(todo, wait_replicas, wait_timeout_ms))
+        """Publish a small batch of (stream, fields) entries; one result per entry, in order."""
+        streams = [stream for stream, _ in entries]
+        commands = [xadd_command(stream, fields) for stream, fields in entries]
+        replies = await self.publish_packed(
+            streams, commands, wait_replicas=wait_replicas, wait_timeout_ms=wait_timeout_ms
+        )
         return [
-            PublishResult(stream=s, error=group_errors[s]) if s in group_errors else next(published)
-            for s, _ in entries
+            PublishResult(stream=s, error=r)
+            if isinstance(r, BaseException)
+            else PublishResult(stream=s, entry_id=str(r))
+            for s, r in zip(streams, replies, strict=True)
         ]
 
-    async def _xadd_all(
-        self, entries: Sequence[tuple[str, Fields]], wait_replicas: int, wait_timeout_ms: int
-    ) -> list[PublishResult]:
-        if not entries:
-            return []
-        pipe = self._client.pipeline(transaction=False)
-        for stream, fields in entries:
-            # XADD stream * field value ...: the command itself, without redis-py's xadd()
-            # option handling (a measurable share of the enqueuer's CPU per row).
-            pipe.execute_command(
-                "XADD", stream, "*", *itertools.chain.from_iterable(fields.items())
-            )
-        try:
-            if wait_replicas > 0 and isinstance(self._client, RedisCluster):
-                await self._client.initialize()  # the slot map names WAIT's nodes
-        except (RedisError, OSError) as exc:
-            return [PublishResult(stream=s, error=exc) for s, _ in entries]
-        wait_nodes = self._queue_waits(pipe, entries, wait_replicas, wait_timeout_ms)
-        try:
-            replies: list[Any] = await pipe.execute(raise_on_error=False)
-        except (RedisError, OSError) as exc:
-            return [PublishResult(stream=s, error=exc) for s, _ in entries]
-        acks = dict(zip(wait_nodes, replies[len(entries) :], strict=True))
-        return [
-            self._result(stream, reply, acks.get(self._node_of(stream)), wait_replicas)
-            for (stream, _), reply in zip(entries, replies, strict=False)
-        ]
+    async def publish_packed(
+        self,
+        streams: Sequence[str],
+        commands: Sequence[str],
+        *,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
+    ) -> list[Any]:
+        """Write XADD ``commands`` (RESP, one per entry, to ``streams``) in one go.
 
-    def _queue_waits(
-        self, pipe: Any, entries: Sequence[tuple[str, Fields]], replicas: int, timeout_ms: int
-    ) -> list[str]:
-        """Append one WAIT per node written to; return the nodes in queue order."""
-        if replicas <= 0:
-            return []
-        if not isinstance(self._client, RedisCluster):
-            pipe.execute_command("WAIT", replicas, timeout_ms)
-            return [""]
-        nodes: list[str] = []
-        for stream, _ in entries:
-            node = self._client.get_node_from_key(stream)
-            if node is not None and node.name not in nodes:
-                nodes.append(node.name)
-                pipe.execute_command("WAIT", replicas, timeout_ms, target_nodes=node)
-        return nodes
-
-    def _node_of(self, stream: str) -> str:
+        One reply per entry, in order: its entry id, or the exception it failed with.
+        """
+        replies: list[Any] = [None] * len(commands)
+        failed = await self._ensure_groups(streams)
+        todo: Sequence[int] = range(len(commands))
+        if failed:
+            todo = [i for i, stream in enumerate(streams) if stream not in failed]
+            for i, stream in enumerate(streams):
+                if stream in failed:
+                    replies[i] = failed[stream]
+        if not todo:
+            return replies
+        wait = (wait_replicas, wait_timeout_ms)
         if isinstance(self._client, RedisCluster):
-            node = self._client.get_node_from_key(stream)
-            return node.name if node is not None else "?"
-        return ""
-
-    @staticmethod
-    def _result(stream: str, reply: Any, acked: Any, wanted: int) -> PublishResult:
-        if isinstance(reply, BaseException):
-            return PublishResult(stream=stream, error=reply)
-        if wanted > 0:
-            if isinstance(acked, BaseException):
-                return PublishResult(stream=stream, entry_id=None, error=acked)
-            if not isinstance(acked, int) or acked < wanted:
-                return PublishResult(
-                    stream=stream,
-                    error=InsufficientReplicas(
-                        f"entry {reply} on {stream} reached {acked} of {wanted} replicas"
-                    ),
-                )
-        return PublishResult(stream=stream, entry_id=str(reply))
+            await _Cluster(self._client, streams, commands, wait).send(todo, replies)
+        else:
+            await _send_standalone(self._client, commands, todo, wait, replies)
+        return replies
 
     async def _ensure_groups(self, streams: Iterable[str]) -> dict[str, BaseException]:
         """Create the group on streams not seen yet; return the streams that failed."""
@@ -182,3 +168,124 @@ class RedisStreamPublisher:
             else:
                 self._ready.add(stream)
         return failed
+
+
+def xadd_command(stream: str, fields: Fields) -> str:
+    """``XADD stream * field value ...`` packed as RESP, as the claim query packs it."""
+    command = ("XADD", stream, "*", *itertools.chain.from_iterable(fields.items()))
+    return pack_commands([command]).decode()
+
+
+def _wait_command(wait: Wait) -> str:
+    return pack_commands([("WAIT", wait[0], wait[1])]).decode()
+
+
+def _acked(replies: list[Any], wait: Wait) -> BaseException | None:
+    """The error every entry of a write gets from its WAIT reply (None: enough replicas)."""
+    if wait[0] <= 0:
+        return None
+    acked = replies.pop()
+    if isinstance(acked, BaseException):
+        return acked
+    if not isinstance(acked, int) or acked < wait[0]:
+        return InsufficientReplicas(f"entries reached {acked} of {wait[0]} replicas")
+    return None
+
+
+async def _send_standalone(
+    client: Redis, commands: Sequence[str], todo: Sequence[int], wait: Wait, replies: list[Any]
+) -> None:
+    if len(todo) == len(commands):
+        packed = "".join(commands)
+    else:
+        packed = "".join([commands[i] for i in todo])
+    if wait[0] > 0:
+        packed += _wait_command(wait)
+    pool = client.connection_pool
+    try:
+        conn = await pool.get_connection()  # type: ignore[no-untyped-call]
+        try:
+            got = await execute_packed(conn, packed.encode(), len(todo) + (wait[0] > 0))
+        finally:
+            await pool.release(conn)
+    except (RedisError, OSError) as exc:
+        for i in todo:
+            replies[i] = exc
+        return
+    _place(got, _acked(got, wait), todo, replies)
+
+
+def _place(
+    got: list[Any], error: BaseException | None, todo: Sequence[int], out: list[Any]
+) -> None:
+    if error is not None:
+        for i, reply in zip(todo, got, strict=True):
+            out[i] = reply if isinstance(reply, BaseException) else error
+    elif len(todo) == len(out):
+        out[:] = got
+    else:
+        for i, reply in zip(todo, got, strict=True):
+            out[i] = reply
+
+
+class _Cluster:
+    """One batch's writes to the nodes of a Cluster, by the slot of each entry's stream."""
+
+    def __init__(
+        self, client: RedisCluster, streams: Sequence[str], commands: Sequence[str], wait: Wait
+    ) -> None:
+        self._client = client
+        self._streams = streams
+        self._commands = commands
+        self._wait = wait
+
+    async def send(self, todo: Sequence[int], replies: list[Any]) -> None:
+        try:
+            await self._client.initialize()  # no-op once the slot map is known
+        except (RedisError, OSError) as exc:
+            for i in todo:
+                replies[i] = exc
+            return
+        await self._send_once(todo, replies)
+        # MOVED/ASK: the slot has a new owner (a resharding or a failover) and the command did
+        # not run. Once the slot map is read again, those entries go to their new node.
+        moved = [i for i in todo if isinstance(replies[i], MovedError | AskError)]
+        lost = any(isinstance(replies[i], ConnectionError | OSError) for i in todo)
+        if moved or lost:
+            try:
+                await self._client.nodes_manager.initialize()
+            except (RedisError, OSError):
+                return
+        if moved:
+            await self._send_once(moved, replies)
+
+    async def _send_once(self, todo: Sequence[int], replies: list[Any]) -> None:
+        by_node: dict[str, tuple[ClusterNode, list[int]]] = {}
+        nodes: dict[str, ClusterNode] = {}
+        for i in todo:
+            stream = self._streams[i]
+            node = nodes.get(stream)
+            if node is None:
+                found = self._client.get_node_from_key(stream)
+                if found is None:  # a slot no master covers: the map is being refreshed
+                    replies[i] = ConnectionError(f"no node serves the slot of {stream}")
+                    continue
+                node = nodes[stream] = found
+            by_node.setdefault(node.name, (node, []))[1].append(i)
+        await asyncio.gather(*(self._send_node(n, idx, replies) for n, idx in by_node.values()))
+
+    async def _send_node(self, node: ClusterNode, todo: list[int], replies: list[Any]) -> None:
+        packed = "".join([self._commands[i] for i in todo])
+        if self._wait[0] > 0:
+            packed += _wait_command(self._wait)
+        try:
+            conn = node.acquire_connection()
+            try:
+                got = await execute_packed(conn, packed.encode(), len(todo) + (self._wait[0] > 0))
+            finally:
+                node.release(conn)
+        except (RedisError, OSError) as exc:
+            for i in todo:
+                replies[i] = exc
+            return
+        _place(got, _acked(got, self._wait), todo, replies)

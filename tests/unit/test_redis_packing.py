@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from redis.asyncio.connection import Connection
 from redis.exceptions import DataError
 
-from dispatcher.redis_client import _hiredis_pack_command, _python_pack_command
+from dispatcher.redis_connection import HiredisConnection
 
 arguments = st.one_of(
     st.text(alphabet=st.characters(exclude_categories=["Cs"])),
@@ -21,8 +21,10 @@ arguments = st.one_of(
 
 
 def both(*args: Any, **connection: Any) -> tuple[Any, Any]:
-    conn = Connection(**connection)
-    return _hiredis_pack_command(conn, *args), _python_pack_command(conn, *args)
+    return (
+        HiredisConnection(**connection).pack_command(*args),
+        Connection(**connection).pack_command(*args),
+    )
 
 
 @given(
@@ -36,7 +38,7 @@ def test_packing_matches_redis_py_byte_for_byte(name: str | bytes, args: list[An
 @pytest.mark.parametrize("bad", [True, None, object()])
 def test_arguments_redis_py_refuses_are_still_refused(bad: Any) -> None:
     with pytest.raises(DataError):
-        _hiredis_pack_command(Connection(), "SET", "k", bad)
+        HiredisConnection().pack_command("SET", "k", bad)
 
 
 def test_bytes_like_and_other_encodings_fall_back_to_the_same_bytes() -> None:

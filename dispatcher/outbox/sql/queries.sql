@@ -9,30 +9,32 @@ VALUES (%(id)s, %(task_id)s, %(stream)s, %(payload)s, %(type)s, 'PENDING', %(not
         %(max_retries)s, %(backoff_seconds)s);
 
 -- name: claim_batch
--- Columns in the order of ClaimedRow's fields (the repository builds it positionally).
 -- The claim: due rows locked by the enqueuer's open transaction, which publishes them and
--- deletes them before it commits. LIMIT sits above the row locking, so at most "limit" rows
--- are locked (an "id IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)" under an
--- UPDATE may be re-run by the planner and claim more than n). Rows scheduled for a time that
--- has come go first (they have waited longest), then rows due at once by age; each part walks
--- its own partial index from the first due row, so rows not yet due are never read.
--- Suspects are left to claim_probe.
+-- deletes them before it commits; the repository reads them through claimed_entries. LIMIT
+-- sits above the row locking, so at most "limit" rows are locked (an "id IN (SELECT ...
+-- LIMIT n FOR UPDATE SKIP LOCKED)" under an UPDATE may be re-run by the planner and claim
+-- more than n). Rows scheduled for a time that has come go first (they have waited
+-- longest), then rows due at once by age; each part walks its own partial index from the
+-- first due row, so rows not yet due are never read. Suspects are left to claim_probe.
+-- Rows due less than "min_age" seconds ago are left too: an enqueuer standing by while
+-- another holds the idle flag leaves it the rows it publishes from their notifications.
 WITH scheduled AS (
-    SELECT id, stream, payload::text AS payload, attempt_count, max_retries, backoff_seconds,
+    SELECT id, stream, payload, attempt_count, max_retries, backoff_seconds,
            extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds,
            task_id
       FROM outbox
      WHERE status IN ('PENDING', 'RETRY') AND next_attempt_at IS NOT NULL AND NOT suspect
-       AND next_attempt_at <= statement_timestamp()
+       AND next_attempt_at <= statement_timestamp() - make_interval(secs => %(min_age)s)
      ORDER BY next_attempt_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), fresh AS (
-    SELECT id, stream, payload::text AS payload, attempt_count, max_retries, backoff_seconds,
+    SELECT id, stream, payload, attempt_count, max_retries, backoff_seconds,
            extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds,
            task_id
       FROM outbox
      WHERE status IN ('PENDING', 'RETRY') AND next_attempt_at IS NULL AND NOT suspect
+       AND created_at <= statement_timestamp() - make_interval(secs => %(min_age)s)
      ORDER BY created_at
      LIMIT greatest(%(limit)s - (SELECT count(*) FROM scheduled), 0)
        FOR UPDATE SKIP LOCKED
@@ -44,13 +46,34 @@ SELECT * FROM fresh;
 -- name: claim_probe
 -- One due suspect alone (same columns as claim_batch): if it kills this enqueuer too, the
 -- journal shows a batch of one and recovery knows whom to charge.
-SELECT id, stream, payload::text AS payload, attempt_count, max_retries, backoff_seconds,
+SELECT id, stream, payload, attempt_count, max_retries, backoff_seconds,
        extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds, task_id
   FROM outbox
  WHERE status IN ('PENDING', 'RETRY') AND suspect AND next_attempt_at <= statement_timestamp()
  ORDER BY next_attempt_at
  LIMIT 1
    FOR UPDATE SKIP LOCKED;
+
+-- name: claimed_entries
+-- The rows of a claim (claim_batch or claim_probe, as "claimed"), in its order, as they are
+-- published at %(shards)s shards. Columns in the order of ClaimedRow's fields (the repository
+-- builds it positionally): the row, the stream it goes to and its XADD command packed as
+-- RESP (outbox_route, outbox_entry). A row PostgreSQL leaves to the enqueuer (command NULL)
+-- comes with its payload as JSON text; the others without.
+SELECT c.id, c.stream, CASE WHEN e.command IS NULL THEN c.payload::text END AS payload,
+       c.attempt_count, c.max_retries, c.backoff_seconds, c.age_seconds, c.task_id,
+       r.target, e.command
+  FROM claimed c
+ -- Each computed once per row (OFFSET 0 keeps the planner from copying the expression into
+ -- every place outbox_entry refers to it): the target, whose hash is not free, and the
+ -- payload decompressed (a payload over ~2 KB is stored compressed, and every reference to
+ -- the stored value would decompress it again; "|| '{}'" copies an object into memory).
+ CROSS JOIN LATERAL (
+       SELECT outbox_route(c.stream, c.task_id, c.id, %(shards)s) AS target,
+              CASE WHEN jsonb_typeof(c.payload) = 'object' THEN c.payload || '{}'::jsonb
+                   ELSE c.payload END AS payload
+       OFFSET 0) r
+ CROSS JOIN LATERAL outbox_entry(r.target, r.payload, c.id, %(keep)s::text[]) e;
 
 -- name: suspects_due_in
 -- Seconds until the next suspect is due (<= 0: now); NULL when there is none.
@@ -65,15 +88,27 @@ SELECT pg_current_xact_id_if_assigned()::text AS xact;
 -- name: open_journal
 -- Autocommitted on another session before the batch is published: if the batch's transaction
 -- ends without settling (crash, timeout), this row outlives it and recovery counts an attempt.
+-- The ids go in binary (%%b): a text array quotes each element with a regex in the client.
 INSERT INTO outbox_batches (token, xact, ids, enqueuer, probe)
-VALUES (%(token)s, %(xact)s::xid8, %(ids)s, %(enqueuer)s, %(probe)s);
+VALUES (%(token)s, %(xact)s::xid8, %(ids)b, %(enqueuer)s, %(probe)s);
 
 -- name: close_journal
 -- In the batch's own transaction: the journal row goes exactly when the settlement commits.
 DELETE FROM outbox_batches WHERE token = %(token)s;
 
+-- name: delete_claimed
+-- Every row of this batch, which published whole: the batch's journal row names them (and
+-- this transaction holds their locks), so their ids are not sent again.
+DELETE FROM outbox
+ WHERE id = ANY((SELECT ids FROM outbox_batches WHERE token = %(token)s)::text[]);
+
 -- name: delete_published
 -- Rows of this batch (locked by this transaction) whose entries Redis acknowledged.
+DELETE FROM outbox WHERE id = ANY(%(ids)s);
+
+-- name: delete_notified
+-- Autocommitted: rows published from their notifications (never locked by this enqueuer).
+-- A row a claim holds is waited for; a row already gone is not there to delete.
 DELETE FROM outbox WHERE id = ANY(%(ids)s);
 
 -- name: schedule_retries
@@ -191,8 +226,9 @@ SELECT id, task_id, stream, attempts, moved_at, last_error
 SELECT id FROM outbox_dlq WHERE %(all)s OR id = ANY(%(ids)s) ORDER BY id;
 
 -- name: dlq_replay
--- Back to PENDING with attempts reset, in one statement (one transaction). The INSERT fires
--- outbox_notify, so enqueuers wake at once; a row still in outbox (status DLQ) is reset.
+-- Back to PENDING with attempts reset, in one statement (one transaction). Each row inserted
+-- fires outbox_notify (an idle enqueuer publishes it at once); a row still in outbox (status
+-- DLQ) is reset in place, which fires no INSERT trigger: the next claim or poll takes it.
 WITH picked AS (
     DELETE FROM outbox_dlq WHERE %(all)s OR id = ANY(%(ids)s) RETURNING *
 )
@@ -207,9 +243,19 @@ ON CONFLICT (id) DO UPDATE
 RETURNING id;
 
 -- name: take_idle_flag
--- On the enqueuer's own session. Fails while another enqueuer holds the flag, or while a
--- transaction that inserted outbox rows without a NOTIFY is still open.
-SELECT pg_try_advisory_lock(%(key)s) AS taken;
+-- On the enqueuer's own session (autocommitted: the shared try below ends with the
+-- statement). Fails while another enqueuer holds the flag ("elsewhere"), or while a
+-- transaction that inserted outbox rows without a NOTIFY is still open (it holds it shared).
+WITH attempt AS MATERIALIZED (SELECT pg_try_advisory_lock(%(key)s) AS taken)
+SELECT taken,
+       CASE WHEN taken THEN false ELSE NOT pg_try_advisory_xact_lock_shared(%(key)s) END
+           AS elsewhere
+  FROM attempt;
+
+-- name: idle_elsewhere
+-- Whether another session holds the flag, without taking it (autocommitted: the shared try
+-- ends with the statement).
+SELECT NOT pg_try_advisory_xact_lock_shared(%(key)s) AS elsewhere;
 
 -- name: ping
 SELECT 1;
