@@ -32,6 +32,7 @@ import pytest
 import yaml
 
 from controller.model import OutboxDispatcherSpec
+from dispatcher._testing.servers import free_port
 from dispatcher._testing.waiting import eventually_sync
 from tests.unit.test_deploy_chart import CHART, CRD, K8S_VERSION, render
 from tests.unit.test_deploy_images import stages
@@ -175,9 +176,7 @@ def _condition(cr: dict[str, Any] | None, type_: str) -> str | None:
 
 @contextlib.contextmanager
 def port_forward(namespace: str, service: str, port: int) -> Iterator[int]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        local = sock.getsockname()[1]
+    local = free_port()
     process = subprocess.Popen(
         ["kubectl", "--context", f"kind-{CLUSTER}", "-n", namespace, "port-forward",
          f"svc/{service}", f"{local}:{port}"],

@@ -25,6 +25,7 @@ from typing import Any
 
 import redis as sync_redis
 
+from dispatcher._testing.waiting import eventually_sync
 from tests.faults.checker import Report, check, record_result, snapshot
 from tests.faults.load import LoadGenerator, LoadSpec
 
@@ -213,6 +214,15 @@ class Pipeline:
 
     def handled(self) -> int:
         return int(self.recorder.llen(self.record_key))  # type: ignore[arg-type]
+
+    def progress(self, *, by: int = 20, within: float = 60) -> None:
+        """Wait until ``by`` more runs are recorded, or the load has ended: the pipeline moves."""
+        before = self.handled()
+        eventually_sync(
+            lambda: self.handled() >= before + by or bool(self.load and self.load.done),
+            within=within,
+            what=f"{by} more tasks handled",
+        )
 
     def fault(self, name: str, count: int = 1) -> None:
         self.faults[name] = self.faults.get(name, 0) + count
