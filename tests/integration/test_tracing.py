@@ -62,7 +62,7 @@ async def test_handler_span_is_a_child_of_the_enqueuing_span(
                     WorkerConfig(queues=(queue,), shards=1, block_ms=100))  # fmt: skip
     run = asyncio.create_task(worker.run())
     try:
-        await eventually(lambda: _is(len(seen) == 1))
+        await eventually(lambda: len(seen) == 1)
     finally:
         worker.request_stop()
         await asyncio.wait_for(run, 30)
@@ -77,7 +77,3 @@ async def test_handler_span_is_a_child_of_the_enqueuing_span(
     assert user.parent is not None
     assert user.parent.span_id == handle.context.span_id
     assert len({s.context.trace_id for s in (business, publish, handle, user)}) == 1
-
-
-async def _is(value: bool) -> bool:
-    return value
