@@ -231,9 +231,14 @@ async def running_operator(
     ``liveness``: serve kopf's liveness endpoint at this URL (its probes run on each GET).
     """
     config = OperatorConfig(
-        autoscale_interval=0.2, retry_base=0.1, retry_cap=0.5, redis_timeout=2.0,
-        migration_poll=0.1, clock=clock, **config_,
-    )  # fmt: skip
+        autoscale_interval=0.2,
+        retry_base=0.1,
+        retry_cap=0.5,
+        redis_timeout=2.0,
+        migration_poll=0.1,
+        clock=clock,
+        **config_,
+    )
     registry = kopf.OperatorRegistry()
     running = register(registry, Operator(config))
 

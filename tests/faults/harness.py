@@ -35,14 +35,14 @@ ROOT = Path(__file__).resolve().parents[2]
 LONG = os.environ.get("FAULTS_LONG", "") not in ("", "0")
 
 ENQUEUER_FLAGS = (
-    "--poll-interval", "0.2", "--recover-in-flight-after", "3", "--maintenance-interval", "0.5",
-    "--publish-timeout", "1", "--shutdown-timeout", "2", "--batch-size", "50",
-    "--concurrency", "2",
-)  # fmt: skip
+    *("--poll-interval", "0.2", "--recover-in-flight-after", "3"),
+    *("--maintenance-interval", "0.5", "--publish-timeout", "1", "--shutdown-timeout", "2"),
+    *("--batch-size", "50", "--concurrency", "2"),
+)
 WORKER_FLAGS = (
-    "--handler", "tests.faults.handlers:record", "--concurrency", "8", "--reclaim-idle", "1",
-    "--lease-ttl", "2", "--max-runs", "10", "--grace-period", "2",
-)  # fmt: skip
+    *("--handler", "tests.faults.handlers:record", "--concurrency", "8", "--reclaim-idle", "1"),
+    *("--lease-ttl", "2", "--max-runs", "10", "--grace-period", "2"),
+)
 
 
 @dataclass(frozen=True, slots=True)

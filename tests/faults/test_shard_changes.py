@@ -40,10 +40,18 @@ def _outbox(p: Pipeline, status: str) -> int:
 def _shards_set(p: Pipeline, count: int) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "REDIS_URL": p.redis_url, "DATABASE_URL": p.db_url}
     return subprocess.run(
-        [sys.executable, "-m", "dispatcher.cli", "shards", "set", str(count),
-         "--progress-every", "1"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            *("-m", "dispatcher.cli", "shards", "set", str(count)),
+            *("--progress-every", "1"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def _fail_some_publishes(p: Pipeline, proxy: TcpProxy) -> None:
@@ -74,10 +82,14 @@ def test_shard_count_changed_up_and_down_under_load(
     pids = [w.pid for w in workers]
     load = p.start_load(
         LoadSpec(
-            tasks=1_000_000, rate=s.rate / 2, queues=QUEUES, not_before_every=7,
-            legacy_shards_every=5, backoff_seconds=2,
+            tasks=1_000_000,
+            rate=s.rate / 2,
+            queues=QUEUES,
+            not_before_every=7,
+            legacy_shards_every=5,
+            backoff_seconds=2,
         )
-    )  # fmt: skip
+    )
     for count in (8, 2, 5):
         eventually_sync(lambda: p.handled() > 0, within=60)
         _fail_some_publishes(p, proxy)

@@ -402,8 +402,13 @@ async def test_a_spec_change_keeps_the_replicas_the_autoscaler_chose(
     """Reconciling a changed spec re-renders the worker Deployment but never resets the
     replicas the backlog asked for: reconcile and autoscale are one decision."""
     await post_secrets(kube, redis_url)
-    queue = {"name": "emails", "handler": "app.tasks:send", "minReplicas": 1, "maxReplicas": 5,
-             "targetBacklogPerReplica": 100}  # fmt: skip
+    queue = {
+        "name": "emails",
+        "handler": "app.tasks:send",
+        "minReplicas": 1,
+        "maxReplicas": 5,
+        "targetBacklogPerReplica": 100,
+    }
     await _apply(kube, dispatcher(shards=2, queues=[queue]))
 
     async def created() -> bool:

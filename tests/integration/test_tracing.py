@@ -34,19 +34,33 @@ def spans() -> Iterator[InMemorySpanExporter]:
 
 @pytest.mark.parametrize("sync_handler", [False, True])
 async def test_handler_span_is_a_child_of_the_enqueuing_span(
-    spans: InMemorySpanExporter, outbox_db_url: str, pool: AsyncConnectionPool[Any],
-    redis_standalone: RedisClient, queue: str, sync_handler: bool,
-) -> None:  # fmt: skip
+    spans: InMemorySpanExporter,
+    outbox_db_url: str,
+    pool: AsyncConnectionPool[Any],
+    redis_standalone: RedisClient,
+    queue: str,
+    sync_handler: bool,
+) -> None:
     spans.clear()
     tracer = trace.get_tracer("app")
     with (
         tracer.start_as_current_span("business transaction"),
         psycopg.connect(outbox_db_url) as conn,
     ):
-        enqueue_dispatch(conn, TaskDispatch(
-            task_id="traced", run_id="r", workflow_id="wf", workflow_version=1, node_id="n",
-            node_type="t", queue=queue, attempt=1, input="{}",
-        ))  # fmt: skip
+        enqueue_dispatch(
+            conn,
+            TaskDispatch(
+                task_id="traced",
+                run_id="r",
+                workflow_id="wf",
+                workflow_version=1,
+                node_id="n",
+                node_type="t",
+                queue=queue,
+                attempt=1,
+                input="{}",
+            ),
+        )
     assert await make_enqueuer(pool, redis_standalone).process_batch() == 1
 
     seen: list[TaskMessage] = []
@@ -58,8 +72,11 @@ async def test_handler_span_is_a_child_of_the_enqueuing_span(
     async def awork(message: TaskMessage) -> None:
         work(message)
 
-    worker = Worker(redis_standalone, work if sync_handler else awork,
-                    WorkerConfig(queues=(queue,), shards=1, block_ms=100))  # fmt: skip
+    worker = Worker(
+        redis_standalone,
+        work if sync_handler else awork,
+        WorkerConfig(queues=(queue,), shards=1, block_ms=100),
+    )
     run = asyncio.create_task(worker.run())
     try:
         await eventually(lambda: len(seen) == 1)

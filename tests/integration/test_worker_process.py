@@ -96,9 +96,10 @@ def started(log: sync_redis.Redis) -> int:
 
 def flags(queue: str, consumer: str, *extra: str) -> list[str]:
     return [
-        "--queue", queue, "--handler", "tests.handlers:slow", "--consumer", consumer,
-        "--concurrency", "4", "--reclaim-idle", "1", "--lease-ttl", "2", *extra,
-    ]  # fmt: skip
+        *("--queue", queue, "--handler", "tests.handlers:slow", "--consumer", consumer),
+        *("--concurrency", "4", "--reclaim-idle", "1", "--lease-ttl", "2"),
+        *extra,
+    ]
 
 
 async def test_tasks_of_a_killed_worker_are_completed_by_another(
@@ -225,9 +226,9 @@ async def test_sigterm_past_the_grace_period_never_lets_a_sync_run_overlap_anoth
     """
     await publish_shard_count(redis_standalone, 1)
     common = (
-        "--queue", queue, "--handler", "tests.handlers:exclusive", "--shards", "1",
-        "--reclaim-idle", "1", "--lease-ttl", "3", "--grace-period", "1",
-    )  # fmt: skip
+        *("--queue", queue, "--handler", "tests.handlers:exclusive", "--shards", "1"),
+        *("--reclaim-idle", "1", "--lease-ttl", "3", "--grace-period", "1"),
+    )
     first = spawn("--consumer", "first", *common)
     (task,) = tasks(queue, 1, input={"first_sleep": 20})
     await publish(redis_standalone, [task], shards=1)
