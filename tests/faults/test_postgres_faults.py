@@ -15,9 +15,14 @@ from typing import Any
 import psycopg
 
 from dispatcher._testing.servers import PostgresProcess, RedisProcess
+from dispatcher._testing.waiting import eventually_sync
 from tests.faults.harness import Pipeline, scale
 from tests.faults.load import LoadSpec
 
+LISTENERS = """
+SELECT count(*) FROM pg_stat_activity
+ WHERE application_name = 'outbox-dispatcher-listener' AND datname = current_database()
+"""
 TERMINATE_LISTENERS = """
 SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
  WHERE application_name = 'outbox-dispatcher-listener' AND datname = current_database()
@@ -31,8 +36,10 @@ def test_listen_backend_terminated_in_a_loop(
     p = pipeline(own_redis().url)
     p.enqueuer("--poll-interval", "1")  # the backstop; LISTEN is what makes it fast
     p.worker()
-    load = p.start_load(LoadSpec(tasks=s.tasks, rate=s.rate / 2))
     with psycopg.connect(p.db_url, autocommit=True) as admin:
+        # The load must meet a listener to terminate: a slow process start is not a pass.
+        eventually_sync(lambda: admin.execute(LISTENERS).fetchone() != (0,), within=120)
+        load = p.start_load(LoadSpec(tasks=s.tasks, rate=s.rate / 2))
         while not load.done:
             row = admin.execute(TERMINATE_LISTENERS).fetchone()
             p.fault("LISTEN backend terminated", int(row[0]) if row else 0)

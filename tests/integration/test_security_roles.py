@@ -14,7 +14,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from dispatcher import TaskDispatch, enqueue_dispatch
+from dispatcher import enqueue_dispatch
+from dispatcher._testing.data import dispatch
 from tests.faults.harness import Pipeline
 from tests.faults.load import LoadSpec
 
@@ -46,17 +47,8 @@ def _denied(conn: psycopg.Connection[object], statement: str) -> bool:
 
 
 def test_the_app_role_may_only_insert_into_the_outbox(roles_db: str) -> None:
-    dispatch = TaskDispatch(
-        task_id="t1",
-        run_id="r",
-        workflow_id="wf",
-        workflow_version=1,
-        node_id="n",
-        node_type="t",
-        queue="secure",
-    )
     with psycopg.connect(as_role(roles_db, "outbox_app")) as app:
-        outbox_id = enqueue_dispatch(app, dispatch)
+        outbox_id = enqueue_dispatch(app, dispatch("t1", "secure"))
         app.commit()
         for statement in (
             *("SELECT * FROM outbox", "SELECT count(*) FROM outbox_dlq"),

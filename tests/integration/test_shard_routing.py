@@ -14,8 +14,8 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher import TaskDispatch, enqueue_dispatch
-from dispatcher._testing.data import insert_rows, publish, tasks
+from dispatcher import enqueue_dispatch
+from dispatcher._testing.data import dispatch, insert_rows, publish, tasks
 from dispatcher._testing.waiting import eventually
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import (
@@ -29,18 +29,6 @@ from dispatcher.worker import Worker
 from tests import workers
 from tests.enqueuers import make_enqueuer, running, spawn_enqueuer
 from tests.outbox_rows import outbox_status
-
-
-def dispatch(queue: str, task_id: str) -> TaskDispatch:
-    return TaskDispatch(
-        task_id=task_id,
-        run_id="r",
-        workflow_id="wf",
-        workflow_version=1,
-        node_id="n",
-        node_type="t",
-        queue=queue,
-    )
 
 
 def ids_on_shards(prefix: str, *, shards: int, among: set[int], n: int) -> list[str]:
@@ -134,7 +122,7 @@ async def test_enqueue_dispatch_without_shards_is_handled_when_the_key_says_2(
     ids = ids_on_shards(queue, shards=4, among={2, 3}, n=6)
     with psycopg.connect(outbox_db_url) as conn:
         for task_id in ids:
-            enqueue_dispatch(conn, dispatch(queue, task_id))
+            enqueue_dispatch(conn, dispatch(task_id, queue))
     seen: list[str] = []
     enqueuer = make_enqueuer(pool, redis_standalone, poll_interval=0.1)
     async with workers.running(fast_worker(redis_standalone, queue, seen)), running(enqueuer):
@@ -151,7 +139,7 @@ def test_shards_argument_is_accepted_with_a_deprecation_warning(
 ) -> None:
     with psycopg.connect(outbox_db_url) as conn, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        enqueue_dispatch(conn, dispatch(queue, "t1"), shards=8)
+        enqueue_dispatch(conn, dispatch("t1", queue), shards=8)
     assert any(issubclass(w.category, DeprecationWarning) for w in caught)
     with psycopg.connect(outbox_db_url) as conn:
         (stream,) = conn.execute("SELECT stream FROM outbox").fetchone() or ("",)
@@ -192,7 +180,7 @@ async def test_a_count_written_directly_is_in_force_for_publishing(
         async def routed_by_8() -> bool:
             task_id = next(ids)
             with psycopg.connect(outbox_db_url) as conn:
-                enqueue_dispatch(conn, dispatch(queue, task_id))
+                enqueue_dispatch(conn, dispatch(task_id, queue))
             await eventually(lambda: _empty(outbox_db_url), within=30)
             return bool(await redis_standalone.xlen(task_stream(queue, shard_for(task_id, 8))))
 

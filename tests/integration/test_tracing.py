@@ -14,8 +14,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from psycopg_pool import AsyncConnectionPool
 
+from dispatcher._testing.data import dispatch
 from dispatcher._testing.waiting import eventually
-from dispatcher.models import TaskDispatch, TaskMessage
+from dispatcher.models import TaskMessage
 from dispatcher.outbox import enqueue_dispatch
 from dispatcher.redis_client import RedisClient
 from dispatcher.worker import Worker, WorkerConfig
@@ -49,17 +50,7 @@ async def test_handler_span_is_a_child_of_the_enqueuing_span(
     ):
         enqueue_dispatch(
             conn,
-            TaskDispatch(
-                task_id="traced",
-                run_id="r",
-                workflow_id="wf",
-                workflow_version=1,
-                node_id="n",
-                node_type="t",
-                queue=queue,
-                attempt=1,
-                input="{}",
-            ),
+            dispatch("traced", queue, input="{}"),
         )
     assert await make_enqueuer(pool, redis_standalone).process_batch() == 1
 
