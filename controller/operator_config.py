@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from controller.pods import DEFAULT_WORKLOADS, WorkloadDefaults
+from dispatcher.options import option
 
 __all__ = ["OperatorConfig", "default_workloads", "utcnow"]
 
@@ -44,7 +45,9 @@ def default_workloads() -> WorkloadDefaults:
 class OperatorConfig:
     """Knobs of the operator process (not of a dispatcher: those are in the spec)."""
 
-    autoscale_interval: float = 15.0
+    autoscale_interval: float = option(
+        15.0, minimum=0, above=True, help="seconds between backlog measurements per resource"
+    )
     retry_base: float = 5.0  # first retry after a failure, doubled up to retry_cap
     retry_cap: float = 300.0
     redis_timeout: float = 5.0

@@ -21,7 +21,12 @@ from dispatcher.stream.naming import DEFAULT_SHARDS
 
 __all__ = [
     "CONNECTION_OPTIONS",
+    "DATABASE_URL",
+    "LOG_FORMAT",
+    "LOG_LEVEL",
     "METRICS_PORT",
+    "REDIS_CLUSTER",
+    "REDIS_URL",
     "STREAM_SHARDS",
     "ConfigError",
     "Settings",

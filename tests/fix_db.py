@@ -1,4 +1,5 @@
-"""PostgreSQL fixtures on the machine's server: ``empty_db_url``, ``outbox_db_url``, ``pool``.
+"""PostgreSQL fixtures on the machine's server: ``empty_db_url``, ``outbox_db_url``, ``pool``,
+and ``audited`` (who was charged an attempt).
 
 Each test module gets its own migrated database (created from ``template0``
 and dropped with FORCE at the end), so modules never see each other's rows,
@@ -83,3 +84,35 @@ async def pool(outbox_db_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
     await p.open(wait=True)
     yield p
     await p.close()
+
+
+# Every change of a row's attempt count, so a test can tell who was charged an attempt.
+ATTEMPT_AUDIT = """
+CREATE TABLE IF NOT EXISTS test_attempts (id TEXT, attempt INT);
+TRUNCATE test_attempts;
+CREATE OR REPLACE FUNCTION test_audit_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO test_attempts VALUES (NEW.id, NEW.attempt_count);
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS test_audit_attempt ON outbox;
+CREATE TRIGGER test_audit_attempt AFTER UPDATE OF attempt_count ON outbox FOR EACH ROW
+    WHEN (NEW.attempt_count IS DISTINCT FROM OLD.attempt_count)
+    EXECUTE FUNCTION test_audit_attempt();
+"""
+
+
+@pytest.fixture
+def audited(outbox_db_url: str) -> Iterator[str]:
+    """``outbox_db_url`` noting every change of a row's attempt count (read by ``charged``)."""
+    with psycopg.connect(outbox_db_url, autocommit=True) as conn:
+        conn.execute(ATTEMPT_AUDIT)
+    yield outbox_db_url
+    with psycopg.connect(outbox_db_url, autocommit=True) as conn:
+        conn.execute("DROP TRIGGER IF EXISTS test_audit_attempt ON outbox")
+
+
+def charged(db_url: str) -> set[str]:
+    """The ids whose attempt count changed since ``audited`` set up the audit."""
+    with psycopg.connect(db_url) as conn:
+        return {r[0] for r in conn.execute("SELECT id FROM test_attempts").fetchall()}

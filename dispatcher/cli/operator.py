@@ -16,9 +16,11 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
+from controller.operator_config import OperatorConfig
 from dispatcher.cli.flags import add_options
 from dispatcher.cli.main import Common, UsageError
 from dispatcher.config import METRICS_PORT, Settings
+from dispatcher.options import options
 
 __all__ = ["register"]
 
@@ -47,13 +49,7 @@ def register(sub: Any, common: Common) -> None:
         default="http://0.0.0.0:8080/healthz",
         help="kopf liveness endpoint URL, '' to disable (default: %(default)s)",
     )
-    g.add_argument(
-        "--autoscale-interval",
-        type=float,
-        default=15,
-        help="seconds between backlog measurements per resource (default: %(default)s)",
-    )
-    add_options(g, [METRICS_PORT])
+    add_options(g, [*options(OperatorConfig).values(), METRICS_PORT])
     g.add_argument(
         "--enqueuer-image",
         default=None,
@@ -78,8 +74,6 @@ def register(sub: Any, common: Common) -> None:
 def _run(args: argparse.Namespace, settings: Settings) -> Any:
     if not args.namespaces and not args.all_namespaces:
         raise UsageError("pass --namespace NS (repeatable) or --all-namespaces")
-    if args.autoscale_interval <= 0:
-        raise UsageError(f"--autoscale-interval must be > 0, got {args.autoscale_interval}")
     return _serve(args, settings)
 
 
@@ -104,7 +98,6 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
     from controller.handlers import register as register_handlers
     from controller.handlers import register_login
     from controller.operator import Operator
-    from controller.operator_config import OperatorConfig
     from dispatcher.observability import ObservabilityServer
 
     registry = kopf.OperatorRegistry()

@@ -24,13 +24,8 @@ from dispatcher.outbox import OutboxEnqueuer, OutboxRepository
 from dispatcher.outbox.repository import Recovery
 from dispatcher.redis_client import connect_redis
 from dispatcher.stream import RedisStreamPublisher
-from tests.fix_outbox import (
-    make_enqueuer,
-    metric,
-    outbox_status,
-    published,
-    spawn_enqueuer,
-)
+from tests.enqueuers import make_enqueuer, metric, spawn_enqueuer
+from tests.outbox_rows import outbox_status, published
 
 BLOCK_DELETES = """
 CREATE OR REPLACE FUNCTION test_block_delete() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -18,7 +18,8 @@ import psycopg
 import redis as sync_redis
 
 from dispatcher.stream import queue_streams
-from tests.fix_outbox import INSERT_ONE, charged, dead_letters, flat_payload
+from tests.fix_db import charged
+from tests.outbox_rows import INSERT_ONE, dead_letters, flat_payload
 
 RETRIES = 2
 

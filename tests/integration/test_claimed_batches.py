@@ -21,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 from dispatcher._testing.data import insert_rows
 from dispatcher.outbox import OutboxRepository
 from dispatcher.outbox.repository import Recovery
-from tests.fix_outbox import outbox_status
+from tests.outbox_rows import outbox_status
 
 
 def attempts(url: str) -> dict[str, tuple[str, int]]:

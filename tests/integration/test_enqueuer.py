@@ -17,7 +17,8 @@ from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.outbox import OutboxRepository, enqueue_dispatch
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.stream import publish_shard_count, shard_for, task_stream
-from tests.fix_outbox import make_enqueuer, outbox_status, published, running
+from tests.enqueuers import make_enqueuer, running
+from tests.outbox_rows import outbox_status, published
 
 
 def dispatch(task_id: str, queue: str) -> TaskDispatch:

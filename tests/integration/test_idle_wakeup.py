@@ -10,10 +10,11 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher._testing.data import insert_rows
-from dispatcher._testing.waiting import eventually
+from dispatcher._testing.waiting import eventually, eventually_sync
 from dispatcher.outbox.idle_flag import IDLE_FLAG_KEY
 from dispatcher.redis_client import RedisClient
-from tests.fix_outbox import make_enqueuer, outbox_status, published, running
+from tests.enqueuers import make_enqueuer, running
+from tests.outbox_rows import outbox_status, published
 
 
 def notifications_after_insert(db_url: str, queue: str) -> list[str]:
@@ -49,6 +50,8 @@ def test_inserts_notify_only_while_someone_is_idle(outbox_db_url: str, queue: st
         assert take_flag(conn)
         assert announced(outbox_db_url) == [conn.info.backend_pid]
         assert notifications_after_insert(outbox_db_url, queue) == ["outbox_new"]
+    # The server ends a closed session's backend a moment after the client has gone.
+    eventually_sync(lambda: announced(outbox_db_url) == [], what="the flag's session ended")
     assert notifications_after_insert(outbox_db_url, queue) == [], "the flag died with its session"
 
 

@@ -21,7 +21,8 @@ from dispatcher._testing.data import insert_rows
 from dispatcher._testing.waiting import eventually
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import queue_streams
-from tests.fix_outbox import INSERT_ONE, flat_payload, make_enqueuer, running
+from tests.enqueuers import make_enqueuer, running
+from tests.outbox_rows import INSERT_ONE, flat_payload
 
 
 async def entry_ms(client: RedisClient, queue: str) -> dict[str, int]:

@@ -24,7 +24,8 @@ from dispatcher.stream import (
     task_stream,
 )
 from dispatcher.worker import Worker, WorkerConfig, attempt_key
-from tests.fix_outbox import make_enqueuer, outbox_status, published
+from tests.enqueuers import make_enqueuer
+from tests.outbox_rows import outbox_status, published
 
 
 def cli(*args: str, db_url: str, redis_url: str) -> subprocess.CompletedProcess[str]:

@@ -18,8 +18,9 @@ from dispatcher._testing.data import insert_rows
 from dispatcher._testing.waiting import eventually
 from dispatcher.outbox.pooler import session_pooling
 from dispatcher.redis_client import RedisClient
-from tests.fix_outbox import outbox_status, published, spawn_enqueuer
+from tests.enqueuers import spawn_enqueuer
 from tests.fix_pgbouncer import PgBouncerProcess
+from tests.outbox_rows import outbox_status, published
 
 
 def run_enqueuer(db_url: str, redis_url: str) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,9 @@ from psycopg_pool import AsyncConnectionPool
 from dispatcher._testing.waiting import eventually
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import queue_streams
-from tests.fix_outbox import INSERT_ONE, charged, dead_letters, flat_payload, make_enqueuer, running
+from tests.enqueuers import make_enqueuer, running
+from tests.fix_db import charged
+from tests.outbox_rows import INSERT_ONE, dead_letters, flat_payload
 
 # Deeper than Python's recursion limit: json.loads raises RecursionError on it.
 DEEP = 3000

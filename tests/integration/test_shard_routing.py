@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import subprocess
 import sys
 import warnings
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,6 @@ from psycopg_pool import AsyncConnectionPool
 from dispatcher import TaskDispatch, enqueue_dispatch
 from dispatcher._testing.data import insert_rows, publish, tasks
 from dispatcher._testing.waiting import eventually
-from dispatcher.models import TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import (
     SHARDS_KEY,
@@ -28,8 +25,10 @@ from dispatcher.stream import (
     shard_for,
     task_stream,
 )
-from dispatcher.worker import Worker, WorkerConfig
-from tests.fix_outbox import make_enqueuer, outbox_status, running, spawn_enqueuer
+from dispatcher.worker import Worker
+from tests import workers
+from tests.enqueuers import make_enqueuer, running, spawn_enqueuer
+from tests.outbox_rows import outbox_status
 
 
 def dispatch(queue: str, task_id: str) -> TaskDispatch:
@@ -56,36 +55,8 @@ def cli(
     )  # fmt: skip
 
 
-def recorder(seen: list[str]) -> Any:
-    async def handle(message: TaskMessage) -> None:
-        seen.append(message.task_id)
-
-    return handle
-
-
 def fast_worker(client: RedisClient, queue: str, seen: list[str], name: str = "w1") -> Worker:
-    config = WorkerConfig(
-        queues=(queue,), consumer=name, block_ms=100, shard_poll_interval=0.2,
-        reclaim_idle=1.0, lease_ttl=2.0, grace_period=5.0,
-    )  # fmt: skip
-    return Worker(client, recorder(seen), config)
-
-
-@contextlib.asynccontextmanager
-async def working(worker: Worker) -> AsyncIterator[Worker]:
-    task = asyncio.create_task(worker.run())
-    try:
-        await eventually(lambda: _ready(worker, task), within=15)
-        yield worker
-    finally:
-        worker.request_stop()
-        await asyncio.wait_for(task, 30)
-
-
-async def _ready(worker: Worker, task: asyncio.Task[None]) -> bool:
-    if task.done():
-        task.result()
-    return worker.ready()
+    return Worker(client, workers.recorder(seen), workers.config(queue, consumer=name))
 
 
 # -- one owner --------------------------------------------------------------------------------
@@ -146,7 +117,7 @@ async def test_enqueue_dispatch_without_shards_is_handled_when_the_key_says_2(
             enqueue_dispatch(conn, dispatch(queue, task_id))
     seen: list[str] = []
     enqueuer = make_enqueuer(pool, redis_standalone, poll_interval=0.1)
-    async with working(fast_worker(redis_standalone, queue, seen)), running(enqueuer):
+    async with workers.running(fast_worker(redis_standalone, queue, seen)), running(enqueuer):
 
         async def handled() -> bool:
             return set(seen) == set(ids)
@@ -236,7 +207,7 @@ async def test_workers_read_removed_shards_that_still_hold_entries(
     left_over = tasks(queue, 20)
     await publish(any_redis, left_over, shards=8)  # entries on shards 0..7, count now 2
     seen: list[str] = []
-    async with working(fast_worker(any_redis, queue, seen)):
+    async with workers.running(fast_worker(any_redis, queue, seen)):
 
         async def handled() -> bool:
             return set(seen) == {t.task_id for t in left_over}
@@ -249,7 +220,8 @@ async def test_running_workers_pick_up_an_increase_and_a_late_entry_on_a_removed
 ) -> None:
     await publish_shard_count(any_redis, 2)
     seen: list[str] = []
-    async with working(fast_worker(any_redis, queue, seen)) as worker:
+    worker = fast_worker(any_redis, queue, seen)
+    async with workers.running(worker):
         await publish_shard_count(any_redis, 5)
         more = tasks(queue, 20)
         await publish(any_redis, more, shards=5)
@@ -313,7 +285,7 @@ async def test_shards_set_lowers_the_count_and_exits_once_removed_shards_are_emp
     work = tasks(queue, 40)
     await publish(redis_standalone, work, shards=4)
     seen: list[str] = []
-    async with working(fast_worker(redis_standalone, queue, seen)):
+    async with workers.running(fast_worker(redis_standalone, queue, seen)):
         out = await asyncio.to_thread(
             cli,
             "shards",

@@ -19,7 +19,7 @@ from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.outbox import enqueue_dispatch
 from dispatcher.redis_client import RedisClient
 from dispatcher.worker import Worker, WorkerConfig
-from tests.fix_outbox import make_enqueuer
+from tests.enqueuers import make_enqueuer
 
 _EXPORTER = InMemorySpanExporter()
 

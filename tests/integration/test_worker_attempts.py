@@ -21,7 +21,7 @@ from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import dead_letter_stream, publish_shard_count, task_stream
 from dispatcher.worker import Worker, attempt_key, lease_key
-from tests.integration.test_worker_runtime import config, metric, running
+from tests.workers import config, metric, running
 
 
 async def _handled(worker: Worker, queue: str, count: int) -> bool:

@@ -16,7 +16,7 @@ from dispatcher.models import TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import publish_shard_count
 from dispatcher.worker import Worker
-from tests.integration.test_worker_runtime import config, metric, running
+from tests.workers import config, metric, running
 
 _SEEN_BY_EARLIER: contextvars.ContextVar[str | None] = contextvars.ContextVar("seen", default=None)
 

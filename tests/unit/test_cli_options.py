@@ -11,12 +11,22 @@ import argparse
 import re
 
 import pytest
+from pydantic import SecretStr
 
 from controller.model import EnqueuerSpec, QueueSpec
 from dispatcher.cli.docs import README_PATH, readme_with_tables
 from dispatcher.cli.main import build_parser, main
 from dispatcher.cli.outbox import ENQUEUER_OPTIONS
 from dispatcher.cli.worker import WORKER_OPTIONS
+from dispatcher.config import (
+    LOG_FORMAT,
+    LOG_LEVEL,
+    METRICS_PORT,
+    REDIS_CLUSTER,
+    REDIS_URL,
+    STREAM_SHARDS,
+    Settings,
+)
 from dispatcher.options import Option, show
 from dispatcher.outbox import EnqueuerConfig
 from dispatcher.worker import WorkerConfig
@@ -137,3 +147,24 @@ def test_the_crd_defaults_are_the_flags_defaults() -> None:
     assert (queue.concurrency, queue.runs_limit) == (worker.concurrency, worker.max_runs)
     assert queue.reclaim_idle_seconds == worker.reclaim_idle
     assert queue.handler_timeout_seconds == worker.handler_timeout
+
+
+@pytest.mark.parametrize(
+    ("opt", "text", "value"),
+    [
+        (REDIS_URL, "redis://elsewhere:6380/2", "redis://elsewhere:6380/2"),
+        (REDIS_CLUSTER, "1", True),
+        (LOG_LEVEL, "DEBUG", "DEBUG"),
+        (LOG_FORMAT, "json", "json"),
+        (STREAM_SHARDS, "7", 7),
+        (METRICS_PORT, "9100", 9100),
+    ],
+    ids=lambda x: getattr(x, "env", None) or "",
+)
+def test_each_setting_is_read_from_the_env_variable_its_option_names(
+    opt: Option, text: str, value: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert opt.env is not None
+    monkeypatch.setenv(opt.env, text)
+    got = getattr(Settings(), opt.name)
+    assert (got.get_secret_value() if isinstance(got, SecretStr) else got) == value

@@ -28,8 +28,10 @@ def test_operator_needs_a_scope(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_operator_rejects_a_bad_interval(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["operator", "-A", "--autoscale-interval", "0"]) == 2
-    assert "--autoscale-interval must be > 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit:
+        main(["operator", "-A", "--autoscale-interval", "0"])
+    assert exit.value.code == 2
+    assert "argument --autoscale-interval: must be > 0, got 0" in capsys.readouterr().err
 
 
 def test_operator_flags() -> None:
