@@ -11,7 +11,8 @@ Per variant a fresh outbox holds ``rows`` due rows of one payload size
   connections: the most a relay built on that design could drain.
 
 The clock starts when the first entry reaches Redis (process start-up does not
-count) and stops when the outbox is empty. Meanwhile /proc gives the CPU each
+count: ``startup_s`` is the time from spawning the process to its first entry)
+and stops when the outbox is empty. Meanwhile /proc gives the CPU each
 side spent, reported as µs per row: the product's process, every PostgreSQL
 backend, redis-server. That is the profile that says which side bounds a
 drain that misses its target.
@@ -29,6 +30,7 @@ import redis as sync_redis
 from benchmarks.baselines import spec_cycle, spec_schema_url
 from benchmarks.env import BenchEnv
 from benchmarks.workload import (
+    STEP_US,
     Around,
     CpuMeter,
     enqueuer_command,
@@ -57,15 +59,20 @@ def _timed_drain(
     *,
     fresh: bool = True,
     around: Around | None = None,
+    step_us: int = STEP_US,
 ) -> dict[str, float]:
     queue = f"dr{uuid.uuid4().hex[:6]}"
-    prefill(env.db_url, rows, queue=queue, size=size, fresh=fresh)
+    prefill(env.db_url, rows, queue=queue, size=size, fresh=fresh, step_us=step_us)
     client = sync_redis.Redis.from_url(env.redis_url)
     client.set(SHARDS_KEY, str(DEFAULT_SHARDS))
     streams = queue_streams([queue], DEFAULT_SHARDS)
     try:
+        spawned = time.perf_counter()
         with processes([command]) as procs:
+            deadline = spawned + 60
             while _published(client, streams) == 0:
+                if time.perf_counter() > deadline or procs[0].poll() is not None:
+                    raise RuntimeError(f"{command[2:4]} published nothing in 60 s")
                 time.sleep(0.002)
             pids = [p.pid for p in procs]
             with around(pids) if around else contextlib.nullcontext():
@@ -82,6 +89,7 @@ def _timed_drain(
             "product_us_per_row": spent["product"] / moved * 1e6,
             "postgres_us_per_row": spent["postgres"] / moved * 1e6,
             "redis_us_per_row": spent["redis"] / moved * 1e6,
+            "startup_s": started - spawned,
             "rows_per_s": moved / wall,
         }
     finally:
@@ -90,10 +98,15 @@ def _timed_drain(
 
 
 def enqueuer(
-    env: BenchEnv, size: int, rows: int = ROWS, fresh: bool = True, around: Around | None = None
+    env: BenchEnv,
+    size: int,
+    rows: int = ROWS,
+    fresh: bool = True,
+    around: Around | None = None,
+    step_us: int = STEP_US,
 ) -> dict[str, float]:
     command = enqueuer_command(env.db_url, env.redis_url)
-    return _timed_drain(env, command, rows, size, fresh=fresh, around=around)
+    return _timed_drain(env, command, rows, size, fresh=fresh, around=around, step_us=step_us)
 
 
 def relay(env: BenchEnv, size: int, rows: int = ROWS) -> dict[str, float]:
@@ -101,10 +114,16 @@ def relay(env: BenchEnv, size: int, rows: int = ROWS) -> dict[str, float]:
 
 
 async def sql_only(
-    env: BenchEnv, size: int, rows: int = ROWS, batch: int | None = None, fresh: bool = True
+    env: BenchEnv,
+    size: int,
+    rows: int = ROWS,
+    batch: int | None = None,
+    fresh: bool = True,
+    step_us: int = STEP_US,
 ) -> dict[str, float]:
     url = spec_schema_url(env.db_url)
-    prefill(url, rows, queue=f"sq{uuid.uuid4().hex[:6]}", size=size, fresh=fresh)
+    queue = f"sq{uuid.uuid4().hex[:6]}"
+    prefill(url, rows, queue=queue, size=size, fresh=fresh, step_us=step_us)
     meter = CpuMeter(env.db_url, product=set(), redis_pid=0)
     spent: dict[str, float] = {}
 
@@ -115,6 +134,7 @@ async def sql_only(
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("TRUNCATE outbox")
     return {
+        "startup_s": 0.0,
         "product_us_per_row": 0.0,
         "postgres_us_per_row": spent["postgres"] / rows * 1e6,
         "redis_us_per_row": 0.0,

@@ -35,8 +35,10 @@ PUBLISHERS: dict[str, Callable[..., RedisStreamPublisher]] = {
 
 
 def prefill(url: str, rows: int, *, queue: str, size: int = workload.SMALL) -> None:
-    """``rows`` due rows of realistic ~0.5 KB payloads (or ``size``) in a fresh table."""
-    workload.prefill(url, rows, queue=queue, size=size)
+    """``rows`` due rows of realistic ~0.5 KB payloads (or ``size``) in a fresh table;
+    ``TINY`` rows as this harness made them before: one INSERT, so one created_at."""
+    step = 0 if size == workload.TINY else workload.STEP_US
+    workload.prefill(url, rows, queue=queue, size=size, step_us=step)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -39,6 +39,7 @@ import redis as sync_redis
 from benchmarks import insert_bench
 from benchmarks.env import BenchEnv
 from benchmarks.workload import (
+    Around,
     CpuMeter,
     dispatch,
     enqueuer_command,
@@ -133,6 +134,7 @@ def probe(
     clock: str,
     pids: list[int],
     tiny: bool = False,
+    around: Around | None = None,
 ) -> dict[str, float]:
     """``samples`` dispatches, one at a time; latencies to the stream or to the notification.
 
@@ -141,16 +143,19 @@ def probe(
     CPU per dispatch of the relay's process (``pids``) and of every PostgreSQL
     backend (the probe's and the receivers' included, alike in every variant).
     ``tiny``: the earlier harness's ~150-byte payload instead of the realistic one.
+    ``around`` (a profiler) is entered with ``pids`` over the measured dispatches.
     """
     from_insert: list[float] = []
     from_commit: list[float] = []
     writes: list[float] = []
     silent = 0
-    with psycopg.connect(env.db_url) as conn:
+    with psycopg.connect(env.db_url) as conn, contextlib.ExitStack() as stack:
         # Until the relay is up: its first poll publishes what was committed before it listened.
         r.seen(_send(conn, queue)[0], 60.0)
         for i in range(WARMUP + samples):
             if i == WARMUP:
+                if around:
+                    stack.enter_context(around(pids))
                 meter = CpuMeter(env.db_url, product=set(pids), redis_pid=env.redis_pid)
             time.sleep(GAP)
             while not r.notified.empty():
@@ -201,7 +206,11 @@ def _fresh_queue(env: BenchEnv) -> str:
 
 
 def idle_enqueuer(
-    env: BenchEnv, samples: int = SAMPLES, clock: str = "stream", tiny: bool = False
+    env: BenchEnv,
+    samples: int = SAMPLES,
+    clock: str = "stream",
+    tiny: bool = False,
+    around: Around | None = None,
 ) -> dict[str, float]:
     """The enqueuer process (defaults); ``clock`` "notify" times the plain LISTEN session."""
     queue = _fresh_queue(env)
@@ -210,7 +219,9 @@ def idle_enqueuer(
         receivers(env, queue) as r,
     ):
         pids = [p.pid for p in procs]
-        return probe(env, queue, r, samples=samples, clock=clock, pids=pids, tiny=tiny)
+        return probe(
+            env, queue, r, samples=samples, clock=clock, pids=pids, tiny=tiny, around=around
+        )
 
 
 def idle_relay(env: BenchEnv, samples: int = SAMPLES) -> dict[str, float]:

@@ -1,11 +1,12 @@
-"""Where a drain's or a worker's time goes: ``python -m benchmarks.profile {drain,worker}``.
+"""Where the time goes: ``python -m benchmarks.profile {drain,worker,idle}``.
 
 One drain of pre-filled rows (``--size`` bytes, ``--rows``) by ``dispatcher
-enqueuer``, or one worker consume of ``--messages`` by ``dispatcher worker``,
+enqueuer``, one worker consume of ``--messages`` by ``dispatcher worker``, or
+``--samples`` idle dispatches of the idle probe through ``dispatcher enqueuer``,
 each its own process with its defaults, as in the figures of ``benchmarks.run``.
 Meanwhile py-spy samples the product's process (``--nonblocking``: it never
 stops it) and /proc gives the CPU each side spent. Printed: µs per row (or per
-message) in the product, in PostgreSQL's backends and in Redis; then the
+message, or idle dispatch) in the product, in PostgreSQL's backends and in Redis; then the
 product's own time by function (self time, samples where Python was not idle),
 as µs per row: the share of the samples times the product's µs per row.
 
@@ -30,7 +31,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchmarks import drain
+from benchmarks import drain, probe
 from benchmarks import worker_consume as wc
 from benchmarks.env import bench_env
 from benchmarks.workload import SMALL, load_average
@@ -91,10 +92,11 @@ def report(title: str, per_side: dict[str, float], product_key: str, samples: Co
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("drain", "worker"))
+    parser.add_argument("what", choices=("drain", "worker", "idle"))
     parser.add_argument("--size", type=int, default=SMALL, help="payload bytes (drain)")
     parser.add_argument("--rows", type=int, default=drain.ROWS)
     parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--samples", type=int, default=probe.SAMPLES)
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="od-bench-profile-"))
     try:
@@ -103,6 +105,10 @@ def main() -> None:
                 found = drain.enqueuer(env, args.size, rows=args.rows, around=around)
                 title = f"drain of {args.rows:,} rows, {args.size} B: µs per row"
                 key = "product_us_per_row"
+            elif args.what == "idle":
+                found = probe.idle_enqueuer(env, args.samples, around=around)
+                title = f"{args.samples} idle dispatches: µs per dispatch, latencies in ms"
+                key = "product_us_per_dispatch"
             else:
                 variant = wc.workers(1, around=around)
                 found = asyncio.run(wc.figure(variant, args.messages)(env))

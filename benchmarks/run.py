@@ -196,20 +196,28 @@ def explain(scale: Scale) -> Figures:
         "explain_drain": (
             f"drain of {rows:,} pre-filled rows, one change at a time from the earlier harness",
             {
-                "SQL-only, ~150 B, batch 100 (earlier)": partial(
-                    drain.sql_only, size=TINY, rows=rows
+                "SQL-only, earlier: ~150 B, one created_at, batch 100": partial(
+                    drain.sql_only, rows=rows, size=TINY, step_us=0
                 ),
-                "SQL-only, 512 B, batch 100": partial(drain.sql_only, size=SMALL, rows=rows),
+                "SQL-only, 512 B, one created_at": partial(
+                    drain.sql_only, rows=rows, size=SMALL, step_us=0
+                ),
+                "SQL-only, 512 B": partial(drain.sql_only, rows=rows, size=SMALL),
                 "SQL-only, 512 B, batch 50": partial(
-                    drain.sql_only, size=SMALL, rows=rows, batch=50
+                    drain.sql_only, rows=rows, size=SMALL, batch=50
                 ),
-                "SQL-only, 512 B, batch 100, dead tuples of a drain before": partial(
-                    drain.sql_only, size=SMALL, rows=rows, fresh=False
+                "SQL-only, 512 B, dead tuples of a drain before": partial(
+                    drain.sql_only, rows=rows, size=SMALL, fresh=False
                 ),
-                "enqueuer in the bench's process, ~150 B (earlier)": _keep(
+                "enqueuer, earlier: in the bench's process, ~150 B, one created_at": _keep(
                     ("rows_per_s",), partial(eb.drain, variant="pipelined", rows=rows, size=TINY)
                 ),
-                "enqueuer process, ~150 B": partial(drain.enqueuer, rows=rows, size=TINY),
+                "enqueuer process, ~150 B, one created_at": partial(
+                    drain.enqueuer, rows=rows, size=TINY, step_us=0
+                ),
+                "enqueuer process, 512 B, one created_at": partial(
+                    drain.enqueuer, rows=rows, size=SMALL, step_us=0
+                ),
                 "enqueuer process, 512 B": partial(drain.enqueuer, rows=rows, size=SMALL),
                 "enqueuer process, 512 B, dead tuples of a drain before": partial(
                     drain.enqueuer, rows=rows, size=SMALL, fresh=False
@@ -237,9 +245,10 @@ async def measure_all(
         if (only and name not in only) or (not only and name not in RECORDED):
             continue
         runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
-        for r in range(1 if name in ONCE else rounds):
+        its_rounds = 1 if name in ONCE else rounds
+        for r in range(its_rounds):
             for variant, measure in variants.items():
-                print(f"[{name}] round {r + 1}/{rounds}: {variant} (load {load_average()})",
+                print(f"[{name}] round {r + 1}/{its_rounds}: {variant} (load {load_average()})",
                       file=sys.stderr, flush=True)  # fmt: skip
                 runs[variant].append(await _call(measure, env))
                 print(f"    {runs[variant][-1]}", file=sys.stderr, flush=True)

@@ -17,7 +17,8 @@ from dispatcher.config import METRICS_PORT, STREAM_SHARDS, Settings
 from dispatcher.lifecycle import run_until_signalled
 from dispatcher.observability import ObservabilityServer
 from dispatcher.options import Option, options
-from dispatcher.outbox.enqueuer import EnqueuerConfig, OutboxEnqueuer
+from dispatcher.outbox.enqueuer import OutboxEnqueuer
+from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.pooler import require_session_pooling
 from dispatcher.outbox.repository import ENQUEUER_SESSION, OutboxRepository, enqueuer_pool
 from dispatcher.outbox.schema import migrate

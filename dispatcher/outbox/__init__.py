@@ -1,7 +1,8 @@
 """The outbox: its schema, the application's API (``enqueue_dispatch``) and the enqueuer."""
 
 from dispatcher.outbox.app_api import enqueue_dispatch, enqueue_dispatch_async
-from dispatcher.outbox.enqueuer import EnqueuerConfig, OutboxEnqueuer
+from dispatcher.outbox.enqueuer import OutboxEnqueuer
+from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.listener import NOTIFY_CHANNEL, OutboxListener
 from dispatcher.outbox.repository import OutboxRepository
 from dispatcher.outbox.schema import migrate

@@ -13,11 +13,15 @@ the decisions around it, made after every claim:
 * two empty claims a few milliseconds apart take the flag again, and one more
   claim follows at once: every transaction that inserted without a NOTIFY held
   the flag's lock shared until it ended, so that claim sees its rows;
-* while the flag cannot be taken (another enqueuer holds it, or a transaction
-  that inserted an outbox row is still open and holds it shared, possibly for
-  a long time) no commit NOTIFYs, so claims keep coming every few
-  milliseconds; they back off towards the poll interval only after finding
-  nothing for ``blocked_backoff_after`` seconds.
+* while the flag cannot be taken because a transaction that inserted an
+  outbox row is still open and holds it shared (possibly for a long time), no
+  commit NOTIFYs, so claims keep coming every few milliseconds; they back off
+  towards the poll interval only after finding nothing for
+  ``blocked_backoff_after`` seconds;
+* while another enqueuer holds it (``elsewhere``), that one publishes every
+  commit from its notification: this one stands by, claiming once a poll
+  interval (a holder that stopped working without losing its session must not
+  stall dispatch) and trying the flag again after.
 """
 
 from __future__ import annotations
@@ -43,8 +47,11 @@ IDLE_FLAG_KEY = 0x6F626964_6C65  # "obidle"
 
 @dataclass(frozen=True, slots=True)
 class IdlePolicy:
-    # Drop the flag when one claim finds at least this many rows.
+    # Drop the flag when one claim finds at least this many rows...
     busy_at_rows: int = 2
+    # ...or one publish from notifications holds this many: they cost no claim, so a few
+    # committed together (or read late by a loaded enqueuer) are no reason to stop.
+    busy_at_notified: int = 10
     # An empty claim is confirmed by a second one, started at least this many seconds after
     # the first ended, before taking the flag (concurrent empty claims do not confirm each
     # other).
@@ -81,14 +88,25 @@ class IdleDecider:
         self._blocked_delay = policy.blocked_claim_every
 
     def on_claim(
-        self, *, count: int, started: float, ended: float, full: bool, held: bool, listening: bool
+        self,
+        *,
+        count: int,
+        started: float,
+        ended: float,
+        full: bool,
+        held: bool,
+        listening: bool,
+        elsewhere: bool = False,
+        notified: bool = False,
     ) -> Step:
         policy = self.policy
+        if elsewhere and not held and not full:
+            return Step(take=True)  # standing by: one claim a poll, then try the flag again
         if count:
             self._quiet_since = None
             self._last_found = ended
             self._blocked_delay = policy.blocked_claim_every
-            drop = held and count >= policy.busy_at_rows
+            drop = held and count >= (policy.busy_at_notified if notified else policy.busy_at_rows)
             if full:
                 return Step(drop=drop, delay=0.0)
             return Step(drop=drop, delay=None if held and not drop else policy.linger)
@@ -101,9 +119,13 @@ class IdleDecider:
             return Step(delay=policy.idle_confirm_after)
         return Step(take=True)
 
-    def on_take(self, *, taken: bool, ended: float) -> float:
+    def on_take(self, *, taken: bool, ended: float, elsewhere: bool = False) -> float:
         """Seconds until the next claim after trying to take the flag."""
         policy = self.policy
+        if elsewhere:
+            # Its holder publishes what commits; a claim here would mostly race it for rows
+            # between their XADD and their delete (a duplicate each time it wins).
+            return policy.max_delay
         if taken:
             self._blocked_delay = policy.blocked_claim_every
             # Rows committed before the flag was taken sent no NOTIFY, but their transactions
@@ -134,16 +156,30 @@ class IdleFlag:
         self._session: AsyncConnection[Any] | None = None
         self._lock = asyncio.Lock()
         self._decider = IdleDecider(policy, clock())
+        self._clock = clock
         self.held = False  # False again whenever the session is lost
+        self._lost_at = clock()  # when this enqueuer last dropped or lost the flag
+        # Another enqueuer holds the flag, as far as this one knows: it stands by.
+        self.elsewhere = False
 
     async def after_claim(
-        self, *, count: int, started: float, ended: float, full: bool, can_listen: bool
+        self,
+        *,
+        count: int,
+        started: float,
+        ended: float,
+        full: bool,
+        can_listen: bool,
+        notified: bool = False,
     ) -> float | None:
         """Act on one claim's result; seconds until the next claim (None: await a wake-up).
 
-        ``started``/``ended`` are the claim's times on the ``clock``.
+        ``started``/``ended`` are the claim's times on the ``clock``; ``notified``:
+        the rows were published from their notifications, not claimed.
         """
         async with self._lock:
+            if full:
+                self.elsewhere = False  # a backlog: every enqueuer drains it
             step = self._decider.on_claim(
                 count=count,
                 started=started,
@@ -151,6 +187,8 @@ class IdleFlag:
                 full=full,
                 held=self.held,
                 listening=can_listen,
+                elsewhere=self.elsewhere,
+                notified=notified,
             )
             if step.drop:
                 await self._drop()
@@ -159,7 +197,23 @@ class IdleFlag:
             taken = await self._take()
             if taken:
                 self._metrics.idle_announced.inc()
-            return self._decider.on_take(taken=taken, ended=ended)
+            return self._decider.on_take(taken=taken, ended=ended, elsewhere=self.elsewhere)
+
+    def someone_idle(self) -> None:
+        """A notification carrying a row reached this enqueuer, which does not hold the flag.
+
+        Some enqueuer held the flag when that row was inserted: another one,
+        unless this one dropped it lately (its own rows still arriving).
+        """
+        if not self.held and self._clock() - self._lost_at > self.policy.max_delay:
+            self.elsewhere = True
+
+    async def look(self) -> None:
+        """Whether another enqueuer holds the flag, before this one's first claim."""
+        async with self._lock:
+            if not self.held:
+                row = await self._run("idle_elsewhere", {"key": IDLE_FLAG_KEY})
+                self.elsewhere = bool(row and row[0])
 
     async def check(self) -> bool:
         """Whether the flag is still held: a session that died took it along."""
@@ -176,7 +230,7 @@ class IdleFlag:
     async def aclose(self) -> None:
         """Close the session, which drops the flag."""
         async with self._lock:
-            self.held = False
+            self._lose()
             if self._session is not None:
                 await self._session.close()
                 self._session = None
@@ -185,21 +239,28 @@ class IdleFlag:
         if not self.held:
             row = await self._run("take_idle_flag", {"key": IDLE_FLAG_KEY})
             self.held = bool(row and row[0])
+            self.elsewhere = bool(row and row[1])
         return self.held
 
     async def _drop(self) -> None:
+        self.elsewhere = False
+        if self.held:
+            self._lose()
+            await self._run("drop_idle_flag")
+
+    def _lose(self) -> None:
         if self.held:
             self.held = False
-            await self._run("drop_idle_flag")
+            self._lost_at = self._clock()
 
     async def _run(self, name: str, params: dict[str, Any] | None = None) -> Any:
         if self._session is None or self._session.closed:
-            self.held = False  # it died with the old session
+            self._lose()  # it died with the old session
             self._session = await AsyncConnection.connect(self._conninfo, **self._kwargs)
         try:
             cur = await self._session.execute(QUERIES[name], params or {})
             return await cur.fetchone() if cur.description else None
         except psycopg.OperationalError:
-            self.held = False
+            self._lose()
             await self._session.close()  # reconnect next time
             raise

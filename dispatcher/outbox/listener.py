@@ -1,11 +1,12 @@
-"""The LISTEN side of the enqueuer: a dedicated connection that turns NOTIFY into wake-ups.
+"""The LISTEN side of the enqueuer: a dedicated connection that hands on each NOTIFY.
 
 LISTEN is session state, so it never runs on a pooled connection: this holds
-its own autocommit connection, reconnects with backoff (1 s doubling to 30 s)
-and rotates it periodically (so a silently half-dead TCP session cannot
-linger). After every (re)connect it wakes the enqueuer once, to catch rows
-committed while nobody was listening; with the poll fallback, a lost
-notification can delay a dispatch but never lose it.
+its own autocommit connection, hands each notification's payload to
+``notified`` (by default every notification is a wake-up), reconnects with
+backoff (1 s doubling to 30 s) and rotates it periodically (so a silently
+half-dead TCP session cannot linger). After every (re)connect it wakes the
+enqueuer once, to catch rows committed while nobody was listening; with the
+poll fallback, a lost notification can delay a dispatch but never lose it.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class OutboxListener:
         *,
         conninfo: str,
         wake: Callable[[], None],
+        notified: Callable[[str], None] | None = None,
         rotate_after: float = 600.0,
         initial_backoff: float = 1.0,
         max_backoff: float = 30.0,
@@ -36,6 +38,7 @@ class OutboxListener:
     ) -> None:
         self._conninfo = conninfo
         self._wake = wake
+        self._notified = notified or (lambda payload: wake())
         self._rotate_after = rotate_after
         self._initial_backoff = initial_backoff
         self._max_backoff = max_backoff
@@ -78,8 +81,8 @@ class OutboxListener:
             self.connects += 1
             self._set_connected(True)
             self._wake()
-            async for _ in conn.notifies(timeout=self._rotate_after):
-                self._wake()
+            async for notify in conn.notifies(timeout=self._rotate_after):
+                self._notified(notify.payload)
             log.debug("rotating the outbox listener connection")
         finally:
             self._set_connected(False)

@@ -18,13 +18,13 @@ import itertools
 import operator
 from collections.abc import Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Histogram
 
+from dispatcher.observability import PrefixedMetrics
 from dispatcher.stream.naming import queue_of_stream
 
 __all__ = ["EnqueuerMetrics", "observe_ages", "queue_label"]
 
-_PREFIX = "dispatcher_outbox_"
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -33,69 +33,53 @@ class EnqueuerMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        declare = PrefixedMetrics(registry, prefix="dispatcher_outbox_")
         q = ["queue"]
-        self.processed = Counter(
-            _PREFIX + "processed", "Outbox rows published and deleted", q, registry=registry
-        )
-        self.failed = Counter(
-            _PREFIX + "failed", "Outbox rows whose publish failed", q, registry=registry
-        )
-        self.dlq = Counter(_PREFIX + "dlq", "Outbox rows moved to outbox_dlq", q, registry=registry)
-        self.recovered = Counter(
-            _PREFIX + "recovered",
+        self.processed = declare.counter("processed", "Outbox rows published and deleted", q)
+        self.failed = declare.counter("failed", "Outbox rows whose publish failed", q)
+        self.dlq = declare.counter("dlq", "Outbox rows moved to outbox_dlq", q)
+        self.recovered = declare.counter(
+            "recovered",
             "Rows of unsettled batches: made suspects, or (claimed alone) charged an attempt",
             ["outcome"],
-            registry=registry,
         )
-        self.unsettled = Counter(
-            _PREFIX + "unsettled_batches",
+        self.unsettled = declare.counter(
+            "unsettled_batches",
             "Batches whose settling transaction failed (rows rolled back, published again)",
-            registry=registry,
         )
-        self.batches = Counter(
-            _PREFIX + "batches", "Claim batches processed (non-empty)", registry=registry
+        self.batches = declare.counter("batches", "Claim batches processed (non-empty)")
+        self.notified_rows = declare.counter(
+            "notified_rows",
+            "Outbox rows published from their notification, without a claim (the idle path)",
         )
-        self.idle_announced = Counter(
-            _PREFIX + "idle_announcements",
+        self.idle_announced = declare.counter(
+            "idle_announcements",
             "Times this enqueuer announced itself idle (outbox inserts NOTIFY until it withdraws)",
-            registry=registry,
         )
-        self._add_latencies(registry)
-        self._add_gauges(registry)
-
-    def _add_latencies(self, registry: CollectorRegistry) -> None:
-        self.publish_latency = Histogram(
-            _PREFIX + "publish_seconds",
+        self.publish_latency = declare.histogram(
+            "publish_seconds",
             "Duration of one pipelined publish of a batch",
             buckets=_LATENCY_BUCKETS,
-            registry=registry,
         )
-        self.commit_to_publish = Histogram(
-            _PREFIX + "commit_to_publish_seconds",
+        self.commit_to_publish = declare.histogram(
+            "commit_to_publish_seconds",
             "Row creation (its transaction's start) to its entry stored in Redis",
             buckets=_LATENCY_BUCKETS,
-            registry=registry,
         )
+        self._add_gauges(declare)
 
-    def _add_gauges(self, registry: CollectorRegistry) -> None:
-        self.backpressure = Gauge(
-            _PREFIX + "backpressure",
-            "1 while claims are paused because Redis memory is above the high mark",
-            registry=registry,
+    def _add_gauges(self, declare: PrefixedMetrics) -> None:
+        self.backpressure = declare.gauge(
+            "backpressure", "1 while claims are paused because Redis memory is above the high mark"
         )
-        self.in_flight = Gauge(
-            _PREFIX + "in_flight", "Rows locked by this process's open batches", registry=registry
-        )
-        self.outbox_depth = Gauge(
-            _PREFIX + "depth",
+        self.in_flight = declare.gauge("in_flight", "Rows locked by this process's open batches")
+        self.outbox_depth = declare.gauge(
+            "depth",
             "Outbox rows by status; IN_FLIGHT: rows held by open batches (also PENDING or RETRY)",
             ["status"],
-            registry=registry,
         )
-        self.listener_connected = Gauge(
-            _PREFIX + "listener_connected",
-            "1 while the LISTEN connection is up",
-            registry=registry,
+        self.listener_connected = declare.gauge(
+            "listener_connected", "1 while the LISTEN connection is up"
         )
 
 

@@ -23,6 +23,7 @@ import collections
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ from redis.exceptions import RedisError
 from dispatcher.models import payload_fields
 from dispatcher.outbox.backpressure import RedisMemoryGate
 from dispatcher.outbox.claim import ClaimedBatch
+from dispatcher.outbox.inflight import InFlight
 from dispatcher.outbox.metrics import EnqueuerMetrics, observe_ages, queue_label
 from dispatcher.outbox.outcomes import ClaimedRow, Outcomes, plan_outcomes
 from dispatcher.outbox.repository import OutboxRepository
@@ -40,7 +42,15 @@ from dispatcher.stream.publisher import RedisStreamPublisher, xadd_command
 from dispatcher.stream.shard_count import InvalidShardCount, LiveShardCount
 from dispatcher.tracing import TRACE_FIELDS, child_span, tracing_enabled
 
-__all__ = ["FALLBACK_STREAM", "BatchPipeline", "BatchSettings", "target_stream"]
+__all__ = [
+    "FALLBACK_STREAM",
+    "BatchPipeline",
+    "BatchSettings",
+    "Entry",
+    "encode_rows",
+    "publish_entries",
+    "target_stream",
+]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +95,7 @@ class BatchPipeline:
         settings: BatchSettings = BatchSettings(),
         shard_count: LiveShardCount | None = None,
         memory: RedisMemoryGate | None = None,
+        inflight: InFlight | None = None,
     ) -> None:
         self.settings = settings
         self._repo = repository
@@ -92,46 +103,67 @@ class BatchPipeline:
         self._shards = shard_count or LiveShardCount(publisher.client)
         self._memory = memory
         self._metrics = metrics
+        self._inflight = inflight or InFlight()
         # A row that carries a trace context gets a publish span, opened here: PostgreSQL
         # leaves such rows to the enqueuer while OpenTelemetry is installed.
         self._keep = TRACE_FIELDS[:1] if tracing_enabled() else ()
 
-    async def run(self, *, probe: bool = False) -> int:
+    async def run(self, *, probe: bool = False, min_age: float = 0.0) -> int:
         """Claim, publish and settle one batch; return how many rows it held.
 
         With ``probe``, the batch is one suspect row alone (see the repository).
+        Rows due less than ``min_age`` seconds ago are left for another enqueuer.
         """
         s = self.settings
         shards, unknown = await self._shard_count()
         claim = self._repo.claim_batch(
-            s.batch_size, hold_for=s.hold_for, probe=probe, shards=shards, keep=self._keep
+            s.batch_size,
+            hold_for=s.hold_for,
+            probe=probe,
+            shards=shards,
+            keep=self._keep,
+            min_age=min_age,
         )
         async with claim as batch:
             size = len(batch)
             if not size:
                 return 0
-            self._metrics.in_flight.inc(size)
+            if not self._inflight.claim(batch.ids):
+                # Some are out from their notifications (their delete follows): let go of
+                # every row untouched, uncharged; the next claim takes the others.
+                await batch.settle([])
+                return size
             try:
-                with contextlib.ExitStack() as spans:
-                    replies, packed = await self._publish(batch, shards, unknown, spans)
-                outcomes = _outcomes(batch, replies)
-                if self._memory is not None:
-                    self._memory.published(packed, size)
-                    if outcomes.held:
-                        self._memory.refused()
-                try:
-                    await batch.settle(outcomes.sent, outcomes.retry, outcomes.dead)
-                except BaseException:
-                    self._metrics.unsettled.inc()
-                    log.error(
-                        "could not settle a batch of %d rows (%d published): they stay in the "
-                        "outbox and are published again",
-                        size,
-                        len(outcomes.sent),
-                    )
-                    raise
+                return await self._publish_and_settle(batch, shards, unknown)
             finally:
-                self._metrics.in_flight.dec(size)
+                self._inflight.unclaim(batch.ids)
+
+    async def _publish_and_settle(
+        self, batch: ClaimedBatch, shards: int, unknown: BaseException | None
+    ) -> int:
+        size = len(batch)
+        self._metrics.in_flight.inc(size)
+        try:
+            with contextlib.ExitStack() as spans:
+                replies, packed = await self._publish(batch, shards, unknown, spans)
+            outcomes = _outcomes(batch, replies)
+            if self._memory is not None:
+                self._memory.published(packed, size)
+                if outcomes.held:
+                    self._memory.refused()
+            try:
+                await batch.settle(outcomes.sent, outcomes.retry, outcomes.dead)
+            except BaseException:
+                self._metrics.unsettled.inc()
+                log.error(
+                    "could not settle a batch of %d rows (%d published): they stay in the "
+                    "outbox and are published again",
+                    size,
+                    len(outcomes.sent),
+                )
+                raise
+        finally:
+            self._metrics.in_flight.dec(size)
         _report(batch, outcomes, metrics=self._metrics)
         self._metrics.batches.inc()
         return size
@@ -221,6 +253,50 @@ def _encode_here(
             log.error("outbox row %s cannot be published: %s", row.id, _short(exc))
             failed[i] = exc
     return failed
+
+
+def encode_rows(
+    rows: Sequence[ClaimedRow], shards: int, spans: contextlib.ExitStack
+) -> tuple[list[Entry], list[PublishResult | None]]:
+    """Route and encode rows here, as for the rows a claim leaves to the enqueuer.
+
+    The second list has one item per row: None for a row whose entry is in the
+    first list (in order), the error for a row that cannot be encoded.
+    """
+    results: list[PublishResult | None] = []
+    entries: list[Entry] = []
+    for row in rows:
+        try:
+            entries.append(_traced(_entry(row, shards), spans))
+            results.append(None)
+        except Exception as exc:
+            log.error("outbox row %s cannot be published: %s", row.id, _short(exc))
+            results.append(PublishResult(stream=row.stream, error=exc))
+    return entries, results
+
+
+async def publish_entries(
+    publisher: RedisStreamPublisher,
+    entries: list[Entry],
+    *,
+    settings: BatchSettings,
+    metrics: EnqueuerMetrics,
+) -> list[PublishResult]:
+    """One pipelined publish (with WAIT when asked), bounded by the publish timeout."""
+    if not entries:
+        return []
+    s = settings
+    started = time.monotonic()
+    try:
+        # A timeout scope, not wait_for: no task of its own, one turn of the loop less.
+        async with asyncio.timeout(s.publish_timeout):
+            results = await publisher.publish_many(
+                entries, wait_replicas=s.wait_replicas, wait_timeout_ms=s.wait_timeout_ms
+            )
+    except (TimeoutError, RedisError, OSError) as exc:
+        results = [PublishResult(stream=stream, error=exc) for stream, _ in entries]
+    metrics.publish_latency.observe(time.monotonic() - started)
+    return results
 
 
 def _outcomes(batch: ClaimedBatch, replies: list[Any]) -> Outcomes:

@@ -143,13 +143,15 @@ class OutboxRepository:
         probe: bool = False,
         shards: int = 1,
         keep: Sequence[str] = (),
+        min_age: float = 0.0,
     ) -> AsyncIterator[ClaimedBatch]:
         """Claim up to ``limit`` due rows (lock them) for the body of the ``async with``.
 
         Each row comes with the stream it is published to at ``shards`` shards
         and its XADD command, packed by PostgreSQL, except a row whose payload
         holds one of the ``keep`` keys or that PostgreSQL cannot pack exactly
-        as ``payload_fields`` would (see ``ClaimedRow``).
+        as ``payload_fields`` would (see ``ClaimedRow``). Rows due less than
+        ``min_age`` seconds ago are left out.
 
         With ``probe``, claim one due suspect alone (``limit`` is ignored) and
         journal the batch as a probe: if it never settles, its row alone is
@@ -163,7 +165,7 @@ class OutboxRepository:
         transaction back.
         """
         async with self._pool.connection() as conn:
-            claim = {"limit": limit, "shards": shards, "keep": list(keep)}
+            claim = {"limit": limit, "shards": shards, "keep": list(keep), "min_age": min_age}
             batch = await self._begin(conn, claim, hold_for, probe)
             try:
                 yield batch
@@ -230,6 +232,10 @@ class OutboxRepository:
             suspects=int(row["suspects"]),
             foreign=foreign,
         )
+
+    async def delete_notified(self, ids: Sequence[str]) -> None:
+        """Delete rows published from their notifications, in one statement."""
+        await self._execute("delete_notified", {"ids": list(ids)})
 
     async def suspects_due_in(self) -> float | None:
         """Seconds until the next suspect is due (<= 0: now), or None without suspects."""

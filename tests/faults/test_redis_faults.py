@@ -107,7 +107,8 @@ def test_cluster_master_killed_without_wait_replicas_reports_what_was_lost(
     cluster = own_cluster(replicas=1)
     p = pipeline(cluster.url, cluster=True)
     p.enqueuer()
-    load = p.start_load(LoadSpec(tasks=s.tasks, rate=s.rate / 2))
+    # Three times the usual task count, so the load is still writing when the replica lags.
+    load = p.start_load(LoadSpec(tasks=3 * s.tasks, rate=s.rate / 2))
     eventually_sync(lambda: load.attempted >= 20 or load.done, within=60)
     victim, _ = _fail_over_a_lagging_master(cluster, p)
     victim.start()
@@ -136,8 +137,12 @@ def _fail_over_a_lagging_master(
     )
     replica.pause()
     p.redis.set(f"{{{stream}}}:ballast", "x" * (32 << 20))
+    added = _entries_added(p, stream)
     p.fault(f"replica lagging {lag} s")
     time.sleep(lag)  # the fault's length: the master keeps acking writes nobody replicates
+    # On a loaded machine the enqueuer can publish nothing to this stream within ``lag``: the
+    # window then holds no entry and the scenario tests nothing. Keep lagging until it does.
+    eventually_sync(lambda: _entries_added(p, stream) >= added + 5, within=60)
     victim.kill()
     replica.resume()
     p.fault("cluster master SIGKILL")
@@ -145,6 +150,13 @@ def _fail_over_a_lagging_master(
     eventually_sync(lambda: "cluster_state:ok" in replica.cli("CLUSTER", "INFO"), within=60)
     p.fault("replica promoted")
     return victim, replica
+
+
+def _entries_added(p: Pipeline, stream: str) -> int:
+    """Entries ever added to ``stream`` (monotonic: XDEL by workers does not lower it)."""
+    if not p.redis.exists(stream):
+        return 0
+    return int(p.redis.xinfo_stream(stream)["entries-added"])
 
 
 def _progress(p: Pipeline, *, load_done: Callable[[], bool], by: int = 20) -> None:

@@ -26,7 +26,8 @@ def claim_plan(db_url: str) -> dict[str, Any]:
     with psycopg.connect(db_url) as conn:
         conn.execute("ANALYZE outbox")
         row = conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["claim_batch"], {"limit": 100}
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["claim_batch"],
+            {"limit": 100, "min_age": 0.0},
         ).fetchone()
         conn.rollback()
     assert row is not None

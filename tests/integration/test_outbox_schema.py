@@ -48,7 +48,10 @@ def test_schema_has_the_contract_objects(outbox_db_url: str) -> None:
             "SELECT prosrc FROM pg_proc WHERE proname = 'composer_notify_outbox'"
         ).fetchone()
     assert trigger is not None
-    assert "AFTER INSERT ON public.outbox FOR EACH STATEMENT" in trigger[1]
+    # One event per row, run at commit, only while an enqueuer holds the idle flag.
+    assert "CONSTRAINT TRIGGER outbox_notify AFTER INSERT ON public.outbox" in trigger[1]
+    assert "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW" in trigger[1]
+    assert "WHEN ((NOT pg_try_advisory_xact_lock_shared(" in trigger[1]
     assert fn is not None
     assert "pg_notify('outbox_new'" in fn[0]
     assert options is not None

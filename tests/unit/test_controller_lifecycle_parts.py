@@ -9,6 +9,7 @@ from typing import Any
 from controller.conditions import OutboxDispatcherStatus, Rollout, rollout
 from controller.k8s import contains
 from controller.migration import MigrationState
+from controller.operator import WatchEvent
 from controller.quantity import parse_quantity, same_quantity
 from controller.report import Failure, Pass, conditions
 
@@ -93,3 +94,11 @@ def test_a_running_migration_keeps_ready_false_until_the_enqueuer_may_start() ->
     )
     assert found["Ready"] == ("True", "Reconciled")
     assert found["Migrated"] == ("True", "Succeeded")
+
+
+def test_a_watch_event_reads_kopfs_keyword_arguments() -> None:
+    body = {"metadata": {"name": "orders", "namespace": "shop"}}
+    listed = WatchEvent.from_kopf({"body": body, "type": None, "event": {}, "logger": None})
+    assert (listed.deleted, listed.meta["name"]) == (False, "orders")  # the initial listing
+    assert not WatchEvent.from_kopf({"body": body, "type": "MODIFIED"}).deleted
+    assert WatchEvent.from_kopf({"body": body, "type": "DELETED"}).deleted

@@ -6,6 +6,7 @@ from dispatcher.outbox.idle_flag import IdleDecider, IdlePolicy, Step
 
 POLICY = IdlePolicy(
     busy_at_rows=2,
+    busy_at_notified=10,
     idle_confirm_after=0.005,
     linger=0.002,
     blocked_claim_every=0.005,
@@ -61,3 +62,25 @@ def test_a_blocked_flag_keeps_claims_short_until_nothing_is_found_for_long() -> 
     claim(decider, 6.2)
     assert claim(decider, 6.3) == Step(take=True)
     assert decider.on_take(taken=False, ended=6.3) == POLICY.blocked_claim_every
+
+
+def test_while_another_enqueuer_holds_the_flag_this_one_claims_once_a_poll() -> None:
+    decider = IdleDecider(POLICY, now=0.0)
+    assert claim(decider, 1.0) == Step(delay=POLICY.idle_confirm_after)
+    assert claim(decider, 1.01) == Step(take=True)
+    assert decider.on_take(taken=False, ended=1.011, elsewhere=True) == POLICY.max_delay
+    # Standing by: whatever a claim finds, the flag is tried again and the next claim waits.
+    assert claim(decider, 2.0, count=1, elsewhere=True) == Step(take=True)
+    assert claim(decider, 3.0, elsewhere=True) == Step(take=True)
+    assert decider.on_take(taken=False, ended=3.001, elsewhere=True) == POLICY.max_delay
+    # A full batch is a backlog: every enqueuer drains it.
+    assert claim(decider, 4.0, count=100, full=True, elsewhere=True) == Step(delay=0.0)
+
+
+def test_rows_published_from_notifications_drop_the_flag_only_in_numbers() -> None:
+    decider = IdleDecider(POLICY, now=0.0)
+    assert claim(decider, 1.0, count=3, held=True, notified=True) == Step()
+    busy = POLICY.busy_at_notified
+    assert claim(decider, 1.1, count=busy, held=True, notified=True) == Step(
+        drop=True, delay=POLICY.linger
+    )

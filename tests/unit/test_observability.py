@@ -6,6 +6,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from controller.metrics import OperatorMetrics
 from dispatcher.observability import PrefixedMetrics
+from dispatcher.outbox.metrics import EnqueuerMetrics
 from dispatcher.worker.metrics import WorkerMetrics
 
 
@@ -25,10 +26,11 @@ def test_declared_metrics_carry_the_prefix_and_live_in_the_given_registry() -> N
     assert 'demo_seconds_bucket{le="1.0"} 1.0' in text
 
 
-def test_operator_and_worker_metrics_can_be_declared_twice_on_separate_registries() -> None:
+def test_each_process_kinds_metrics_can_be_declared_twice_on_separate_registries() -> None:
     for make, prefix in (
         (OperatorMetrics, "dispatcher_operator_"),
         (WorkerMetrics, "dispatcher_worker_"),
+        (EnqueuerMetrics, "dispatcher_outbox_"),
     ):
         first, second = CollectorRegistry(), CollectorRegistry()
         make(first)

@@ -16,13 +16,15 @@ VALUES (%(id)s, %(task_id)s, %(stream)s, %(payload)s, %(type)s, 'PENDING', %(not
 -- more than n). Rows scheduled for a time that has come go first (they have waited
 -- longest), then rows due at once by age; each part walks its own partial index from the
 -- first due row, so rows not yet due are never read. Suspects are left to claim_probe.
+-- Rows due less than "min_age" seconds ago are left too: an enqueuer standing by while
+-- another holds the idle flag leaves it the rows it publishes from their notifications.
 WITH scheduled AS (
     SELECT id, stream, payload, attempt_count, max_retries, backoff_seconds,
            extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds,
            task_id
       FROM outbox
      WHERE status IN ('PENDING', 'RETRY') AND next_attempt_at IS NOT NULL AND NOT suspect
-       AND next_attempt_at <= statement_timestamp()
+       AND next_attempt_at <= statement_timestamp() - make_interval(secs => %(min_age)s)
      ORDER BY next_attempt_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -32,6 +34,7 @@ WITH scheduled AS (
            task_id
       FROM outbox
      WHERE status IN ('PENDING', 'RETRY') AND next_attempt_at IS NULL AND NOT suspect
+       AND created_at <= statement_timestamp() - make_interval(secs => %(min_age)s)
      ORDER BY created_at
      LIMIT greatest(%(limit)s - (SELECT count(*) FROM scheduled), 0)
        FOR UPDATE SKIP LOCKED
@@ -101,6 +104,11 @@ DELETE FROM outbox
 
 -- name: delete_published
 -- Rows of this batch (locked by this transaction) whose entries Redis acknowledged.
+DELETE FROM outbox WHERE id = ANY(%(ids)s);
+
+-- name: delete_notified
+-- Autocommitted: rows published from their notifications (never locked by this enqueuer).
+-- A row a claim holds is waited for; a row already gone is not there to delete.
 DELETE FROM outbox WHERE id = ANY(%(ids)s);
 
 -- name: schedule_retries
@@ -218,8 +226,9 @@ SELECT id, task_id, stream, attempts, moved_at, last_error
 SELECT id FROM outbox_dlq WHERE %(all)s OR id = ANY(%(ids)s) ORDER BY id;
 
 -- name: dlq_replay
--- Back to PENDING with attempts reset, in one statement (one transaction). The INSERT fires
--- outbox_notify, so enqueuers wake at once; a row still in outbox (status DLQ) is reset.
+-- Back to PENDING with attempts reset, in one statement (one transaction). Each row inserted
+-- fires outbox_notify (an idle enqueuer publishes it at once); a row still in outbox (status
+-- DLQ) is reset in place, which fires no INSERT trigger: the next claim or poll takes it.
 WITH picked AS (
     DELETE FROM outbox_dlq WHERE %(all)s OR id = ANY(%(ids)s) RETURNING *
 )
@@ -234,9 +243,19 @@ ON CONFLICT (id) DO UPDATE
 RETURNING id;
 
 -- name: take_idle_flag
--- On the enqueuer's own session. Fails while another enqueuer holds the flag, or while a
--- transaction that inserted outbox rows without a NOTIFY is still open.
-SELECT pg_try_advisory_lock(%(key)s) AS taken;
+-- On the enqueuer's own session (autocommitted: the shared try below ends with the
+-- statement). Fails while another enqueuer holds the flag ("elsewhere"), or while a
+-- transaction that inserted outbox rows without a NOTIFY is still open (it holds it shared).
+WITH attempt AS MATERIALIZED (SELECT pg_try_advisory_lock(%(key)s) AS taken)
+SELECT taken,
+       CASE WHEN taken THEN false ELSE NOT pg_try_advisory_xact_lock_shared(%(key)s) END
+           AS elsewhere
+  FROM attempt;
+
+-- name: idle_elsewhere
+-- Whether another session holds the flag, without taking it (autocommitted: the shared try
+-- ends with the statement).
+SELECT NOT pg_try_advisory_xact_lock_shared(%(key)s) AS elsewhere;
 
 -- name: ping
 SELECT 1;

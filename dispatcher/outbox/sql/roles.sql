@@ -9,7 +9,8 @@
 --
 -- outbox_app       the application's role for dispatching: INSERT into outbox, nothing else.
 --                  The outbox_notify trigger needs nothing more: its WHEN clause takes a
---                  shared advisory lock (migration 0005), which every role may.
+--                  shared advisory lock (migration 0005), which every role may, and its
+--                  function reads the row as its owner (SECURITY DEFINER, migration 0008).
 --                  Grant the role's privileges on your business tables yourself, or make your
 --                  application's role a member (GRANT outbox_app TO myapp).
 -- outbox_enqueuer  `dispatcher enqueuer`: claim/update/delete outbox rows, write outbox_dlq,

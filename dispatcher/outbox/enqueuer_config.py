@@ -1,0 +1,104 @@
+"""The enqueuer's settings, one frozen value: validated once, split for each part.
+
+``batch_settings`` is what a claim batch (and a publish from notifications)
+needs, ``idle_policy`` what the idle flag decides by.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dispatcher.options import option
+from dispatcher.outbox.backpressure import MemoryMarks
+from dispatcher.outbox.idle_flag import IdlePolicy
+from dispatcher.outbox.pipeline import BatchSettings
+
+__all__ = ["EnqueuerConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueuerConfig:
+    batch_size: int = option(100, minimum=1, help="rows per claim (one transaction)")
+    concurrency: int = option(4, minimum=1, help="batches in flight at once")
+    poll_interval: float = option(
+        1.0, minimum=0.01, help="seconds between polls when no NOTIFY wakes the enqueuer"
+    )
+    recover_in_flight_after: float = option(
+        30.0,
+        minimum=1,
+        help="seconds a batch may hang before PostgreSQL ends its transaction and its rows "
+        "are due again (must exceed --publish-timeout)",
+    )
+    maintenance_interval: float = option(
+        30.0,
+        minimum=0.1,
+        help="seconds between runs that count the attempts of batches that never settled",
+    )
+    wait_replicas: int = option(
+        0,
+        minimum=0,
+        help="Redis replicas that must acknowledge a batch (WAIT) before its rows are deleted",
+    )
+    wait_timeout_ms: int = 1000
+    publish_timeout: float = option(10.0, minimum=0.1, help="seconds to publish one batch")
+    shutdown_timeout: float = option(
+        30.0, minimum=0, help="seconds to finish in-flight batches after SIGTERM"
+    )
+    listener_rotate_after: float = 600.0
+    # The idle flag's policy (see IdlePolicy for each).
+    busy_at_rows: int = 2
+    busy_at_notified: int = 10
+    # While another enqueuer holds the idle flag, this one's claims leave rows due for less
+    # than this (the holder publishes them from their notifications within milliseconds).
+    standby_min_age: float = 5.0
+    idle_confirm_after: float = 0.005
+    linger: float = 0.002
+    blocked_claim_every: float = 0.005
+    blocked_backoff_after: float = 2.0
+    redis_memory_high: float = option(
+        0.85,
+        minimum=0,
+        help="share of Redis maxmemory at which claims pause and rows wait in the outbox "
+        "(no attempt counted); 0 = never pause",
+    )
+    redis_memory_low: float = option(
+        0.75, minimum=0, help="share of Redis maxmemory below which paused claims resume"
+    )
+    vacuum_threshold: int = option(
+        10_000,
+        minimum=0,
+        help="dead tuples in the outbox past which maintenance vacuums it when nothing else "
+        "has for a minute (autovacuum off or starved); 0 = leave it to autovacuum",
+    )
+
+    def __post_init__(self) -> None:
+        MemoryMarks(self.redis_memory_high, self.redis_memory_low)  # validates them
+        if self.batch_size < 1 or self.concurrency < 1:
+            raise ValueError("batch size and concurrency must be >= 1")
+        if self.poll_interval <= 0 or self.maintenance_interval <= 0:
+            raise ValueError("poll and maintenance intervals must be > 0")
+        if self.recover_in_flight_after <= self.publish_timeout:  # it bounds WAIT too
+            raise ValueError(
+                "recover-in-flight-after must exceed the publish timeout "
+                f"({self.publish_timeout:g} s), or PostgreSQL would end batches still publishing"
+            )
+
+    def batch_settings(self) -> BatchSettings:
+        return BatchSettings(
+            batch_size=self.batch_size,
+            hold_for=self.recover_in_flight_after,
+            publish_timeout=self.publish_timeout,
+            wait_replicas=self.wait_replicas,
+            wait_timeout_ms=self.wait_timeout_ms,
+        )
+
+    def idle_policy(self) -> IdlePolicy:
+        return IdlePolicy(
+            busy_at_rows=self.busy_at_rows,
+            busy_at_notified=self.busy_at_notified,
+            idle_confirm_after=self.idle_confirm_after,
+            linger=self.linger,
+            blocked_claim_every=self.blocked_claim_every,
+            blocked_backoff_after=self.blocked_backoff_after,
+            max_delay=self.poll_interval,
+        )

@@ -1,0 +1,26 @@
+"""The benchmark's workload: payload sizes as the figures say, and the profile's folding."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+from benchmarks.profile import self_time
+from benchmarks.workload import LARGE, SMALL, TINY, dispatch, payload_size, sized_dispatch
+
+
+def test_payloads_have_the_sizes_the_figures_name() -> None:
+    assert payload_size(dispatch(str(uuid.uuid4()), "orders")) == 432
+    assert payload_size(sized_dispatch("orders-12345", "orders", SMALL)) == SMALL
+    assert payload_size(sized_dispatch("orders-12345", "orders", LARGE)) == LARGE
+    assert payload_size(sized_dispatch("t1", "orders", TINY)) < 200
+    assert json.loads(sized_dispatch("t", "orders", LARGE).input)["items"]
+
+
+def test_self_time_folds_lines_of_one_function(tmp_path: Path) -> None:
+    raw = tmp_path / "raw.1"
+    raw.write_text(
+        "main (a.py:1);f (b.py:10) 3\nmain (a.py:1);f (b.py:12) 2\nmain (a.py:1);g (c.py:5) 1\n"
+    )
+    assert self_time([raw, tmp_path / "missing"]) == {"f (b.py)": 5, "g (c.py)": 1}
