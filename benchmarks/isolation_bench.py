@@ -138,7 +138,8 @@ def _claim_pages(url: str) -> float:
     """Pages one claim reads (shared hit + read), from EXPLAIN (ANALYZE, BUFFERS)."""
     with psycopg.connect(url) as conn:
         row = conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["claim_batch"], {"limit": 100}
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["claim_batch"],
+            {"limit": 100, "min_age": 0.0},
         ).fetchone()
         conn.rollback()
     assert row is not None

@@ -1,4 +1,4 @@
-"""Handler runs that need more than an inline start: sync handlers, traced entries.
+"""Handler runs that end on their own: sync handlers, traced entries, inline runs that waited.
 
 A sync handler runs in a thread that cannot be interrupted. Past
 ``handler_timeout`` its result is ignored and its entry let go, but its lease
@@ -16,6 +16,7 @@ import concurrent.futures
 import contextlib
 import inspect
 import logging
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from dispatcher.models import TaskMessage
 from dispatcher.stream.entries import Message
 from dispatcher.tracing import carries_trace, child_span
 from dispatcher.worker.dead_letter import describe_error
+from dispatcher.worker.eager import Suspended
 from dispatcher.worker.handler import Handler, HandlerTimeout, thread_call
 from dispatcher.worker.leases import LeaseKeeper
 
@@ -54,6 +56,26 @@ class HandlerCalls:
                     return None
                 async with asyncio.timeout(self.handler_timeout) as deadline:
                     await self.handler(task)
+        except TimeoutError as exc:
+            expired = deadline is not None and deadline.expired()
+            return timed_out(self.handler_timeout) if expired else exc
+        except Exception as exc:
+            return exc
+        finally:
+            self.leases.drop(lease)
+        return None
+
+    async def resume(self, suspended: Suspended, *, started: float, lease: int) -> Exception | None:
+        """The rest of an async run that waited in its first step, within what is left of the
+        handler timeout (if any); ``started`` is its ``perf_counter`` at its start."""
+        deadline = None
+        try:
+            if not self.handler_timeout:
+                await suspended
+                return None
+            left = max(self.handler_timeout - (time.perf_counter() - started), 0.0)
+            async with asyncio.timeout(left) as deadline:
+                await suspended
         except TimeoutError as exc:
             expired = deadline is not None and deadline.expired()
             return timed_out(self.handler_timeout) if expired else exc

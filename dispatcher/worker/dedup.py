@@ -98,6 +98,32 @@ for i = 1, #KEYS, 2 do
 end
 return found
 """
+# KEYS: lease and attempt key of each attempt, in pairs; ARGV: token. Undoes a claim whose
+# run never started: the lease goes, and so does the run it counted.
+_UNCLAIM = """
+for i = 1, #KEYS, 2 do
+  if redis.call('get', KEYS[i]) == ARGV[1] then
+    local runs = tonumber(redis.call('get', KEYS[i + 1]))
+    if runs and runs > 1 then
+      redis.call('set', KEYS[i + 1], runs - 1, 'KEEPTTL')
+    elseif runs then
+      redis.call('del', KEYS[i + 1])
+    end
+    redis.call('del', KEYS[i])
+  end
+end
+return 0
+"""
+# KEYS: one attempt key; takes back one counted run (a claim whose run never started).
+_UNCOUNT = """
+local runs = tonumber(redis.call('get', KEYS[1]))
+if runs and runs > 1 then
+  return redis.call('set', KEYS[1], runs - 1, 'KEEPTTL')
+elseif runs then
+  return redis.call('del', KEYS[1])
+end
+return 0
+"""
 _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then
   return redis.call('del', KEYS[1])
@@ -138,6 +164,8 @@ class AttemptGuard:
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
         self._claim = client.register_script(_CLAIM)
+        self._unclaim = client.register_script(_UNCLAIM)
+        self._uncount = client.register_script(_UNCOUNT)
         self._cluster = isinstance(client, RedisCluster)
 
     async def claim_many(self, dedup_keys: Sequence[str]) -> list[int]:
@@ -198,6 +226,30 @@ class AttemptGuard:
         """Queue the done marks of ``dedup_keys`` on ``pipe``; the caller executes it."""
         for key in dedup_keys:
             pipe.set(attempt_key(key), DONE, px=self.done_ttl_ms)
+
+    async def unclaim_many(self, dedup_keys: Sequence[str]) -> None:
+        """Undo the claims of ``dedup_keys`` whose runs never started: lease and run count.
+
+        Only leases still ours are touched. On Cluster the two keys live in
+        different slots: the count is taken back while the lease (still ours,
+        checked first) keeps other workers off the attempt, then the lease goes.
+        """
+        if not dedup_keys:
+            return
+        if not self._cluster:
+            keys = [k for key in dedup_keys for k in (lease_key(key), attempt_key(key))]
+            await self._unclaim(keys=keys, args=[self._token])
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for key in dedup_keys:
+            pipe.get(lease_key(key))
+        ours = [
+            k
+            for k, holder in zip(dedup_keys, await pipe.execute(), strict=True)
+            if holder == self._token
+        ]
+        await asyncio.gather(*(self._uncount(keys=[attempt_key(k)]) for k in ours))
+        await asyncio.gather(*(self.release(k) for k in ours))
 
     async def renew(self, dedup_key: str) -> bool:
         """Push the lease's expiry a full TTL ahead; False if it is no longer ours."""

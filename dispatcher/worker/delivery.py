@@ -40,14 +40,14 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from dispatcher.models import MalformedMessage, TaskMessage, parse_tasks
+from dispatcher.models import MalformedMessage, TaskMessage
 from dispatcher.stream.entries import Message
 from dispatcher.tracing import carries_trace
-from dispatcher.worker.calls import HandlerCalls, timed_out
+from dispatcher.worker.calls import HandlerCalls
 from dispatcher.worker.coalesce import Coalescer
-from dispatcher.worker.dead_letter import describe_error
 from dispatcher.worker.dedup import Claim
 from dispatcher.worker.eager import Suspended, start
+from dispatcher.worker.entries import aligned, tasks_of
 from dispatcher.worker.handler import is_async
 from dispatcher.worker.metrics import QueueMetrics, WorkerMetrics, observe_many
 from dispatcher.worker.reader import StreamReader
@@ -81,7 +81,10 @@ class _Batch:
     busy: int = 0
     times: list[float] = field(default_factory=list)  # run times of the inline runs
     later: list[Awaitable[None]] = field(default_factory=list)  # dead letters, failed runs
-    freed: list[str] = field(default_factory=list)  # entry ids whose slots are free
+    freed: list[str] = field(default_factory=list)  # entry ids done with here
+    started: asyncio.Future[None] | None = None  # set once every entry started or was decided
+    slot: bool = False  # this task holds a handler slot for the next inline run
+    waited: bool = False  # a handler of the batch did not finish in its first step
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +111,20 @@ class Deliveries:
     def __post_init__(self) -> None:
         object.__setattr__(self, "_inline", is_async(self.calls.handler))
 
-    async def process(self, reader: StreamReader, messages: Sequence[Message]) -> None:
-        """Settle one read batch (its slots are taken); each slot is freed once decided."""
-        tasks = _parsed(messages)
+    async def process(
+        self, reader: StreamReader, messages: Sequence[Message], started: asyncio.Future[None]
+    ) -> None:
+        """Settle one read batch; ``started`` is set once each entry started or was decided."""
+        try:
+            await self._process(reader, messages, started)
+        finally:
+            if not started.done():
+                started.set_result(None)
+
+    async def _process(
+        self, reader: StreamReader, messages: Sequence[Message], started: asyncio.Future[None]
+    ) -> None:
+        tasks = tasks_of(messages)
         keys = [task.dedup_key if type(task) is TaskMessage else None for task in tasks]
         try:
             claims = await self.claims.submit([key for key in keys if key is not None])
@@ -124,13 +138,17 @@ class Deliveries:
             reader.settled([message.id for message in messages])
             return
         metrics = self.metrics.for_queue(reader.queue)
-        await self._go_on(_Batch(reader, metrics, messages, tasks, keys, _aligned(keys, claims)))
+        batch = _Batch(reader, metrics, messages, tasks, keys, aligned(keys, claims))
+        batch.started = started
+        await self._go_on(batch)
 
     async def _go_on(self, batch: _Batch) -> None:
         """Decide the batch's entries from ``batch.at`` on, then settle them together."""
         messages = batch.messages
         while batch.at < len(messages):
             index = batch.at
+            if not batch.slot and self._runs(batch, index) and not await self._slot(batch):
+                break  # stopping: the entries not started are given back
             batch.at += 1
             try:
                 waiting = self._decide(batch, index)
@@ -141,10 +159,53 @@ class Deliveries:
             if waiting is not None:
                 _free(batch)
                 self.spawn(self._go_on(batch), f"batch {messages[batch.at - 1].id}+")
-                await self._finish(batch.reader, batch.metrics, batch, waiting)
+                message = messages[waiting.index]
+                await self.verdicts.guarded(batch.reader, message, self._finish(batch, waiting))
                 return
         _free(batch)
+        if batch.slot:
+            batch.reader.slots.release()
+            batch.slot = False
+        batch.reader.inline = not batch.waited
+        if batch.started is not None and not batch.started.done():
+            batch.started.set_result(None)
         await self._settle(batch)
+
+    def _runs(self, batch: _Batch, index: int) -> bool:
+        """Whether deciding the entry may start its handler (then it needs a slot)."""
+        claim = batch.claims[index]
+        return claim is not None and 0 < claim <= self.max_runs
+
+    async def _slot(self, batch: _Batch) -> bool:
+        """Take a handler slot for the batch's next run; False if stopping first.
+
+        While it waits, the leases of the entries not started yet are kept and
+        their entries kept fresh. If the worker stops first, those entries are
+        given back (their leases released, their runs not counted) and stay pending.
+        """
+        reader = batch.reader
+        if reader.slots.take(1):
+            batch.slot = True
+            return True
+        held = self._not_started(batch)
+        handles = [self.calls.leases.hold(key, reader.consumer, entry_id) for key, entry_id in held]
+        try:
+            batch.slot = await reader.slots.acquire_unless(reader.stopping)
+        finally:
+            for handle in handles:
+                self.calls.leases.drop(handle)
+        if not batch.slot:
+            await self.verdicts.give_back(reader, [key for key, _entry_id in held])
+            batch.freed += [message.id for message in batch.messages[batch.at :]]
+        return batch.slot
+
+    def _not_started(self, batch: _Batch) -> list[tuple[str, str]]:
+        """(dedup key, entry id) of the entries whose leases are ours and that did not start."""
+        return [
+            (key, batch.messages[i].id)
+            for i in range(batch.at, len(batch.messages))
+            if (key := batch.keys[i]) is not None and (batch.claims[i] or 0) > 0
+        ]
 
     def _decide(self, batch: _Batch, index: int) -> _Waiting | None:
         """Decide one entry: None once it is done with here, or its run that waits."""
@@ -159,9 +220,12 @@ class Deliveries:
         elif claim > self.max_runs:
             batch.later.append(self.verdicts.exceeded(batch.reader, message, task, runs=claim - 1))
         elif not self._inline or carries_trace(message.fields):
-            run = self._called(batch.reader, batch.metrics, message, task, claim)
-            self.spawn(self.verdicts.guarded(batch.reader, message, run), f"run {message.id}")
-            return None  # that task frees the slot
+            run = self.verdicts.guarded(
+                batch.reader, message, self._called(batch, message, task, claim)
+            )
+            self.spawn(run, f"run {message.id}")
+            batch.slot, batch.waited = False, True  # the slot goes with that task
+            return None  # that task says when it is done with the entry
         else:
             return self._start(batch, index, task, claim)
         batch.freed.append(message.id)
@@ -177,6 +241,7 @@ class Deliveries:
             batch.later.append(self.verdicts.failed(batch.reader, message, task, exc, run=run))
         else:
             if suspended is not None:
+                batch.slot, batch.waited = False, True  # the slot stays with the handler
                 return _Waiting(suspended, started, index)
             batch.handled.append(message.id)
             batch.done.append(batch.keys[index] or "")
@@ -184,62 +249,47 @@ class Deliveries:
         batch.freed.append(message.id)
         return None
 
-    async def _finish(
-        self, reader: StreamReader, metrics: QueueMetrics, batch: _Batch, waiting: _Waiting
-    ) -> None:
-        """Await a run that suspended (its lease and entry kept fresh), then settle it."""
+    def _finish(self, batch: _Batch, waiting: _Waiting) -> Awaitable[None]:
+        """The rest of a run that waited in its first step, then its outcome."""
         message, task = batch.messages[waiting.index], batch.tasks[waiting.index]
         key, run = batch.keys[waiting.index] or "", batch.claims[waiting.index] or 0
         assert type(task) is TaskMessage
-        lease = self.calls.leases.hold(key, reader.consumer, message.id)
-        self.metrics.running += 1
-        try:
-            failure = await self._awaited(waiting)
-        finally:
-            self.calls.leases.drop(lease)
-            self.metrics.running -= 1
-            metrics.latency.observe(time.perf_counter() - waiting.started)
-            reader.settled([message.id])
-        ended = self.verdicts.ended(reader, message, task, failure, key=key, run=run)
-        await self.verdicts.guarded(reader, message, ended)
+        lease = self.calls.leases.hold(key, batch.reader.consumer, message.id)
+        running = self.calls.resume(waiting.suspended, started=waiting.started, lease=lease)
+        return self._alone(batch, message, task, running, key=key, run=run, started=waiting.started)
 
-    async def _awaited(self, waiting: _Waiting) -> Exception | None:
-        """The rest of an inline run, within what is left of the handler timeout (if any)."""
-        limit = self.calls.handler_timeout
-        deadline = None
-        try:
-            if not limit:
-                await waiting.suspended
-                return None
-            left = max(limit - (time.perf_counter() - waiting.started), 0.0)
-            async with asyncio.timeout(left) as deadline:
-                await waiting.suspended
-        except TimeoutError as exc:
-            expired = deadline is not None and deadline.expired()
-            return timed_out(limit) if expired else exc
-        except Exception as exc:
-            return exc
-        return None
-
-    async def _called(
-        self,
-        reader: StreamReader,
-        metrics: QueueMetrics,
-        message: Message,
-        task: TaskMessage,
-        run: int,
-    ) -> None:
+    def _called(
+        self, batch: _Batch, message: Message, task: TaskMessage, run: int
+    ) -> Awaitable[None]:
         """One run in a task of its own (a sync handler, or a traced entry), then its outcome."""
         started = time.perf_counter()
         key = task.dedup_key
-        lease = self.calls.leases.hold(key, reader.consumer, message.id)
+        lease = self.calls.leases.hold(key, batch.reader.consumer, message.id)
+        call = self.calls.call_async if self._inline else self.calls.call_in_thread
+        return self._alone(
+            batch, message, task, call(message, task, lease), key=key, run=run, started=started
+        )
+
+    async def _alone(
+        self,
+        batch: _Batch,
+        message: Message,
+        task: TaskMessage,
+        running: Awaitable[Exception | None],
+        *,
+        key: str,
+        run: int,
+        started: float,
+    ) -> None:
+        """Await a run that ends outside its batch's grouped ack; free its slot; settle it."""
+        reader, metrics = batch.reader, batch.metrics
         self.metrics.running += 1
         try:
-            call = self.calls.call_async if self._inline else self.calls.call_in_thread
-            failure = await call(message, task, lease)
+            failure = await running
         finally:
             self.metrics.running -= 1
             metrics.latency.observe(time.perf_counter() - started)
+            reader.slots.release()
             reader.settled([message.id])
         await self.verdicts.ended(reader, message, task, failure, key=key, run=run)
 
@@ -272,33 +322,6 @@ class Deliveries:
             metrics.handled.inc(len(batch.handled))
         if batch.duplicates:
             metrics.duplicates.inc(len(batch.duplicates))
-
-
-def _parsed(messages: Sequence[Message]) -> list[TaskMessage | MalformedMessage]:
-    """The batch's tasks; an unreadable or unparseable entry is its own ``MalformedMessage``."""
-    try:
-        tasks = parse_tasks([message.fields for message in messages])
-    except Exception:  # whatever the batch parse raised: find the culprits one by one
-        tasks = [_parsed_alone(message) for message in messages]
-    for index, message in enumerate(messages):
-        if message.error is not None:
-            tasks[index] = MalformedMessage(f"cannot read it: {message.error}")
-    return tasks
-
-
-def _parsed_alone(message: Message) -> TaskMessage | MalformedMessage:
-    try:
-        return TaskMessage.from_fields(message.fields)
-    except MalformedMessage as exc:
-        return exc
-    except Exception as exc:
-        return MalformedMessage(f"cannot parse it: {describe_error(exc)}")
-
-
-def _aligned(keys: list[str | None], claims: list[int]) -> list[int | None]:
-    """The claim of each entry (None for a malformed one, which was not claimed)."""
-    found = iter(claims)
-    return [next(found) if key is not None else None for key in keys]
 
 
 def _free(batch: _Batch) -> None:

@@ -3,14 +3,15 @@
 Each stream has its own XREADGROUP loop (one single-key command at a time:
 Cluster-safe, and a quiet shard never delays a busy one) and its own
 XAUTOCLAIM loop. Both hand each batch they read to the worker's ``submit``,
-which waits for handler slots. The read loop first takes the free slots and
-reads what is there without blocking, into those slots: under load a batch is
-as large as the free slots and starts as one piece, instead of every loop
-reading the same free count and then splitting its batch while waiting for
-slots. When that read finds nothing, it gives the slots back and blocks for
-new entries holding none (a slot held through a blocking read on a quiet
-shard would starve the busy ones). Redis errors are logged and retried with
-a capped backoff; a loop never dies of a transient failure.
+which returns once every entry of the batch was started or decided, so a
+loop never reads far ahead of its handlers. Handler slots bound the handlers
+running, not the entries read, and a read holds none (a slot held through a
+blocking read on a quiet shard would starve the busy ones): the read loop
+waits until a slot is free and reads as many entries as slots are free or,
+while the handlers of its stream all finish in their first step (they hold a
+slot for no time at all), up to ``READ_AHEAD`` entries, so a batch of quick
+handlers costs the same round trips as one entry. Redis errors are logged
+and retried with a capped backoff; a loop never dies of a transient failure.
 """
 
 from __future__ import annotations
@@ -32,15 +33,19 @@ __all__ = ["StreamReader", "Submit"]
 
 log = logging.getLogger(__name__)
 
-# submit(reader, batch, held): ``held`` slots are already taken for the batch's first entries.
-Submit = Callable[["StreamReader", Sequence[Message], int], Awaitable[None]]
+# submit(reader, batch): returns once each entry of the batch was started or decided.
+Submit = Callable[["StreamReader", Sequence[Message]], Awaitable[None]]
+
+# Entries one read takes while the stream's handlers finish in their first step: what a
+# bare XREADGROUP loop would take, so per-batch round trips stop mattering per entry.
+READ_AHEAD = 100
 
 _BACKOFF_FIRST = 0.1
 _BACKOFF_MAX = 5.0
 _SLOT_POLL = 0.2
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class StreamReader:
     """Reads one stream of one queue for a worker until ``stopping`` is set."""
 
@@ -51,17 +56,18 @@ class StreamReader:
     stopping: asyncio.Event
     reclaim_idle_ms: int
     on_redis_ok: Callable[[], None]
-    # Ids of the entries in hand (read, slot taken, not yet settled): never started twice.
+    # Ids of the entries in hand (read, not yet done with): never started twice.
     in_hand: set[str] = field(default_factory=set)
+    # The handlers of the last batch all finished in their first step: read ahead.
+    inline: bool = False
 
     @property
     def stream(self) -> str:
         return self.consumer.stream
 
     def settled(self, entry_ids: Sequence[str]) -> None:
-        """``entry_ids`` are done with here (their handlers returned): free their slots."""
+        """``entry_ids`` are done with here (their handlers returned, or they were decided)."""
         self.in_hand.difference_update(entry_ids)
-        self.slots.release(len(entry_ids))
 
     async def read_loop(self) -> None:
         backoff = _BACKOFF_FIRST
@@ -70,27 +76,14 @@ class StreamReader:
             if free == 0:
                 continue
             try:
-                batch, held = await self._read(free)
+                batch = await self.consumer.read_new(max(free, READ_AHEAD) if self.inline else free)
             except (RedisError, OSError) as exc:
                 backoff = await self._recover(exc, backoff, "read")
                 continue
             backoff = _BACKOFF_FIRST
             self.on_redis_ok()
             if batch:
-                await self.submit(self, batch, held)
-
-    async def _read(self, free: int) -> tuple[list[Message], int]:
-        """New entries and how many slots are held for them (the first ``held``)."""
-        held = self.slots.take(free)
-        if held:
-            batch: list[Message] = []
-            try:
-                batch = await self.consumer.read_new(held, block=False)
-            finally:
-                self.slots.release(held - len(batch))  # all of them if the read failed
-            if batch:
-                return batch, len(batch)
-        return await self.consumer.read_new(free), 0
+                await self.submit(self, batch)
 
     async def reclaim_loop(self) -> None:
         backoff = _BACKOFF_FIRST
@@ -105,7 +98,7 @@ class StreamReader:
             self.on_redis_ok()
             if batch:
                 log.info("reclaimed %d idle entries", len(batch), extra={"stream": self.stream})
-                await self.submit(self, batch, 0)
+                await self.submit(self, batch)
 
     async def _recover(self, exc: BaseException, backoff: float, what: str) -> float:
         """Log, wait ``backoff`` (or until stopping), re-create a lost group; next backoff."""

@@ -216,29 +216,16 @@ class Worker:
 
     # -- handling ---------------------------------------------------------------
 
-    async def _submit(self, reader: StreamReader, batch: Sequence[Message], held: int) -> None:
-        """Start the batch in as few pieces as free slots allow; wait holding none.
-
-        ``held`` slots were taken for the batch's first entries by the caller.
-        """
+    async def _submit(self, reader: StreamReader, batch: Sequence[Message]) -> None:
+        """Start the batch in a task of its own; return once each entry started or was decided."""
         in_hand = reader.in_hand
         todo = [m for m in batch if m.id not in in_hand] if in_hand else list(batch)
-        if held:
-            part, todo = todo[:held], todo[held:]
-            self._slots.release(held - len(part))  # taken for entries already in hand
-            if part:
-                self._start_batch(reader, part)
-        while todo:
-            taken = self._slots.take(len(todo))
-            if not taken:
-                await self._slots.acquire()
-                taken = 1 + self._slots.take(len(todo) - 1)
-            part, todo = todo[:taken], todo[taken:]
-            self._start_batch(reader, part)
-
-    def _start_batch(self, reader: StreamReader, messages: list[Message]) -> None:
-        reader.in_hand.update([m.id for m in messages])
-        self._spawn_handling(self._deliveries.process(reader, messages), f"batch {messages[0].id}")
+        if not todo:
+            return
+        in_hand.update([m.id for m in todo])
+        started = asyncio.get_running_loop().create_future()
+        self._spawn_handling(self._deliveries.process(reader, todo, started), f"batch {todo[0].id}")
+        await started
 
     def _spawn_handling(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(coro, name=name)

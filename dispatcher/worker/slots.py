@@ -59,6 +59,24 @@ class SlotPool:
                 self._waiters.remove(waiter)
             raise
 
+    async def acquire_unless(self, stopping: asyncio.Event) -> bool:
+        """Wait for one slot: True once it is ours, False if ``stopping`` is set first."""
+        acquiring = asyncio.ensure_future(self.acquire())
+        stopped = asyncio.ensure_future(stopping.wait())
+        try:
+            await asyncio.wait({acquiring, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not acquiring.done():
+                acquiring.cancel()
+                await asyncio.gather(acquiring, return_exceptions=True)
+        if acquiring.cancelled() or acquiring.exception() is not None:
+            return False
+        if stopping.is_set():
+            self.release()
+            return False
+        return True
+
     def release(self, count: int = 1) -> None:
         """Hand each of ``count`` slots to the first waiter, or free it."""
         if not self._waiters and count > 0:

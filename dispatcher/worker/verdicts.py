@@ -93,6 +93,18 @@ class Verdicts:
         await self.settler.settle(reader.consumer, message.id, done=key)
         self.metrics.for_queue(reader.queue).handled.inc()
 
+    async def give_back(self, reader: StreamReader, keys: list[str]) -> None:
+        """Let go of claimed attempts that will not start here: their runs are not counted."""
+        try:
+            await self.guard.unclaim_many(keys)
+        except (RedisError, OSError) as exc:
+            log.warning(
+                "could not give back %d entries (their runs stay counted): %s",
+                len(keys),
+                exc,
+                extra={"stream": reader.stream},
+            )
+
     async def _exceeded(
         self, reader: StreamReader, message: Message, task: TaskMessage, *, runs: int
     ) -> None:

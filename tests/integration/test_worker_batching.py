@@ -138,27 +138,50 @@ async def test_the_keeper_renews_only_leases_held_a_third_of_the_ttl(
     await any_redis.delete(*(lease_key(k) for k in (old, new, lost)))
 
 
-async def test_a_read_takes_the_free_slots_and_gives_back_what_it_did_not_fill(
+async def test_a_read_holds_no_slot_and_reads_ahead_only_after_quick_handlers(
     any_redis: RedisClient, queue: str
 ) -> None:
-    consumer = await filled(any_redis, task_stream(queue, 0), 3)
-    slots = SlotPool(8)
+    consumer = await filled(any_redis, task_stream(queue, 0), 20)
+    slots = SlotPool(4)
+    stopping = asyncio.Event()
+    batches: list[tuple[int, int]] = []
+
+    async def submit(reader: StreamReader, batch: Sequence[Message]) -> None:
+        batches.append((len(batch), slots.held))
+        reader.inline = True  # as if its handlers had all finished in their first step
+        if len(batches) == 2:
+            stopping.set()
+
     reader = StreamReader(
         consumer=consumer,
         queue=queue,
         slots=slots,
-        submit=_never,
-        stopping=asyncio.Event(),
+        submit=submit,
+        stopping=stopping,
         reclaim_idle_ms=1000,
         on_redis_ok=lambda: None,
     )
+    await asyncio.wait_for(reader.read_loop(), 30)
 
-    batch, held = await reader._read(slots.free)
-    assert (len(batch), held, slots.held) == (3, 3, 3)  # one piece, slots already taken
-
-    empty, held = await reader._read(slots.free)  # nothing left: blocks holding none
-    assert (empty, held, slots.held) == ([], 0, 3)
+    assert batches == [(4, 0), (16, 0)]  # as many as slots are free, then the read-ahead
 
 
-async def _never(reader: StreamReader, batch: Sequence[Message], held: int) -> None:
-    raise AssertionError("not submitted in this test")
+async def test_an_unclaimed_attempt_is_free_again_without_a_counted_run(
+    any_redis: RedisClient, queue: str
+) -> None:
+    once, twice, other = (f"{queue}-{name}:1" for name in ("once", "twice", "other"))
+    mine = guard(any_redis)
+    await mine.claim_many([twice])
+    await mine.release(twice)
+    assert await mine.claim_many([once, twice]) == [1, 2]
+    await guard(any_redis, owner="w2").claim_many([other])
+
+    await mine.unclaim_many([once, twice, other])  # other's lease is not ours: untouched
+
+    assert not await any_redis.exists(lease_key(once), attempt_key(once), lease_key(twice))
+    assert await any_redis.get(attempt_key(twice)) == "1"
+    assert await any_redis.get(attempt_key(other)) == "1"
+    assert await guard(any_redis, owner="w3").claim_many([once, twice, other]) == [1, 2, Claim.BUSY]
+    await any_redis.delete(
+        *(k(key) for key in (once, twice, other) for k in (lease_key, attempt_key))
+    )

@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 
 from dispatcher._testing.data import publish, tasks
 from dispatcher._testing.waiting import eventually
-from dispatcher.models import TaskMessage
+from dispatcher.models import TaskDispatch, TaskMessage, payload_fields
 from dispatcher.redis_client import RedisClient
-from dispatcher.stream import publish_shard_count
-from dispatcher.worker import Worker
+from dispatcher.stream import publish_shard_count, task_stream
+from dispatcher.worker import Worker, attempt_key, lease_key
 from tests.workers import config, metric, running
 
 _SEEN_BY_EARLIER: contextvars.ContextVar[str | None] = contextvars.ContextVar("seen", default=None)
+
+
+def _key(task: TaskDispatch) -> str:
+    return f"{task.run_id}:{task.task_id}:1"
 
 
 async def _handled(worker: Worker, queue: str, count: int) -> bool:
@@ -80,3 +85,38 @@ async def test_each_handler_of_a_batch_has_its_own_context_and_task(
 
     assert leaked == []
     assert timed_out == [waits.task_id]
+
+
+async def test_entries_waiting_for_a_slot_at_stop_are_given_back_uncounted(
+    redis_standalone: RedisClient, queue: str
+) -> None:
+    await publish_shard_count(redis_standalone, 1)
+    quick, slow, *waiting = tasks(queue, 4)
+    started = asyncio.Event()
+    seen: list[str] = []
+
+    async def handle(message: TaskMessage) -> None:
+        seen.append(message.task_id)
+        if message.task_id == slow.task_id:
+            started.set()
+            await asyncio.Event().wait()  # outlives the grace period
+
+    worker = Worker(
+        redis_standalone, handle, config(queue, shards=1, concurrency=1, grace_period=0.5)
+    )
+    async with running(worker):
+        await publish(redis_standalone, [quick], shards=1)  # finishes inline: read ahead next
+        await eventually(lambda: _handled(worker, queue, 1), within=30)
+        async with redis_standalone.pipeline(transaction=True) as multi:  # one read, one slot
+            for n, task in enumerate([slow, *waiting]):
+                multi.xadd(
+                    task_stream(queue, 0), payload_fields(json.dumps(task.payload()), str(n))
+                )
+            await multi.execute()
+        await asyncio.wait_for(started.wait(), 30)
+
+    assert seen == [quick.task_id, slow.task_id]
+    runs = [await redis_standalone.get(attempt_key(_key(t))) for t in [slow, *waiting]]
+    assert runs == ["1", None, None]  # the two that never started were not counted
+    assert not await redis_standalone.exists(*(lease_key(_key(t)) for t in waiting))
+    assert await redis_standalone.xlen(task_stream(queue, 0)) == 3  # all three stay pending
