@@ -60,10 +60,15 @@ def spawn_enqueuer(
     """``dispatcher enqueuer`` in its own process (for kill/stop/term tests)."""
     log = log_path.open("ab")
     return subprocess.Popen(
-        [sys.executable, "-m", "dispatcher.cli", "enqueuer",
-         "--database-url", db_url, "--redis-url", redis_url, *flags],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            *("-m", "dispatcher.cli", "enqueuer"),
+            *("--database-url", db_url, "--redis-url", redis_url),
+            *flags,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def metric(port: int, name: str) -> float:

@@ -32,6 +32,7 @@ import pytest
 from kmock._internal import dicts as kmock_dicts
 from kmock._internal import rendering
 
+from controller.conditions import OutboxDispatcherStatus
 from controller.handlers import register
 from controller.operator import Operator
 from controller.operator_config import OperatorConfig
@@ -230,9 +231,14 @@ async def running_operator(
     ``liveness``: serve kopf's liveness endpoint at this URL (its probes run on each GET).
     """
     config = OperatorConfig(
-        autoscale_interval=0.2, retry_base=0.1, retry_cap=0.5, redis_timeout=2.0,
-        migration_poll=0.1, clock=clock, **config_,
-    )  # fmt: skip
+        autoscale_interval=0.2,
+        retry_base=0.1,
+        retry_cap=0.5,
+        redis_timeout=2.0,
+        migration_poll=0.1,
+        clock=clock,
+        **config_,
+    )
     registry = kopf.OperatorRegistry()
     running = register(registry, Operator(config))
 
@@ -316,7 +322,22 @@ def dispatcher(name: str = NAME, **spec: Any) -> dict[str, Any]:
     }
 
 
-async def post_secrets(kube: KubeEmulator, redis_url: str) -> None:
-    """The ``pg`` (the machine's PostgreSQL) and ``rd`` Secrets ``dispatcher()`` refers to."""
-    await kube.send("post", SECRETS_URL, secret("pg", url=ADMIN_URL))
-    await kube.send("post", SECRETS_URL, secret("rd", url=redis_url))
+async def post_secrets(kube: KubeEmulator, redis_url: str = "", **urls: str) -> None:
+    """Secrets holding a ``url``, one per keyword (``rd_worker=`` posts ``rd-worker``); with
+    ``redis_url``, first the ``pg`` (the machine's PostgreSQL) and ``rd`` ``dispatcher()`` reads."""
+    if redis_url:
+        urls = {"pg": ADMIN_URL, "rd": redis_url, **urls}
+    for name, url in urls.items():
+        await kube.send("post", SECRETS_URL, secret(name.replace("_", "-"), url=url))
+
+
+def status_of(kube: KubeEmulator, name: str = NAME) -> OutboxDispatcherStatus:
+    """The dispatcher's status as the operator last wrote it (empty before the first pass)."""
+    cr = kube.live(CR_RESOURCE, name) or {}
+    return OutboxDispatcherStatus.model_validate(cr.get("status") or {})
+
+
+def condition_of(kube: KubeEmulator, type_: str) -> tuple[str, str] | None:
+    """A condition of the status as ``(status, reason)``, None while it is absent."""
+    found = status_of(kube).condition(type_)
+    return None if found is None else (found.status, found.reason)

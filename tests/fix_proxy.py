@@ -113,9 +113,10 @@ class TcpProxy:
         self._pairs.add(pair)
         try:
             await asyncio.gather(
-                self._pipe(c_reader, s_writer), self._pipe(s_reader, c_writer),
+                self._pipe(c_reader, s_writer),
+                self._pipe(s_reader, c_writer),
                 return_exceptions=True,
-            )  # fmt: skip
+            )
         finally:
             self._pairs.discard(pair)
             for writer in pair:

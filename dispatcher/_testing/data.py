@@ -20,7 +20,7 @@ from dispatcher.redis_client import RedisClient
 from dispatcher.stream import RedisStreamPublisher, shard_for, task_stream
 from dispatcher.stream.naming import WORKER_GROUP
 
-__all__ = ["GROUP", "insert_rows", "publish", "tasks"]
+__all__ = ["GROUP", "dispatch", "insert_rows", "publish", "tasks"]
 
 GROUP = WORKER_GROUP
 
@@ -34,6 +34,19 @@ SELECT %(prefix)s || g, %(prefix)s || g,
        'TASK_EXECUTION', %(max_retries)s, %(backoff)s
   FROM generate_series(1, %(n)s) AS g
 """
+
+
+def dispatch(task_id: str, queue: str, **fields: Any) -> TaskDispatch:
+    """One task (attempt 1) for ``queue`` with placeholder run, workflow and node; ``fields``
+    set any of them."""
+    placeholders: dict[str, Any] = {
+        "run_id": "r",
+        "workflow_id": "wf",
+        "workflow_version": 1,
+        "node_id": "n",
+        "node_type": "t",
+    }
+    return TaskDispatch(task_id=task_id, queue=queue, **{**placeholders, **fields})
 
 
 def tasks(queue: str, count: int, *, input: Any = None, prefix: str = "") -> list[TaskDispatch]:

@@ -12,17 +12,13 @@ entries given as (stream, fields).
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import hiredis  # a dependency: redis[hiredis]
 from redis.asyncio import Redis, RedisCluster
-from redis.asyncio.cluster import ClusterNode
 from redis.exceptions import (
-    AskError,
-    ConnectionError,
-    MovedError,
     OutOfMemoryError,
     RedisError,
     ResponseError,
@@ -229,7 +225,13 @@ def _place(
 
 
 class _Cluster:
-    """One batch's writes to the nodes of a Cluster, by the slot of each entry's stream."""
+    """One batch's writes to a Cluster, through redis-py's cluster pipeline.
+
+    It groups the commands by the node owning each stream's slot and sends each
+    node its share in one round trip, concurrently, and it follows the slot map
+    through failovers and reshardings (MOVED, ASK, a node gone). The commands
+    come packed; they are unpacked for it (in C), and WAITs are queued per node.
+    """
 
     def __init__(
         self, client: RedisCluster, streams: Sequence[str], commands: Sequence[str], wait: Wait
@@ -240,52 +242,39 @@ class _Cluster:
         self._wait = wait
 
     async def send(self, todo: Sequence[int], replies: list[Any]) -> None:
-        try:
-            await self._client.initialize()  # no-op once the slot map is known
-        except (RedisError, OSError) as exc:
-            for i in todo:
-                replies[i] = exc
-            return
-        await self._send_once(todo, replies)
-        # MOVED/ASK: the slot has a new owner (a resharding or a failover) and the command did
-        # not run. Once the slot map is read again, those entries go to their new node.
-        moved = [i for i in todo if isinstance(replies[i], MovedError | AskError)]
-        lost = any(isinstance(replies[i], ConnectionError | OSError) for i in todo)
-        if moved or lost:
-            try:
-                await self._client.nodes_manager.initialize()
-            except (RedisError, OSError):
-                return
-        if moved:
-            await self._send_once(moved, replies)
-
-    async def _send_once(self, todo: Sequence[int], replies: list[Any]) -> None:
-        by_node: dict[str, tuple[ClusterNode, list[int]]] = {}
-        nodes: dict[str, ClusterNode] = {}
+        pipe = self._client.pipeline(transaction=False)
+        reader = hiredis.Reader(encoding="utf-8")
         for i in todo:
-            stream = self._streams[i]
-            node = nodes.get(stream)
-            if node is None:
-                found = self._client.get_node_from_key(stream)
-                if found is None:  # a slot no master covers: the map is being refreshed
-                    replies[i] = ConnectionError(f"no node serves the slot of {stream}")
-                    continue
-                node = nodes[stream] = found
-            by_node.setdefault(node.name, (node, []))[1].append(i)
-        await asyncio.gather(*(self._send_node(n, idx, replies) for n, idx in by_node.values()))
-
-    async def _send_node(self, node: ClusterNode, todo: list[int], replies: list[Any]) -> None:
-        packed = "".join([self._commands[i] for i in todo])
-        if self._wait[0] > 0:
-            packed += _wait_command(self._wait)
+            reader.feed(self._commands[i].encode())
+            pipe.execute_command(*reader.gets())
         try:
-            conn = node.acquire_connection()
-            try:
-                got = await execute_packed(conn, packed.encode(), len(todo) + (self._wait[0] > 0))
-            finally:
-                node.release(conn)
+            if self._wait[0] > 0:
+                await self._client.initialize()  # the slot map names WAIT's nodes
+            nodes = self._queue_waits(pipe, todo)
+            got: list[Any] = await pipe.execute(raise_on_error=False)
         except (RedisError, OSError) as exc:
             for i in todo:
                 replies[i] = exc
             return
-        _place(got, _acked(got, self._wait), todo, replies)
+        acks = dict(zip(nodes, got[len(todo) :], strict=True))
+        for i, reply in zip(todo, got, strict=False):
+            error = None
+            if self._wait[0] > 0 and not isinstance(reply, BaseException):
+                error = _acked([acks.get(self._node_of(self._streams[i]))], self._wait)
+            replies[i] = error or reply
+
+    def _queue_waits(self, pipe: Any, todo: Sequence[int]) -> list[str]:
+        """Append one WAIT per node written to; return the nodes in queue order."""
+        if self._wait[0] <= 0:
+            return []
+        nodes: list[str] = []
+        for i in todo:
+            node = self._client.get_node_from_key(self._streams[i])
+            if node is not None and node.name not in nodes:
+                nodes.append(node.name)
+                pipe.execute_command("WAIT", *self._wait, target_nodes=node)
+        return nodes
+
+    def _node_of(self, stream: str) -> str:
+        node = self._client.get_node_from_key(stream)
+        return node.name if node is not None else "?"

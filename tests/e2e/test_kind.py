@@ -32,6 +32,7 @@ import pytest
 import yaml
 
 from controller.model import OutboxDispatcherSpec
+from dispatcher._testing.servers import free_port
 from dispatcher._testing.waiting import eventually_sync
 from tests.unit.test_deploy_chart import CHART, CRD, K8S_VERSION, render
 from tests.unit.test_deploy_images import stages
@@ -54,9 +55,12 @@ def image(component: str) -> str:
 def chart_values() -> dict[str, Any]:
     """What the test installs: the chart, an OutboxDispatcher on the e2e images, two queues."""
     return {
-        "operator": {"image": {"repository": "outbox-dispatcher-operator", "tag": TAG},
-                     "workloadImages": {"enqueuer": image("enqueuer"), "worker": image("worker")},
-                     "autoscaleInterval": 5, "logLevel": "DEBUG"},
+        "operator": {
+            "image": {"repository": "outbox-dispatcher-operator", "tag": TAG},
+            "workloadImages": {"enqueuer": image("enqueuer"), "worker": image("worker")},
+            "autoscaleInterval": 5,
+            "logLevel": "DEBUG",
+        },
         "rbac": {"secretNames": ["dispatcher-postgres", "dispatcher-redis"]},
         "dispatcher": {
             "enabled": True,
@@ -68,13 +72,19 @@ def chart_values() -> dict[str, Any]:
                     {"name": "default", "handler": "builtins:print", "maxReplicas": 3},
                     # A handler that always fails (int(TaskMessage)): entries stay in the stream,
                     # so its backlog holds while the autoscaler adds workers.
-                    {"name": "burst", "handler": "builtins:int", "minReplicas": 1,
-                     "maxReplicas": 3, "targetBacklogPerReplica": 50,
-                     "maxDeliveries": 1000, "reclaimIdleSeconds": 3600},
+                    {
+                        "name": "burst",
+                        "handler": "builtins:int",
+                        "minReplicas": 1,
+                        "maxReplicas": 3,
+                        "targetBacklogPerReplica": 50,
+                        "maxDeliveries": 1000,
+                        "reclaimIdleSeconds": 3600,
+                    },
                 ],
             },
         },
-    }  # fmt: skip
+    }
 
 
 def secrets() -> list[dict[str, Any]]:
@@ -84,10 +94,15 @@ def secrets() -> list[dict[str, Any]]:
         "dispatcher-redis": f"redis://redis.{DATA}.svc:6379/0",
     }
     return [
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": NAMESPACE},
-         "type": "Opaque", "stringData": {"url": url}}
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+            "type": "Opaque",
+            "stringData": {"url": url},
+        }
         for name, url in urls.items()
-    ]  # fmt: skip
+    ]
 
 
 def backing() -> list[dict[str, Any]]:
@@ -175,14 +190,16 @@ def _condition(cr: dict[str, Any] | None, type_: str) -> str | None:
 
 @contextlib.contextmanager
 def port_forward(namespace: str, service: str, port: int) -> Iterator[int]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        local = sock.getsockname()[1]
+    local = free_port()
     process = subprocess.Popen(
-        ["kubectl", "--context", f"kind-{CLUSTER}", "-n", namespace, "port-forward",
-         f"svc/{service}", f"{local}:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            "kubectl",
+            *("--context", f"kind-{CLUSTER}", "-n", namespace, "port-forward"),
+            *(f"svc/{service}", f"{local}:{port}"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
 
         def listening() -> bool:
@@ -204,8 +221,16 @@ def cluster() -> Iterator[str]:
     run("kind", "create", "cluster", "--name", CLUSTER, "--wait", "120s", timeout=900)
     try:
         for component in IMAGES:
-            run("docker", "build", "--target", component, "-t", image(component), str(ROOT),
-                timeout=1800)  # fmt: skip
+            run(
+                "docker",
+                "build",
+                "--target",
+                component,
+                "-t",
+                image(component),
+                str(ROOT),
+                timeout=1800,
+            )
             run("kind", "load", "docker-image", image(component), "--name", CLUSTER)
         yield CLUSTER
     finally:
@@ -222,8 +247,20 @@ def _install() -> None:
     kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(secrets()))
     values = yaml.safe_dump(chart_values())
     helm = ("helm", "--kube-context", f"kind-{CLUSTER}")
-    run(*helm, "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
-        "--wait", "--timeout", "5m", "--values", "-", stdin=values)  # fmt: skip
+    run(
+        *helm,
+        "install",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        NAMESPACE,
+        "--wait",
+        "--timeout",
+        "5m",
+        "--values",
+        "-",
+        stdin=values,
+    )
 
 
 def _commit(tasks: int, *, queue: str, shards: int) -> list[str]:
@@ -239,9 +276,14 @@ def _commit(tasks: int, *, queue: str, shards: int) -> list[str]:
     ):
         for task_id in ids:
             dispatch = TaskDispatch(
-                task_id=task_id, run_id="e2e", workflow_id="wf", workflow_version=1,
-                node_id="n", node_type="t", queue=queue,
-            )  # fmt: skip
+                task_id=task_id,
+                run_id="e2e",
+                workflow_id="wf",
+                workflow_version=1,
+                node_id="n",
+                node_type="t",
+                queue=queue,
+            )
             enqueue_dispatch(conn, dispatch, shards=shards)
         conn.commit()
     return ids
@@ -268,8 +310,9 @@ def test_kind_end_to_end(cluster: str) -> None:
         interval=2,
         what="enqueuer",
     )
-    kubectl("-n", NAMESPACE, "rollout", "status", f"deployment/{DISPATCHER}-enqueuer",
-            "--timeout=300s")  # fmt: skip
+    kubectl(
+        "-n", NAMESPACE, "rollout", "status", f"deployment/{DISPATCHER}-enqueuer", "--timeout=300s"
+    )
 
     ids = _commit(TASKS, queue="default", shards=4)
     with port_forward(DATA, "redis", 6379) as port:
@@ -290,8 +333,17 @@ def test_kind_end_to_end(cluster: str) -> None:
         eventually_sync(scaled, within=300, interval=2, what="burst workers scaled up")
 
         # More shards: the operator publishes the new count.
-        kubectl("-n", NAMESPACE, "patch", "obd", DISPATCHER, "--type", "merge",
-                "-p", json.dumps({"spec": {"shards": 8}}))  # fmt: skip
+        kubectl(
+            "-n",
+            NAMESPACE,
+            "patch",
+            "obd",
+            DISPATCHER,
+            "--type",
+            "merge",
+            "-p",
+            json.dumps({"spec": {"shards": 8}}),
+        )
         eventually_sync(
             lambda: client.get(SHARDS_KEY) == "8", within=300, interval=2, what="shards = 8"
         )
@@ -302,8 +354,16 @@ def test_kind_end_to_end(cluster: str) -> None:
             what="status.shards",
         )
 
-    run("helm", "--kube-context", f"kind-{CLUSTER}", "uninstall", RELEASE,
-        "--namespace", NAMESPACE, "--wait")  # fmt: skip
+    run(
+        "helm",
+        "--kube-context",
+        f"kind-{CLUSTER}",
+        "uninstall",
+        RELEASE,
+        "--namespace",
+        NAMESPACE,
+        "--wait",
+    )
 
     def nothing_left() -> bool:
         kinds = (

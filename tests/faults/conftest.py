@@ -16,6 +16,7 @@ import pytest
 from dispatcher._testing.servers import RedisClusterProcess, RedisProcess
 from dispatcher._testing.waiting import eventually_sync
 from tests.faults.harness import Pipeline
+from tests.fix_proxy import TcpProxy
 
 
 @pytest.fixture(scope="session")
@@ -43,6 +44,15 @@ def own_redis(tmp_path: Path) -> Iterator[Callable[..., RedisProcess]]:
     yield start
     for server in started:
         server.kill()
+
+
+@pytest.fixture
+def proxied_redis(
+    own_redis: Callable[..., RedisProcess], tcp_proxy: type[TcpProxy]
+) -> tuple[RedisProcess, TcpProxy]:
+    """An own redis-server and a started proxy in front of it, to blackhole or slow at will."""
+    redis = own_redis()
+    return redis, tcp_proxy(redis.port).start()
 
 
 @pytest.fixture

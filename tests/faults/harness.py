@@ -25,6 +25,7 @@ from typing import Any
 
 import redis as sync_redis
 
+from dispatcher._testing.waiting import eventually_sync
 from tests.faults.checker import Report, check, record_result, snapshot
 from tests.faults.load import LoadGenerator, LoadSpec
 
@@ -34,14 +35,14 @@ ROOT = Path(__file__).resolve().parents[2]
 LONG = os.environ.get("FAULTS_LONG", "") not in ("", "0")
 
 ENQUEUER_FLAGS = (
-    "--poll-interval", "0.2", "--recover-in-flight-after", "3", "--maintenance-interval", "0.5",
-    "--publish-timeout", "1", "--shutdown-timeout", "2", "--batch-size", "50",
-    "--concurrency", "2",
-)  # fmt: skip
+    *("--poll-interval", "0.2", "--recover-in-flight-after", "3"),
+    *("--maintenance-interval", "0.5", "--publish-timeout", "1", "--shutdown-timeout", "2"),
+    *("--batch-size", "50", "--concurrency", "2"),
+)
 WORKER_FLAGS = (
-    "--handler", "tests.faults.handlers:record", "--concurrency", "8", "--reclaim-idle", "1",
-    "--lease-ttl", "2", "--max-runs", "10", "--grace-period", "2",
-)  # fmt: skip
+    *("--handler", "tests.faults.handlers:record", "--concurrency", "8", "--reclaim-idle", "1"),
+    *("--lease-ttl", "2", "--max-runs", "10", "--grace-period", "2"),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +214,15 @@ class Pipeline:
 
     def handled(self) -> int:
         return int(self.recorder.llen(self.record_key))  # type: ignore[arg-type]
+
+    def progress(self, *, by: int = 20, within: float = 60) -> None:
+        """Wait until ``by`` more runs are recorded, or the load has ended: the pipeline moves."""
+        before = self.handled()
+        eventually_sync(
+            lambda: self.handled() >= before + by or bool(self.load and self.load.done),
+            within=within,
+            what=f"{by} more tasks handled",
+        )
 
     def fault(self, name: str, count: int = 1) -> None:
         self.faults[name] = self.faults.get(name, 0) + count

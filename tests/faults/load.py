@@ -178,10 +178,15 @@ class LoadGenerator:
             with self._lock:
                 self.poison.add(task_id)
         return TaskDispatch(
-            task_id=task_id, run_id="run", workflow_id="wf", workflow_version=1,
-            node_id=f"n{index}", node_type="fault", queue=self.queues[index % len(self.queues)],
+            task_id=task_id,
+            run_id="run",
+            workflow_id="wf",
+            workflow_version=1,
+            node_id=f"n{index}",
+            node_type="fault",
+            queue=self.queues[index % len(self.queues)],
             input=json.dumps(task_input),
-        )  # fmt: skip
+        )
 
     def _settle(self, batch: list[tuple[int, str]], outcome: str) -> None:
         with self._lock:

@@ -53,8 +53,10 @@ def test_a_row_that_kills_its_enqueuer_is_isolated(
         return [f["outbox_id"] for s in streams for _, f in redis.xrange(s)]
 
     log = (tmp_path / "enqueuer.log").open("ab")
-    flags = ["--database-url", db_url, "--redis-url", redis_url, "--poll-interval", "0.2",
-             "--maintenance-interval", "0.5", "--no-listen"]  # fmt: skip
+    flags = [
+        *("--database-url", db_url, "--redis-url", redis_url, "--poll-interval", "0.2"),
+        *("--maintenance-interval", "0.5", "--no-listen"),
+    ]
     crashes = 0
     proc: subprocess.Popen[bytes] | None = None
     deadline = time.monotonic() + 240
@@ -65,8 +67,9 @@ def test_a_row_that_kills_its_enqueuer_is_isolated(
                 crashes += proc is not None and proc.returncode == 17
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "tests.faults.killer_enqueuer", marker, *flags],
-                    stdout=log, stderr=subprocess.STDOUT,
-                )  # fmt: skip
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
             time.sleep(0.1)
     finally:
         if proc is not None and proc.poll() is None:

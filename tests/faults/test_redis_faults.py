@@ -31,13 +31,13 @@ def test_redis_restarted_with_aof_and_paused(
     p.enqueuer()
     p.worker()
     p.worker()
-    load = p.start_load(LoadSpec(tasks=s.tasks, rate=s.rate / 2))
+    p.start_load(LoadSpec(tasks=s.tasks, rate=s.rate / 2))
     for _ in range(max(1, s.rounds // 2)):
-        _progress(p, load_done=lambda: load.done)
+        p.progress()
         redis.kill()  # SIGKILL: only what AOF fsynced survives
         redis.start()
         p.fault("redis SIGKILL + restart (AOF)")
-        _progress(p, load_done=lambda: load.done)
+        p.progress()
         redis.cli("CLIENT", "PAUSE", "2000", "ALL")
         p.fault("CLIENT PAUSE 2000 ALL")
     # Handlers that returned while Redis was gone could not write their done mark: they run
@@ -46,24 +46,21 @@ def test_redis_restarted_with_aof_and_paused(
 
 
 def test_redis_blackholed_past_several_retries_then_slowed_and_reset(
-    pipeline: Callable[..., Pipeline],
-    own_redis: Callable[..., RedisProcess],
-    tcp_proxy: type[TcpProxy],
+    pipeline: Callable[..., Pipeline], proxied_redis: tuple[RedisProcess, TcpProxy]
 ) -> None:
     s = scale()
-    redis = own_redis()
-    proxy = tcp_proxy(redis.port).start()
+    redis, proxy = proxied_redis
     p = pipeline(redis.url)  # the checker's view; the pipeline talks through the proxy
     p.enqueuer(redis_url=proxy.url())
     p.worker(redis_url=proxy.url())
-    load = p.start_load(LoadSpec(tasks=s.tasks, rate=s.rate / 2))
+    p.start_load(LoadSpec(tasks=s.tasks, rate=s.rate / 2))
     for _ in range(max(1, s.rounds // 3)):
-        _progress(p, load_done=lambda: load.done)
+        p.progress()
         proxy.blackhole()
         p.fault("blackhole 5 s (publish timeout 1 s)")
         time.sleep(5)  # the fault's length: several publish timeouts and retries
         proxy.heal()
-        _progress(p, load_done=lambda: load.done)
+        p.progress()
         proxy.latency(0.05)
         p.fault("50 ms latency for 2 s")
         time.sleep(2)
@@ -82,7 +79,7 @@ def test_cluster_master_killed_replica_promoted_with_wait_replicas(
     p.worker()
     p.worker()
     load = p.start_load(LoadSpec(tasks=s.tasks, rate=s.rate / 2))
-    _progress(p, load_done=lambda: load.done)
+    p.progress()
 
     victim, _ = _fail_over_a_lagging_master(cluster, p)
     # The new master has no replica: WAIT 1 cannot be met, its rows stay in the outbox.
@@ -157,11 +154,6 @@ def _entries_added(p: Pipeline, stream: str) -> int:
     if not p.redis.exists(stream):
         return 0
     return int(p.redis.xinfo_stream(stream)["entries-added"])
-
-
-def _progress(p: Pipeline, *, load_done: Callable[[], bool], by: int = 20) -> None:
-    before = p.handled()
-    eventually_sync(lambda: p.handled() >= before + by or load_done(), within=60)
 
 
 def _retrying(db_url: str) -> int:

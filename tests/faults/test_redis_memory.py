@@ -34,10 +34,15 @@ def test_redis_full_pauses_the_enqueuer_and_workers_drain_it_later(
     enqueuer = p.enqueuer("--batch-size", "100", "--maintenance-interval", "0.5")
     load = p.start_load(
         LoadSpec(
-            tasks=TASKS, rate=20_000, writers=4, per_txn=(50, 100),
-            task_input={"pad": PADDING}, max_retries=3, backoff_seconds=1,
+            tasks=TASKS,
+            rate=20_000,
+            writers=4,
+            per_txn=(50, 100),
+            task_input={"pad": PADDING},
+            max_retries=3,
+            backoff_seconds=1,
         )
-    )  # fmt: skip
+    )
     load.wait()
     eventually_sync(lambda: "backpressure: Redis memory at" in enqueuer.tail(200), within=120)
     p.fault("enqueuer paused (backpressure)")
@@ -55,10 +60,16 @@ def test_redis_full_pauses_the_enqueuer_and_workers_drain_it_later(
     assert used < _field(info, "maxmemory"), "Redis reached maxmemory: workers could not start"
     p.fault("OOM replies seen by Redis", _oom_replies(redis))
     status = subprocess.run(
-        [sys.executable, "-m", "dispatcher.cli", "status",
-         "--database-url", p.db_url, "--redis-url", redis.url],
-        capture_output=True, text=True, timeout=60, check=True,
-    ).stdout  # fmt: skip
+        [
+            sys.executable,
+            *("-m", "dispatcher.cli", "status"),
+            *("--database-url", p.db_url, "--redis-url", redis.url),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     assert "BACKPRESSURE" in status, status
 
     # Workers start against the nearly full Redis, drain it; the enqueuer resumes.

@@ -128,8 +128,11 @@ async def test_a_row_that_keeps_killing_its_enqueuer_ends_in_the_dlq(
         out = await asyncio.to_thread(
             subprocess.run,
             [sys.executable, "-c", CRASH_WHILE_HOLDING, outbox_db_url, claim],
-            capture_output=True, text=True, timeout=60, check=False,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         # A batch's journal row is written beside its publish; a probe's, before it.
         concurrent = "True" if claim == "batch" else "False"
         assert (out.returncode, out.stdout.strip()) == (3, f"1 {concurrent}"), out.stderr

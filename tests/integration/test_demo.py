@@ -47,8 +47,12 @@ def test_demo_starts_its_own_servers_and_cleans_up(demo_tmpdir: Path) -> None:
     }
     out = subprocess.run(
         [sys.executable, "-m", "dispatcher.cli", "demo", "--tasks", "2000", "--seed", "7"],
-        env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
     assert out.returncode == 0, out.stdout + out.stderr
     assert "DATABASE_URL does not answer" in out.stdout

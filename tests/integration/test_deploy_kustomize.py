@@ -57,9 +57,9 @@ def test_base_and_example_pass_kubernetes_validate_strict() -> None:
 def test_base_holds_crd_namespace_account_rbac_and_operator() -> None:
     objects = kustomize("deploy/base")
     assert sorted(o["kind"] for o in objects) == [
-        "CustomResourceDefinition", "Deployment", "Namespace", "Role", "RoleBinding",
+        *("CustomResourceDefinition", "Deployment", "Namespace", "Role", "RoleBinding"),
         "ServiceAccount",
-    ]  # fmt: skip
+    ]
     (crd,) = _by_kind(objects, "CustomResourceDefinition")
     assert crd["spec"] == yaml.safe_load(CRD.read_text())["spec"]
     (namespace,) = _by_kind(objects, "Namespace")

@@ -140,10 +140,16 @@ class RbacGate(KubeEmulator):
                 if not allowed(needed, self.rules, namespace=NAMESPACE):
                     self.refused.add(needed)
                     return aiohttp.web.json_response(
-                        {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                         "reason": "Forbidden", "code": 403, "message": f"forbidden: {needed}"},
+                        {
+                            "kind": "Status",
+                            "apiVersion": "v1",
+                            "status": "Failure",
+                            "reason": "Forbidden",
+                            "code": 403,
+                            "message": f"forbidden: {needed}",
+                        },
                         status=403,
-                    )  # fmt: skip
+                    )
                 self.granted.add(needed)
         return await super()._handle(request)
 

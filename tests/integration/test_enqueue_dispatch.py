@@ -15,9 +15,16 @@ from dispatcher.stream import queue_stream
 
 def dispatch(task_id: str = "t8", queue: str = "http") -> TaskDispatch:
     return TaskDispatch(
-        task_id=task_id, run_id="r1", workflow_id="wf", workflow_version=2,
-        node_id="n", node_type="http", queue=queue, attempt=1, input='{"k": [1, 2]}',
-    )  # fmt: skip
+        task_id=task_id,
+        run_id="r1",
+        workflow_id="wf",
+        workflow_version=2,
+        node_id="n",
+        node_type="http",
+        queue=queue,
+        attempt=1,
+        input='{"k": [1, 2]}',
+    )
 
 
 def rows(url: str) -> list[tuple[str, str, str, dict[str, object], str]]:

@@ -23,9 +23,16 @@ from tests.outbox_rows import outbox_status, published
 
 def dispatch(task_id: str, queue: str) -> TaskDispatch:
     return TaskDispatch(
-        task_id=task_id, run_id="r1", workflow_id="wf", workflow_version=3, node_id="n1",
-        node_type="http", queue=queue, attempt=1, input='{"url": "https://x.test"}',
-    )  # fmt: skip
+        task_id=task_id,
+        run_id="r1",
+        workflow_id="wf",
+        workflow_version=3,
+        node_id="n1",
+        node_type="http",
+        queue=queue,
+        attempt=1,
+        input='{"url": "https://x.test"}',
+    )
 
 
 async def test_committed_dispatch_reaches_its_shard_and_rolled_back_never_does(

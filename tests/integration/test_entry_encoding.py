@@ -27,9 +27,16 @@ from dispatcher.stream.publisher import xadd_command
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
-DISPATCH = {"task_id": "t8", "run_id": "r", "workflow_id": "wf", "workflow_version": 3,
-            "node_id": "n", "node_type": "http", "attempt": 1,
-            "input": '{"x": [1, 2.5]}'}  # fmt: skip
+DISPATCH = {
+    "task_id": "t8",
+    "run_id": "r",
+    "workflow_id": "wf",
+    "workflow_version": 3,
+    "node_id": "n",
+    "node_type": "http",
+    "attempt": 1,
+    "input": '{"x": [1, 2.5]}',
+}
 
 # (payload as JSON text, or None for SQL NULL; whether PostgreSQL packs it itself)
 CORPUS: dict[str, tuple[str | None, bool]] = {
@@ -69,21 +76,10 @@ CORPUS: dict[str, tuple[str | None, bool]] = {
 }
 
 STREAMS = [
-    "workflow.tasks.q",
-    "workflow.tasks.q.7",
-    "workflow.tasks.12",
-    "workflow.tasks.a-b_C9.0",
-    "workflow.tasks.a.b.1",
-    "workflow.tasks.q.",
-    "workflow.tasks..5",
-    "workflow.tasks.",
-    "workflow.tasks",
-    "workflow.tasks." + "a" * 200,
-    "workflow.tasks." + "a" * 201,
-    "workflow.tasks." + "a" * 200 + ".3",
-    "workflow.tasks.{tag}",
-    "custom:stream",
-    "",
+    *("workflow.tasks.q", "workflow.tasks.q.7", "workflow.tasks.12", "workflow.tasks.a-b_C9.0"),
+    *("workflow.tasks.a.b.1", "workflow.tasks.q.", "workflow.tasks..5", "workflow.tasks."),
+    *("workflow.tasks", "workflow.tasks." + "a" * 200, "workflow.tasks." + "a" * 201),
+    *("workflow.tasks." + "a" * 200 + ".3", "workflow.tasks.{tag}", "custom:stream", ""),
 ]
 
 

@@ -76,7 +76,7 @@ async def test_enqueuer_announces_when_idle_and_withdraws_when_busy(
 ) -> None:
     enqueuer = make_enqueuer(pool, redis_standalone, listen=outbox_db_url, poll_interval=30)
     async with running(enqueuer):
-        await eventually(lambda: _is(len(announced(outbox_db_url)) == 1))
+        await eventually(lambda: len(announced(outbox_db_url)) == 1)
         # While announced, a commit wakes it within milliseconds (the poll is 30 s away).
         insert_rows(outbox_db_url, 3, queue=queue, prefix="a-")
         await eventually(lambda: _count(redis_standalone, queue, 3), within=10)
@@ -90,7 +90,7 @@ async def test_enqueuer_announces_when_idle_and_withdraws_when_busy(
             )
         )
         assert announced(outbox_db_url) == []
-        await eventually(lambda: _is(len(announced(outbox_db_url)) == 1))
+        await eventually(lambda: len(announced(outbox_db_url)) == 1)
     assert announced(outbox_db_url) == [], "a stopped enqueuer is not idle"
 
 
@@ -99,15 +99,15 @@ async def test_a_flag_lost_with_its_session_is_taken_again(
 ) -> None:
     enqueuer = make_enqueuer(pool, redis_standalone, listen=outbox_db_url, poll_interval=30)
     async with running(enqueuer):
-        await eventually(lambda: _is(len(announced(outbox_db_url)) == 1))
+        await eventually(lambda: len(announced(outbox_db_url)) == 1)
         (holder,) = announced(outbox_db_url)
         with psycopg.connect(outbox_db_url, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (holder,))
-        await eventually(lambda: _is(announced(outbox_db_url) == []))
+        await eventually(lambda: announced(outbox_db_url) == [])
         assert enqueuer.idle_announced, "nothing has told it yet"
 
         await enqueuer.maintenance_once()  # notices the dead session, claims, retakes the flag
-        await eventually(lambda: _is(len(announced(outbox_db_url)) == 1))
+        await eventually(lambda: len(announced(outbox_db_url)) == 1)
         assert announced(outbox_db_url) != [holder]
         insert_rows(outbox_db_url, 1, queue=queue, prefix="again-")  # NOTIFY wakes it again
         await eventually(lambda: _count(redis_standalone, queue, 1), within=10)
@@ -119,17 +119,13 @@ async def test_busy_enqueuer_drains_without_notifications(
     """With nobody announced, rows committed during a drain are still all published."""
     enqueuer = make_enqueuer(pool, redis_standalone, listen=outbox_db_url, poll_interval=30)
     async with running(enqueuer):
-        await eventually(lambda: _is(bool(announced(outbox_db_url))))
+        await eventually(lambda: bool(announced(outbox_db_url)))
         ids = insert_rows(outbox_db_url, 2000, queue=queue, prefix="b-")  # full batches: withdraws
         more = insert_rows(outbox_db_url, 500, queue=queue, prefix="c-")
         await eventually(lambda: _count(redis_standalone, queue, 2500), within=30)
     got = sorted(e["outbox_id"] for e in await published(redis_standalone, queue))
     assert got == sorted(ids + more)
     assert outbox_status(outbox_db_url) == {}
-
-
-async def _is(value: bool) -> bool:
-    return value
 
 
 async def _count(client: RedisClient, queue: str, n: int) -> bool:

@@ -20,13 +20,13 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher._testing.data import insert_rows
+from dispatcher._testing.servers import RedisProcess
 from dispatcher._testing.waiting import eventually
 from dispatcher.outbox import OutboxEnqueuer
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.stream import queue_streams
 from tests.enqueuers import make_enqueuer, running
 from tests.fix_db import charged
-from tests.fix_servers import RedisProcess
 from tests.outbox_rows import outbox_status
 
 INSERT = """

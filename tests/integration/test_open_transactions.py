@@ -10,8 +10,10 @@ stall shows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -33,14 +35,25 @@ async def entry_ms(client: RedisClient, queue: str) -> dict[str, int]:
     return out
 
 
-async def open_insert(db_url: str, queue: str) -> psycopg.AsyncConnection[Any]:
-    """A session whose transaction inserted an outbox row and is left open."""
-    conn = await psycopg.AsyncConnection.connect(db_url)
-    await conn.execute(
-        INSERT_ONE,
-        {"id": "held", "stream": f"workflow.tasks.{queue}.0", "payload": "{}", "retries": 5},
-    )
-    return conn
+@contextlib.asynccontextmanager
+async def held_insert(db_url: str, queue: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A session whose transaction inserted an outbox row and is left open (closed after)."""
+    async with await psycopg.AsyncConnection.connect(db_url) as conn:
+        await conn.execute(
+            INSERT_ONE,
+            {"id": "held", "stream": f"workflow.tasks.{queue}.0", "payload": "{}", "retries": 5},
+        )
+        yield conn
+
+
+async def latencies_then_commit(
+    held: psycopg.AsyncConnection[Any], *, db_url: str, client: RedisClient, queue: str
+) -> list[float]:
+    """Sparse latencies while ``held`` stays open; then its commit, and its row published."""
+    delays = await sparse_latencies(db_url, client, queue)
+    await held.commit()
+    await eventually(lambda: _has(client, queue, "held"), within=30)
+    return delays
 
 
 async def sparse_latencies(db_url: str, client: RedisClient, queue: str) -> list[float]:
@@ -68,15 +81,12 @@ async def sparse_latencies(db_url: str, client: RedisClient, queue: str) -> list
 async def test_open_transaction_already_there_at_start(
     outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
-    held = await open_insert(outbox_db_url, queue)
-    try:
+    async with held_insert(outbox_db_url, queue) as held:
         enqueuer = make_enqueuer(pool, redis_standalone, listen=outbox_db_url, poll_interval=5)
         async with running(enqueuer):
-            delays = await sparse_latencies(outbox_db_url, redis_standalone, queue)
-            await held.commit()
-            await eventually(lambda: _has(redis_standalone, queue, "held"), within=30)
-    finally:
-        await held.close()
+            delays = await latencies_then_commit(
+                held, db_url=outbox_db_url, client=redis_standalone, queue=queue
+            )
     assert statistics.median(delays) < 100, sorted(delays)
 
 
@@ -87,14 +97,11 @@ async def test_open_transaction_opened_while_draining(
     enqueuer = make_enqueuer(pool, redis_standalone, listen=outbox_db_url, poll_interval=5)
     async with running(enqueuer):
         await eventually(lambda: _more_than(redis_standalone, queue, 100))
-        held = await open_insert(outbox_db_url, queue)
-        try:
+        async with held_insert(outbox_db_url, queue) as held:
             await eventually(lambda: _more_than(redis_standalone, queue, 2999), within=60)
-            delays = await sparse_latencies(outbox_db_url, redis_standalone, queue)
-            await held.commit()
-            await eventually(lambda: _has(redis_standalone, queue, "held"), within=30)
-        finally:
-            await held.close()
+            delays = await latencies_then_commit(
+                held, db_url=outbox_db_url, client=redis_standalone, queue=queue
+            )
     assert statistics.median(delays) < 100, sorted(delays)
 
 

@@ -15,13 +15,11 @@ import kubernetes_validate
 import pytest
 import redis.asyncio
 
-from controller.conditions import OutboxDispatcherStatus
 from controller.operator import Operator
 from controller.pods import CONFIG_HASH_ANNOTATION
 from dispatcher._testing.waiting import eventually
 from dispatcher.stream.naming import SHARDS_KEY
 from tests.fix_kube import (
-    CR_RESOURCE,
     CR_URL,
     DEPLOYMENTS,
     NAME,
@@ -29,10 +27,12 @@ from tests.fix_kube import (
     SECRETS_URL,
     FakeClock,
     KubeEmulator,
+    condition_of,
     dispatcher,
     post_secrets,
     running_operator,
     secret,
+    status_of,
 )
 
 
@@ -42,16 +42,6 @@ async def _apply(kube: KubeEmulator, body: dict[str, Any]) -> dict[str, Any]:
 
 async def _patch_spec(kube: KubeEmulator, spec: dict[str, Any]) -> None:
     await kube.send("patch", f"{CR_URL}/{NAME}", {"spec": spec})
-
-
-def _status(kube: KubeEmulator) -> OutboxDispatcherStatus:
-    cr = kube.live(CR_RESOURCE, NAME) or {}
-    return OutboxDispatcherStatus.model_validate(cr.get("status") or {})
-
-
-def _condition(kube: KubeEmulator, type_: str) -> tuple[str, str] | None:
-    found = _status(kube).condition(type_)
-    return None if found is None else (found.status, found.reason)
 
 
 def _deployment(kube: KubeEmulator, name: str) -> dict[str, Any]:
@@ -82,7 +72,7 @@ async def _has_event(kube: KubeEmulator, reason: str) -> None:
 async def _ready(kube: KubeEmulator) -> None:
     async def check() -> bool:
         return (
-            _condition(kube, "Ready") == ("True", "Reconciled")
+            condition_of(kube, "Ready") == ("True", "Reconciled")
             and bool(kube.live(DEPLOYMENTS, "orders-worker-invoices"))
             and bool(kube.live(DEPLOYMENTS, "orders-enqueuer"))
         )
@@ -134,10 +124,10 @@ async def test_apply_creates_enqueuer_and_one_worker_per_queue(
     assert _replicas(kube, "orders-worker-invoices") == 0
 
     assert await client.get(SHARDS_KEY) == "2"
-    status = _status(kube)
+    status = status_of(kube)
     assert status.shards == 2
     assert status.observed_generation == 1
-    assert _condition(kube, "Degraded") == ("False", "AsExpected")
+    assert condition_of(kube, "Degraded") == ("False", "AsExpected")
     ready = status.condition("Ready")
     assert ready is not None
     assert ready.last_transition_time is not None
@@ -177,7 +167,7 @@ async def test_spec_change_patches_deployments_and_removed_queue_is_deleted(
     assert "--batch-size=200" in _container(_deployment(kube, "orders-enqueuer"))["args"]
 
     async def observed() -> bool:
-        return _status(kube).observed_generation == 2
+        return status_of(kube).observed_generation == 2
 
     await eventually(observed, within=10)
 
@@ -202,7 +192,7 @@ async def test_shard_count_changes_restart_no_pod_and_a_decrease_reports_drainin
     await _patch_spec(kube, {"shards": 8})  # raising: immediate
 
     async def raised() -> bool:
-        return await client.get(SHARDS_KEY) == "8" and _status(kube).shards == 8
+        return await client.get(SHARDS_KEY) == "8" and status_of(kube).shards == 8
 
     await eventually(raised, within=15)
     assert _templates(kube) == templates
@@ -218,15 +208,15 @@ async def test_shard_count_changes_restart_no_pod_and_a_decrease_reports_drainin
     async def draining() -> bool:
         return (
             await client.get(SHARDS_KEY) == "2"  # in force at once: publishing moves now
-            and _status(kube).shards == 2
-            and _condition(kube, "ShardsDraining") == ("True", "RemovedShardsNotEmpty")
+            and status_of(kube).shards == 2
+            and condition_of(kube, "ShardsDraining") == ("True", "RemovedShardsNotEmpty")
         )
 
     await eventually(draining, within=15)
-    condition = _status(kube).condition("ShardsDraining")
+    condition = status_of(kube).condition("ShardsDraining")
     assert condition is not None
     assert f"{old} (length 2, pending 1)" in condition.message
-    assert _condition(kube, "Degraded") == ("False", "AsExpected")
+    assert condition_of(kube, "Degraded") == ("False", "AsExpected")
     assert _templates(kube) == templates  # no worker restarted by the decrease
 
     (rest,) = [i for i, _ in await client.xrange(old) if i != held]
@@ -234,16 +224,16 @@ async def test_shard_count_changes_restart_no_pod_and_a_decrease_reports_drainin
     await client.xdel(old, held)  # no entries left, but one still pending: still draining
 
     async def pending_only() -> bool:
-        found = _status(kube).condition("ShardsDraining")
+        found = status_of(kube).condition("ShardsDraining")
         return found is not None and f"{old} (length 0, pending 1)" in found.message
 
     await eventually(pending_only, within=15)
-    assert _condition(kube, "ShardsDraining") == ("True", "RemovedShardsNotEmpty")
+    assert condition_of(kube, "ShardsDraining") == ("True", "RemovedShardsNotEmpty")
 
     await client.xack(old, "workers", held)  # drained
 
     async def drained() -> bool:
-        return _condition(kube, "ShardsDraining") == ("False", "AsExpected")
+        return condition_of(kube, "ShardsDraining") == ("False", "AsExpected")
 
     await eventually(drained, within=15)
     assert _templates(kube) == templates
@@ -279,7 +269,7 @@ async def test_backlog_scales_up_at_once_and_down_after_stabilization(
         await burst.execute()
     await operator.sync(key)
     assert _replicas(kube, "orders-worker-emails") == 3
-    row = _status(kube).queue("emails")
+    row = status_of(kube).queue("emails")
     assert row is not None
     assert (row.backlog, row.replicas, row.desired_replicas) == (250, 3, 3)
     assert row.last_scale_time == clock.now
@@ -288,13 +278,13 @@ async def test_backlog_scales_up_at_once_and_down_after_stabilization(
     await client.xgroup_create("workflow.tasks.emails.0", "workers", id="0")
     await client.xreadgroup("workers", "w1", {"workflow.tasks.emails.0": ">"}, count=10)
     await operator.sync(key)
-    row = _status(kube).queue("emails")
+    row = status_of(kube).queue("emails")
     assert row is not None
     assert (row.pending, row.backlog) == (10, 250)
 
     await client.delete("workflow.tasks.emails.0", "workflow.tasks.emails.1")  # drained
     await operator.sync(key)
-    row = _status(kube).queue("emails")
+    row = status_of(kube).queue("emails")
     assert row is not None
     assert (row.backlog, row.desired_replicas) == (0, 1)
     clock.advance(299)
@@ -313,10 +303,10 @@ async def test_missing_secret_and_invalid_spec_degrade_without_crashing(
     await _apply(kube, dispatcher())
 
     async def secret_missing() -> bool:
-        return _condition(kube, "Degraded") == ("True", "SecretMissing")
+        return condition_of(kube, "Degraded") == ("True", "SecretMissing")
 
     await eventually(secret_missing, within=15)
-    assert _condition(kube, "Ready") == ("False", "SecretMissing")
+    assert condition_of(kube, "Ready") == ("False", "SecretMissing")
     await _has_event(kube, "SecretMissing")
     assert kube.live(DEPLOYMENTS, "orders-enqueuer") is None
 
@@ -328,10 +318,10 @@ async def test_missing_secret_and_invalid_spec_degrade_without_crashing(
     await _patch_spec(kube, bad)  # slips past the schema: kmock does not validate
 
     async def invalid() -> bool:
-        return _condition(kube, "Degraded") == ("True", "InvalidSpec")
+        return condition_of(kube, "Degraded") == ("True", "InvalidSpec")
 
     await eventually(invalid, within=15)
-    found = _status(kube).condition("Degraded")
+    found = status_of(kube).condition("Degraded")
     assert found is not None
     assert "minReplicas must be <= maxReplicas" in found.message
     await _has_event(kube, "InvalidSpec")
@@ -356,10 +346,10 @@ async def test_unreachable_redis_degrades_and_holds_replicas(
     await kube.send("patch", f"{SECRETS_URL}/rd", {"data": unreachable["data"]})
 
     async def unavailable() -> bool:
-        return _condition(kube, "Degraded") == ("True", "RedisUnavailable")
+        return condition_of(kube, "Degraded") == ("True", "RedisUnavailable")
 
     await eventually(unavailable, within=15)
-    found = _status(kube).condition("Degraded")
+    found = status_of(kube).condition("Degraded")
     assert found is not None
     assert "127.0.0.1:1" in found.message
     assert "hunter2" not in repr(kube.all("v1/events")) + found.message
@@ -369,7 +359,7 @@ async def test_unreachable_redis_degrades_and_holds_replicas(
     clock.advance(3600)  # far past the window: with no backlog known, hold anyway
 
     async def held() -> bool:
-        row = _status(kube).queue("emails")
+        row = status_of(kube).queue("emails")
         return row is not None and row.backlog is None and row.replicas == 3
 
     await eventually(held, within=15)
@@ -378,7 +368,7 @@ async def test_unreachable_redis_degrades_and_holds_replicas(
     await kube.send("patch", f"{SECRETS_URL}/rd", {"data": secret("rd", url=redis_url)["data"]})
 
     async def recovered() -> bool:
-        return _condition(kube, "Degraded") == ("False", "AsExpected")
+        return condition_of(kube, "Degraded") == ("False", "AsExpected")
 
     await eventually(recovered, within=15)
 
@@ -412,8 +402,13 @@ async def test_a_spec_change_keeps_the_replicas_the_autoscaler_chose(
     """Reconciling a changed spec re-renders the worker Deployment but never resets the
     replicas the backlog asked for: reconcile and autoscale are one decision."""
     await post_secrets(kube, redis_url)
-    queue = {"name": "emails", "handler": "app.tasks:send", "minReplicas": 1, "maxReplicas": 5,
-             "targetBacklogPerReplica": 100}  # fmt: skip
+    queue = {
+        "name": "emails",
+        "handler": "app.tasks:send",
+        "minReplicas": 1,
+        "maxReplicas": 5,
+        "targetBacklogPerReplica": 100,
+    }
     await _apply(kube, dispatcher(shards=2, queues=[queue]))
 
     async def created() -> bool:

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-import redis.asyncio
-
 from controller.operator import Operator
 from dispatcher._testing.waiting import eventually
+from dispatcher.redis_client import RedisClient
 from tests.fix_db import ADMIN_URL
 from tests.fix_kube import (
     CR_RESOURCE,
@@ -35,13 +33,6 @@ DEPLOYMENTS_URL = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments"
 WORKERS = ("orders-worker-emails", "orders-worker-invoices")
 ALL = ("orders-enqueuer", *WORKERS)
 KOPF_FINALIZER = "kopf.zalando.org/KopfFinalizerMarker"
-
-
-@pytest.fixture
-async def client(redis_url: str) -> Any:
-    conn = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
-    yield conn
-    await conn.aclose()
 
 
 def _status(kube: KubeEmulator, name: str = NAME) -> dict[str, Any]:
@@ -69,6 +60,13 @@ def _args(kube: KubeEmulator, name: str) -> list[str]:
     found = kube.live(DEPLOYMENTS, name) or {}
     args: list[str] = found["spec"]["template"]["spec"]["containers"][0]["args"]
     return args
+
+
+async def _deploy(kube: KubeEmulator, redis_url: str, **spec: Any) -> None:
+    """The Secrets and a dispatcher (``dispatcher(**spec)``), once the operator made it Ready."""
+    await post_secrets(kube, redis_url)
+    await kube.send("post", CR_URL, dispatcher(**spec))
+    await _ready(kube)
 
 
 async def _ready(kube: KubeEmulator, name: str = NAME) -> None:
@@ -113,9 +111,7 @@ async def test_an_upgraded_operator_removes_the_finalizer_an_older_one_added(
 async def test_a_deleted_or_edited_deployment_is_restored(
     kube: KubeEmulator, operator: Operator, redis_url: str
 ) -> None:
-    await post_secrets(kube, redis_url)
-    await kube.send("post", CR_URL, dispatcher())
-    await _ready(kube)
+    await _deploy(kube, redis_url)
     wanted = _args(kube, "orders-enqueuer")
 
     await kube.send("delete", f"{DEPLOYMENTS_URL}/orders-worker-emails")
@@ -170,9 +166,7 @@ async def test_ready_follows_the_deployments_and_progressing_their_rollouts(
 async def test_unreachable_redis_or_postgres_is_degraded_and_not_ready(
     kube: KubeEmulator, operator: Operator, redis_url: str
 ) -> None:
-    await post_secrets(kube, redis_url)
-    await kube.send("post", CR_URL, dispatcher())
-    await _ready(kube)
+    await _deploy(kube, redis_url)
 
     down = secret("rd", url="redis://:hunter2@127.0.0.1:1/0")
     await kube.send("patch", f"{SECRETS_URL}/rd", {"data": down["data"]})
@@ -202,14 +196,12 @@ async def test_unreachable_redis_or_postgres_is_degraded_and_not_ready(
 
 
 async def test_a_removed_queue_keeps_its_workers_until_its_streams_are_drained(
-    kube: KubeEmulator, operator: Operator, redis_url: str, client: Any
+    kube: KubeEmulator, operator: Operator, redis_url: str, redis_standalone: RedisClient
 ) -> None:
-    await post_secrets(kube, redis_url)
-    await kube.send("post", CR_URL, dispatcher())
-    await _ready(kube)
-    await client.xadd("workflow.tasks.invoices.1", {"task_id": "t1"})
-    await client.xgroup_create("workflow.tasks.invoices.1", "workers", id="0")
-    await client.xreadgroup("workers", "w1", {"workflow.tasks.invoices.1": ">"}, count=1)
+    await _deploy(kube, redis_url)
+    await redis_standalone.xadd("workflow.tasks.invoices.1", {"task_id": "t1"})
+    await redis_standalone.xgroup_create("workflow.tasks.invoices.1", "workers", id="0")
+    await redis_standalone.xreadgroup("workers", "w1", {"workflow.tasks.invoices.1": ">"}, count=1)
 
     emails = dispatcher()["spec"]["queues"][:1]
     await kube.send("patch", f"{CR_URL}/{NAME}", {"spec": {"queues": emails}})
@@ -222,8 +214,8 @@ async def test_a_removed_queue_keeps_its_workers_until_its_streams_are_drained(
     assert "invoices" in _condition(kube, "QueuesDraining")["message"]
 
     stream = "workflow.tasks.invoices.1"
-    (entry,) = [e[0] for e in await client.xrange(stream)]
-    await client.xdel(stream, entry)  # no entry left, but one delivered and not acked
+    (entry,) = [e[0] for e in await redis_standalone.xrange(stream)]
+    await redis_standalone.xdel(stream, entry)  # no entry left, but one delivered and not acked
 
     async def still_pending() -> bool:
         message = _condition(kube, "QueuesDraining").get("message", "")
@@ -232,7 +224,7 @@ async def test_a_removed_queue_keeps_its_workers_until_its_streams_are_drained(
     await eventually(still_pending, within=15)
     assert kube.live(DEPLOYMENTS, "orders-worker-invoices") is not None
 
-    await client.xack(stream, "workers", entry)  # acked: drained
+    await redis_standalone.xack(stream, "workers", entry)  # acked: drained
 
     async def deleted() -> bool:
         return kube.live(DEPLOYMENTS, "orders-worker-invoices") is None and _is(
@@ -245,9 +237,7 @@ async def test_a_removed_queue_keeps_its_workers_until_its_streams_are_drained(
 async def test_rotating_a_referenced_secret_rolls_the_pods_that_use_it(
     kube: KubeEmulator, operator: Operator, redis_url: str
 ) -> None:
-    await post_secrets(kube, redis_url)
-    await kube.send("post", CR_URL, dispatcher())
-    await _ready(kube)
+    await _deploy(kube, redis_url)
     before = {name: _template_annotations(kube, name) for name in ALL}
 
     rotated = secret("pg", url=ADMIN_URL + "?application_name=rotated")
@@ -351,7 +341,7 @@ async def test_two_dispatchers_never_share_a_deployment(
 
 
 async def test_external_autoscaling_leaves_replicas_to_the_users_scaler(
-    kube: KubeEmulator, operator: Operator, redis_url: str, client: Any
+    kube: KubeEmulator, operator: Operator, redis_url: str, redis_standalone: RedisClient
 ) -> None:
     await post_secrets(kube, redis_url)
     queues = [{"name": "emails", "handler": "app.tasks:send", "autoscaling": "external"}]
@@ -359,7 +349,7 @@ async def test_external_autoscaling_leaves_replicas_to_the_users_scaler(
     await _ready(kube)
     await kube.send("patch", f"{DEPLOYMENTS_URL}/orders-worker-emails", {"spec": {"replicas": 7}})
     for i in range(900):  # the builtin autoscaler would want ceil(900/100) = 9, clamped to 10
-        await client.xadd(f"workflow.tasks.emails.{i % 2}", {"task_id": f"t{i}"})
+        await redis_standalone.xadd(f"workflow.tasks.emails.{i % 2}", {"task_id": f"t{i}"})
 
     async def measured() -> bool:
         rows = _status(kube).get("queues") or []

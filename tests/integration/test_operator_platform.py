@@ -7,19 +7,18 @@ writes its status, as the Job controller would).
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 import aiohttp
 import kmock
 import kubernetes_validate
 import pytest
-import redis.asyncio
 
-from controller.conditions import OutboxDispatcherStatus
 from controller.identity import Owner, migration_job_name
 from controller.operator import Operator
+from dispatcher._testing.servers import free_port
 from dispatcher._testing.waiting import eventually
+from dispatcher.redis_client import RedisClient
 from dispatcher.stream.naming import SHARDS_KEY
 from tests.fix_kube import (
     CR_RESOURCE,
@@ -30,9 +29,12 @@ from tests.fix_kube import (
     FakeClock,
     KubeEmulator,
     _declare_resources,
+    condition_of,
+    dispatcher,
     job_status,
+    post_secrets,
     running_operator,
-    secret,
+    status_of,
 )
 
 CR_URL = f"/apis/dispatch.composer.dev/v1alpha1/namespaces/{NAMESPACE}/outboxdispatchers"
@@ -43,49 +45,18 @@ K8S_VERSION = "1.37.0"
 ENQUEUER_V1 = "reg.example.com/enq:1.0"
 
 
-@pytest.fixture
-async def redis_client(redis_url: str) -> Any:
-    conn = redis.asyncio.Redis.from_url(redis_url, decode_responses=True)
-    yield conn
-    await conn.aclose()
-
-
 def _cr(**spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "shards": 2,
-        "postgres": {
-            "secretRef": {"name": "pg", "key": "url"},
-            "migrationSecretRef": {"name": "pg-owner", "key": "url"},
-        },
-        "redis": {"secretRef": {"name": "rd", "key": "url"}},
-        "enqueuer": {"image": ENQUEUER_V1},
-        "queues": [
-            {"name": "emails", "handler": "app.tasks:send", "maxReplicas": 5},
-            {"name": "single", "handler": "app.tasks:one", "minReplicas": 1, "maxReplicas": 1},
-        ],
+    """``dispatcher()`` with a migration Secret, a pinned enqueuer image and a one-replica queue."""
+    postgres = {
+        "secretRef": {"name": "pg", "key": "url"},
+        "migrationSecretRef": {"name": "pg-owner", "key": "url"},
     }
-    body.update(spec)
-    return {
-        "apiVersion": "dispatch.composer.dev/v1alpha1",
-        "kind": "OutboxDispatcher",
-        "metadata": {"name": NAME, "namespace": NAMESPACE},
-        "spec": body,
-    }
-
-
-async def _secrets(kube: KubeEmulator, **urls: str) -> None:
-    for name, url in urls.items():
-        await kube.send("post", SECRETS_URL, secret(name.replace("_", "-"), url=url))
-
-
-def _status(kube: KubeEmulator) -> OutboxDispatcherStatus:
-    cr = kube.live(CR_RESOURCE, NAME) or {}
-    return OutboxDispatcherStatus.model_validate(cr.get("status") or {})
-
-
-def _condition(kube: KubeEmulator, type_: str) -> tuple[str, str] | None:
-    found = _status(kube).condition(type_)
-    return None if found is None else (found.status, found.reason)
+    queues = [
+        {"name": "emails", "handler": "app.tasks:send", "maxReplicas": 5},
+        {"name": "single", "handler": "app.tasks:one", "minReplicas": 1, "maxReplicas": 1},
+    ]
+    defaults = {"postgres": postgres, "enqueuer": {"image": ENQUEUER_V1}, "queues": queues}
+    return dispatcher(**{**defaults, **spec})
 
 
 def _image(kube: KubeEmulator, name: str) -> str | None:
@@ -108,14 +79,14 @@ async def test_migration_job_runs_before_the_enqueuer_starts_or_upgrades(
     kube: KubeEmulator, operator: Operator, redis_url: str
 ) -> None:
     kube.job_outcome = None  # Jobs run until this test finishes them
-    await _secrets(
+    await post_secrets(
         kube, pg="postgresql://app@db/app", pg_owner="postgresql://owner@db/app", rd=redis_url
     )
     await kube.send("post", CR_URL, _cr())
     first = migration_job_name(_owner(kube), ENQUEUER_V1)
 
     async def migrating() -> bool:
-        return _condition(kube, "Migrated") == ("False", "Running") and bool(
+        return condition_of(kube, "Migrated") == ("False", "Running") and bool(
             kube.live(DEPLOYMENTS, "orders-worker-emails")
         )
 
@@ -134,11 +105,11 @@ async def test_migration_job_runs_before_the_enqueuer_starts_or_upgrades(
 
     async def started() -> bool:
         return _image(kube, "orders-enqueuer") == ENQUEUER_V1 and (
-            _condition(kube, "Migrated") == ("True", "Succeeded")
+            condition_of(kube, "Migrated") == ("True", "Succeeded")
         )
 
     await eventually(started, within=20)
-    assert _status(kube).migrated_image == ENQUEUER_V1
+    assert status_of(kube).migrated_image == ENQUEUER_V1
 
     # A new image migrates again; the running enqueuer keeps the old one until then.
     upgraded = "reg.example.com/enq:2.0"
@@ -146,7 +117,7 @@ async def test_migration_job_runs_before_the_enqueuer_starts_or_upgrades(
     second = migration_job_name(_owner(kube), upgraded)
 
     async def second_job() -> bool:
-        return kube.live(JOBS, second) is not None and _condition(kube, "Migrated") == (
+        return kube.live(JOBS, second) is not None and condition_of(kube, "Migrated") == (
             "False",
             "Running",
         )
@@ -157,7 +128,7 @@ async def test_migration_job_runs_before_the_enqueuer_starts_or_upgrades(
 
     async def upgraded_enqueuer() -> bool:
         return _image(kube, "orders-enqueuer") == upgraded and (
-            _status(kube).migrated_image == upgraded
+            status_of(kube).migrated_image == upgraded
         )
 
     await eventually(upgraded_enqueuer, within=20)
@@ -167,18 +138,18 @@ async def test_failed_migration_is_a_condition_and_a_warning_and_the_enqueuer_wa
     kube: KubeEmulator, operator: Operator, redis_url: str
 ) -> None:
     kube.job_outcome = "Failed"
-    await _secrets(
+    await post_secrets(
         kube, pg="postgresql://app@db/app", pg_owner="postgresql://owner@db/app", rd=redis_url
     )
     await kube.send("post", CR_URL, _cr())
 
     async def failed() -> bool:
-        return _condition(kube, "Migrated") == ("False", "MigrationFailed") and bool(
+        return condition_of(kube, "Migrated") == ("False", "MigrationFailed") and bool(
             kube.events("MigrationFailed")
         )
 
     await eventually(failed, within=20)
-    found = _status(kube).condition("Migrated")
+    found = status_of(kube).condition("Migrated")
     assert found is not None
     assert "backoff limit" in found.message
     assert "kubectl delete job" in found.message
@@ -189,13 +160,15 @@ async def test_failed_migration_is_a_condition_and_a_warning_and_the_enqueuer_wa
 async def test_migrate_false_runs_no_job(
     kube: KubeEmulator, operator: Operator, redis_url: str
 ) -> None:
-    await _secrets(kube, pg="postgresql://app@db/app", rd=redis_url)
+    await post_secrets(kube, pg="postgresql://app@db/app", rd=redis_url)
     cr = _cr(migrate=False)
     cr["spec"]["postgres"].pop("migrationSecretRef")  # not needed, not checked
     await kube.send("post", CR_URL, cr)
 
     async def applied() -> bool:
-        return _image(kube, "orders-enqueuer") == ENQUEUER_V1 and _condition(kube, "Migrated") == (
+        return _image(kube, "orders-enqueuer") == ENQUEUER_V1 and condition_of(
+            kube, "Migrated"
+        ) == (
             "Unknown",
             "Disabled",
         )
@@ -205,10 +178,10 @@ async def test_migrate_false_runs_no_job(
 
 
 async def test_each_role_uses_its_own_redis_secret(
-    kube: KubeEmulator, operator: Operator, redis_url: str, redis_client: Any
+    kube: KubeEmulator, operator: Operator, redis_url: str, redis_standalone: RedisClient
 ) -> None:
     # Only the operator's Secret holds a reachable URL: the shard key proves the operator used it.
-    await _secrets(
+    await post_secrets(
         kube,
         pg="postgresql://app@db/app",
         pg_owner="postgresql://owner@db/app",
@@ -223,14 +196,14 @@ async def test_each_role_uses_its_own_redis_secret(
     await kube.send("post", CR_URL, _cr(redis=redis))
 
     async def missing() -> bool:
-        found = _status(kube).condition("Degraded")
+        found = status_of(kube).condition("Degraded")
         return (
             found is not None and found.reason == "SecretMissing" and "rd-worker" in found.message
         )
 
     await eventually(missing, within=20)
     assert kube.live(DEPLOYMENTS, "orders-worker-emails") is None
-    await _secrets(kube, rd_worker="redis://dispatcher-worker:pw@redis:6379/0")
+    await post_secrets(kube, rd_worker="redis://dispatcher-worker:pw@redis:6379/0")
 
     async def applied() -> bool:  # one pass creates them one after the other
         names = ("orders-enqueuer", "orders-worker-emails")
@@ -246,14 +219,14 @@ async def test_each_role_uses_its_own_redis_secret(
 
     assert redis_ref("orders-enqueuer") == {"name": "rd-enqueuer", "key": "url"}
     assert redis_ref("orders-worker-emails") == {"name": "rd-worker", "key": "url"}
-    assert await redis_client.get(SHARDS_KEY) == "2"
+    assert await redis_standalone.get(SHARDS_KEY) == "2"
     assert redis_url not in repr(kube.all("v1/events"))
 
 
 async def test_budgets_for_the_enqueuer_and_multi_replica_queues(
     kube: KubeEmulator, operator: Operator, redis_url: str
 ) -> None:
-    await _secrets(
+    await post_secrets(
         kube, pg="postgresql://app@db/app", pg_owner="postgresql://owner@db/app", rd=redis_url
     )
     await kube.send("post", CR_URL, _cr())
@@ -282,7 +255,7 @@ async def test_budgets_for_the_enqueuer_and_multi_replica_queues(
 async def test_pod_settings_reach_the_deployments(
     kube: KubeEmulator, operator: Operator, redis_url: str
 ) -> None:
-    await _secrets(
+    await post_secrets(
         kube, pg="postgresql://app@db/app", pg_owner="postgresql://owner@db/app", rd=redis_url
     )
     settings = {
@@ -314,7 +287,7 @@ async def test_pod_settings_reach_the_deployments(
 async def test_operator_metrics_follow_reconciles_and_the_autoscaler(
     kube: KubeEmulator, operator: Operator, redis_url: str, clock: FakeClock
 ) -> None:
-    await _secrets(
+    await post_secrets(
         kube, pg="postgresql://app@db/app", pg_owner="postgresql://owner@db/app", rd=redis_url
     )
     await kube.send("post", CR_URL, _cr())
@@ -334,13 +307,6 @@ async def test_operator_metrics_follow_reconciles_and_the_autoscaler(
     assert registry.get_sample_value("dispatcher_operator_autoscale_ticks_total", {"outcome": "ok"})
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 async def _healthz(url: str) -> int:
     async with aiohttp.ClientSession() as session, session.get(url) as response:
         return response.status
@@ -349,7 +315,7 @@ async def _healthz(url: str) -> int:
 async def test_liveness_is_green_when_the_crd_is_served(
     kube: KubeEmulator, clock: FakeClock
 ) -> None:
-    url = f"http://127.0.0.1:{_free_port()}/healthz"
+    url = f"http://127.0.0.1:{free_port()}/healthz"
     async with running_operator(kube, clock, liveness=url):
         assert await _healthz(url) == 200
 
@@ -366,7 +332,7 @@ async def kube_without_crd() -> Any:
 async def test_liveness_fails_when_the_operator_started_before_its_crd(
     kube_without_crd: KubeEmulator, clock: FakeClock
 ) -> None:
-    url = f"http://127.0.0.1:{_free_port()}/healthz"
+    url = f"http://127.0.0.1:{free_port()}/healthz"
     async with running_operator(kube_without_crd, clock, liveness=url):
         assert await _healthz(url) == 500
         # The CRD appears later: kopf (scanning off) still watches nothing, so stay red.

@@ -30,10 +30,17 @@ from tests.outbox_rows import outbox_status, published
 
 def cli(*args: str, db_url: str, redis_url: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "dispatcher.cli", *args,
-         "--database-url", db_url, "--redis-url", redis_url],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            *("-m", "dispatcher.cli"),
+            *args,
+            *("--database-url", db_url, "--redis-url", redis_url),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 async def test_status_json_matches_what_was_put_in(

@@ -25,10 +25,15 @@ from tests.outbox_rows import outbox_status, published
 
 def run_enqueuer(db_url: str, redis_url: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "dispatcher.cli", "enqueuer",
-         "--database-url", db_url, "--redis-url", redis_url],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            *("-m", "dispatcher.cli", "enqueuer"),
+            *("--database-url", db_url, "--redis-url", redis_url),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 async def test_the_probe_tells_session_state_that_sticks_from_state_that_does_not(

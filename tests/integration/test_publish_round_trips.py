@@ -40,8 +40,12 @@ def entries(queue: str, shards: int) -> list[tuple[str, dict[str, str]]]:
 
 
 async def test_standalone_batch_is_one_round_trip(redis_process: RedisProcess) -> None:
-    pool = ConnectionPool(port=redis_process.port, connection_class=CountingConnection,
-                          decode_responses=True, health_check_interval=0)  # fmt: skip
+    pool = ConnectionPool(
+        port=redis_process.port,
+        connection_class=CountingConnection,
+        decode_responses=True,
+        health_check_interval=0,
+    )
     client = Redis(connection_pool=pool)
     await client.ping()
     CountingConnection.sends.clear()
@@ -57,8 +61,12 @@ async def test_standalone_batch_is_one_round_trip(redis_process: RedisProcess) -
 async def test_cluster_batch_is_one_round_trip_per_node(
     redis_cluster_process: RedisClusterProcess, queue: str
 ) -> None:
-    client = RedisCluster(host="127.0.0.1", port=redis_cluster_process.nodes[0].port,
-                          decode_responses=True, health_check_interval=0)  # fmt: skip
+    client = RedisCluster(
+        host="127.0.0.1",
+        port=redis_cluster_process.nodes[0].port,
+        decode_responses=True,
+        health_check_interval=0,
+    )
     await client.initialize()
     for node in client.get_nodes():  # RedisCluster takes no connection_class; its nodes do
         await node.disconnect()

@@ -45,7 +45,7 @@ async def test_a_row_that_cannot_be_encoded_fails_alone(
         pool, redis_standalone, listen=db_url, maintenance_interval=1.0, poll_interval=1.0
     )
     async with running(enqueuer), await psycopg.AsyncConnection.connect(db_url) as conn:
-        await eventually(lambda: _is(enqueuer.ready()))
+        await eventually(lambda: enqueuer.ready())
         for i in range(20):  # 20 healthy rows over 2 s; the bad one among the first
             if i == 2:
                 await conn.execute(
@@ -81,7 +81,3 @@ async def test_a_row_that_cannot_be_encoded_fails_alone(
     assert attempts == 2, "its retry, then the DLQ"
     assert "RecursionError" in error, error
     assert charged(db_url) == {bad}, "no healthy row had an attempt counted"
-
-
-async def _is(value: bool) -> bool:
-    return value

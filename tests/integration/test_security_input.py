@@ -32,11 +32,14 @@ text = st.text(
     alphabet=st.characters(exclude_characters="\x00", exclude_categories=["Cs"]), max_size=20
 )
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
     | text,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(text, inner, max_size=4),
     max_leaves=10,
-)  # fmt: skip
+)
 task_like = st.fixed_dictionaries(
     {"task_id": text, "input": text},
     optional={"run_id": json_values, "workflow_version": json_values, "attempt": json_values},
@@ -47,9 +50,12 @@ payloads = st.one_of(st.none(), json_values, task_like)
 @pytest.fixture
 def running(own_pg_db_url: str, redis_url: str, tmp_path: Path) -> Iterator[Pipeline]:
     p = Pipeline(
-        scenario="fuzz", db_url=own_pg_db_url, redis_url=redis_url, recorder_url=redis_url,
+        scenario="fuzz",
+        db_url=own_pg_db_url,
+        redis_url=redis_url,
+        recorder_url=redis_url,
         workdir=tmp_path,
-    )  # fmt: skip
+    )
     p.enqueuer("--maintenance-interval", "0.3")
     p.worker("--max-deliveries", "2", "--reclaim-idle", "0.3")
     yield p
@@ -75,9 +81,13 @@ def test_fuzzed_payloads_are_handled_or_dead_lettered_and_no_loop_dies(
             conn.execute(
                 "INSERT INTO outbox (id, task_id, stream, payload, max_retries, backoff_seconds)"
                 " VALUES (%s, %s, %s, %s::jsonb, 1, 1)",
-                (outbox_id, outbox_id, task_stream(p.queue, len(outbox_id) % 4),
-                 None if payload is None else json.dumps(payload)),
-            )  # fmt: skip
+                (
+                    outbox_id,
+                    outbox_id,
+                    task_stream(p.queue, len(outbox_id) % 4),
+                    None if payload is None else json.dumps(payload),
+                ),
+            )
     eventually_sync(
         lambda: not _unsettled(p, ids), within=60, what="every row handled or dead-lettered"
     )

@@ -70,9 +70,12 @@ def make_pipeline(
 
     def make(admin_url: str) -> Pipeline:
         p = Pipeline(
-            scenario="security", db_url=own_pg_db_url, redis_url=admin_url,
-            recorder_url=redis_url, workdir=tmp_path,
-        )  # fmt: skip
+            scenario="security",
+            db_url=own_pg_db_url,
+            redis_url=admin_url,
+            recorder_url=redis_url,
+            workdir=tmp_path,
+        )
         made.append(p)
         return p
 
@@ -130,14 +133,51 @@ def _tls_certs(workdir: Path) -> dict[str, Path]:
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], capture_output=True, check=True, timeout=60)
 
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(paths["ca.key"]),
-            "-out", str(paths["ca.crt"]), "-days", "1", "-subj", "/CN=od-test-ca")  # fmt: skip
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(paths["ca.key"]),
+        "-out",
+        str(paths["ca.crt"]),
+        "-days",
+        "1",
+        "-subj",
+        "/CN=od-test-ca",
+    )
     csr = workdir / "server.csr"
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(paths["server.key"]),
-            "-out", str(csr), "-subj", "/CN=127.0.0.1")  # fmt: skip
-    openssl("x509", "-req", "-in", str(csr), "-CA", str(paths["ca.crt"]), "-CAkey",
-            str(paths["ca.key"]), "-CAcreateserial", "-out", str(paths["server.crt"]),
-            "-days", "1", "-extfile", str(workdir / "san.ext"))  # fmt: skip
+    openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        str(paths["server.key"]),
+        "-out",
+        str(csr),
+        "-subj",
+        "/CN=127.0.0.1",
+    )
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(paths["ca.crt"]),
+        "-CAkey",
+        str(paths["ca.key"]),
+        "-CAcreateserial",
+        "-out",
+        str(paths["server.crt"]),
+        "-days",
+        "1",
+        "-extfile",
+        str(workdir / "san.ext"),
+    )
     return paths
 
 
@@ -150,10 +190,17 @@ def test_enqueuer_and_worker_over_tls_with_acl_users(
     tls_port = RedisProcess(tmp_path / "unused").port
     server = RedisProcess(
         tmp_path / "tls-redis",
-        "--tls-port", str(tls_port), "--tls-cert-file", str(certs["server.crt"]),
-        "--tls-key-file", str(certs["server.key"]), "--tls-ca-cert-file", str(certs["ca.crt"]),
-        "--tls-auth-clients", "no",
-    )  # fmt: skip
+        "--tls-port",
+        str(tls_port),
+        "--tls-cert-file",
+        str(certs["server.crt"]),
+        "--tls-key-file",
+        str(certs["server.key"]),
+        "--tls-ca-cert-file",
+        str(certs["ca.crt"]),
+        "--tls-auth-clients",
+        "no",
+    )
     try:
         server.start()
     except (AssertionError, OSError):
@@ -205,12 +252,18 @@ def test_passwords_never_appear_in_logs(
     outputs = [
         _run("enqueuer", database_url=bad_db, redis_url=enq_ok),
         _run("enqueuer", database_url=db_with_password, redis_url=bad_password),
-        _run("enqueuer", database_url=db_with_password, redis_url=enq_ok.replace(
-            str(server.port), str(closed_port))),
+        _run(
+            "enqueuer",
+            database_url=db_with_password,
+            redis_url=enq_ok.replace(str(server.port), str(closed_port)),
+        ),
         _run("worker", database_url=db_with_password, redis_url=bad_password),
-        _run("worker", database_url=db_with_password, redis_url=wrk_ok.replace(
-            str(server.port), str(closed_port))),
-    ]  # fmt: skip
+        _run(
+            "worker",
+            database_url=db_with_password,
+            redis_url=wrk_ok.replace(str(server.port), str(closed_port)),
+        ),
+    ]
     for code, text in outputs:
         assert code != 0, text
         assert "dispatcher " in text, text
@@ -234,14 +287,25 @@ def test_passwords_never_appear_in_logs(
 
 
 def _run(command: str, *, database_url: str, redis_url: str) -> tuple[int, str]:
-    flags = {"enqueuer": ["--no-listen"], "worker": ["--queue", "q", "--handler",
-             "tests.faults.handlers:record"]}[command]  # fmt: skip
-    env = {"DATABASE_URL": database_url, "REDIS_URL": redis_url, "LOG_LEVEL": "DEBUG",
-           "PATH": "/usr/bin:/bin"}  # fmt: skip
+    flags = {
+        "enqueuer": ["--no-listen"],
+        "worker": ["--queue", "q", "--handler", "tests.faults.handlers:record"],
+    }[command]
+    env = {
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "LOG_LEVEL": "DEBUG",
+        "PATH": "/usr/bin:/bin",
+    }
     done = subprocess.run(
         [sys.executable, "-m", "dispatcher.cli", command, *flags],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     return done.returncode, done.stdout + done.stderr
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from dispatcher import TaskDispatch, enqueue_dispatch
+from dispatcher import enqueue_dispatch
+from dispatcher._testing.data import dispatch
 from tests.faults.harness import Pipeline
 from tests.faults.load import LoadSpec
 
@@ -46,21 +47,13 @@ def _denied(conn: psycopg.Connection[object], statement: str) -> bool:
 
 
 def test_the_app_role_may_only_insert_into_the_outbox(roles_db: str) -> None:
-    dispatch = TaskDispatch(
-        task_id="t1", run_id="r", workflow_id="wf", workflow_version=1,
-        node_id="n", node_type="t", queue="secure",
-    )  # fmt: skip
     with psycopg.connect(as_role(roles_db, "outbox_app")) as app:
-        outbox_id = enqueue_dispatch(app, dispatch)
+        outbox_id = enqueue_dispatch(app, dispatch("t1", "secure"))
         app.commit()
         for statement in (
-            "SELECT * FROM outbox",
-            "SELECT count(*) FROM outbox_dlq",
-            "UPDATE outbox SET status = 'DLQ'",
-            "DELETE FROM outbox",
-            "TRUNCATE outbox",
-            "DELETE FROM outbox_batches",
-            "CREATE TABLE sneaky (x int)",
+            *("SELECT * FROM outbox", "SELECT count(*) FROM outbox_dlq"),
+            *("UPDATE outbox SET status = 'DLQ'", "DELETE FROM outbox", "TRUNCATE outbox"),
+            *("DELETE FROM outbox_batches", "CREATE TABLE sneaky (x int)"),
         ):
             assert _denied(app, statement), statement
         assert _settings(app) == ("30s", "5s", "1min")
@@ -86,9 +79,12 @@ def test_a_real_enqueuer_as_outbox_enqueuer_drains_what_outbox_app_commits(
     roles_db: str, redis_url: str, tmp_path: Path
 ) -> None:
     p = Pipeline(
-        scenario="security_roles", db_url=roles_db, redis_url=redis_url,
-        recorder_url=redis_url, workdir=tmp_path,
-    )  # fmt: skip
+        scenario="security_roles",
+        db_url=roles_db,
+        redis_url=redis_url,
+        recorder_url=redis_url,
+        workdir=tmp_path,
+    )
     try:
         enqueuer = p.enqueuer(env={"DATABASE_URL": as_role(roles_db, "outbox_enqueuer")})
         p.worker()

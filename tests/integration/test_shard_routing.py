@@ -14,8 +14,8 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher import TaskDispatch, enqueue_dispatch
-from dispatcher._testing.data import insert_rows, publish, tasks
+from dispatcher import enqueue_dispatch
+from dispatcher._testing.data import dispatch, insert_rows, publish, tasks
 from dispatcher._testing.waiting import eventually
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import (
@@ -31,13 +31,6 @@ from tests.enqueuers import make_enqueuer, running, spawn_enqueuer
 from tests.outbox_rows import outbox_status
 
 
-def dispatch(queue: str, task_id: str) -> TaskDispatch:
-    return TaskDispatch(
-        task_id=task_id, run_id="r", workflow_id="wf", workflow_version=1, node_id="n",
-        node_type="t", queue=queue,
-    )  # fmt: skip
-
-
 def ids_on_shards(prefix: str, *, shards: int, among: set[int], n: int) -> list[str]:
     """``n`` task ids whose shard under ``shards`` is one of ``among``."""
     found = (f"{prefix}-{i}" for i in range(100_000))
@@ -49,10 +42,18 @@ def cli(
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "STREAM_SHARDS"}
     return subprocess.run(
-        [sys.executable, "-m", "dispatcher.cli", *args,
-         "--database-url", db_url, "--redis-url", redis_url],
-        capture_output=True, text=True, timeout=timeout, check=False, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            *("-m", "dispatcher.cli"),
+            *args,
+            *("--database-url", db_url, "--redis-url", redis_url),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+    )
 
 
 def fast_worker(client: RedisClient, queue: str, seen: list[str], name: str = "w1") -> Worker:
@@ -63,9 +64,13 @@ def fast_worker(client: RedisClient, queue: str, seen: list[str], name: str = "w
 
 
 async def test_enqueuer_started_without_stream_shards_leaves_the_key_at_8(
-    outbox_db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str, tmp_path: Path,
+    outbox_db_url: str,
+    redis_url: str,
+    redis_standalone: RedisClient,
+    queue: str,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     monkeypatch.delenv("STREAM_SHARDS", raising=False)
     await redis_standalone.set(SHARDS_KEY, "8")
     insert_rows(outbox_db_url, 3, queue=queue)
@@ -85,9 +90,12 @@ async def test_enqueuer_started_without_stream_shards_leaves_the_key_at_8(
 
 
 async def test_first_enqueuer_writes_the_key_when_it_is_absent(
-    outbox_db_url: str, redis_url: str, redis_standalone: RedisClient, tmp_path: Path,
+    outbox_db_url: str,
+    redis_url: str,
+    redis_standalone: RedisClient,
+    tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
+) -> None:
     monkeypatch.setenv("STREAM_SHARDS", "3")
     proc = spawn_enqueuer(
         outbox_db_url, redis_url, tmp_path / "enqueuer.log", "--poll-interval", "0.1"
@@ -114,7 +122,7 @@ async def test_enqueue_dispatch_without_shards_is_handled_when_the_key_says_2(
     ids = ids_on_shards(queue, shards=4, among={2, 3}, n=6)
     with psycopg.connect(outbox_db_url) as conn:
         for task_id in ids:
-            enqueue_dispatch(conn, dispatch(queue, task_id))
+            enqueue_dispatch(conn, dispatch(task_id, queue))
     seen: list[str] = []
     enqueuer = make_enqueuer(pool, redis_standalone, poll_interval=0.1)
     async with workers.running(fast_worker(redis_standalone, queue, seen)), running(enqueuer):
@@ -131,7 +139,7 @@ def test_shards_argument_is_accepted_with_a_deprecation_warning(
 ) -> None:
     with psycopg.connect(outbox_db_url) as conn, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        enqueue_dispatch(conn, dispatch(queue, "t1"), shards=8)
+        enqueue_dispatch(conn, dispatch("t1", queue), shards=8)
     assert any(issubclass(w.category, DeprecationWarning) for w in caught)
     with psycopg.connect(outbox_db_url) as conn:
         (stream,) = conn.execute("SELECT stream FROM outbox").fetchone() or ("",)
@@ -172,7 +180,7 @@ async def test_a_count_written_directly_is_in_force_for_publishing(
         async def routed_by_8() -> bool:
             task_id = next(ids)
             with psycopg.connect(outbox_db_url) as conn:
-                enqueue_dispatch(conn, dispatch(queue, task_id))
+                enqueue_dispatch(conn, dispatch(task_id, queue))
             await eventually(lambda: _empty(outbox_db_url), within=30)
             return bool(await redis_standalone.xlen(task_stream(queue, shard_for(task_id, 8))))
 
@@ -252,9 +260,15 @@ async def test_dead_letter_replay_routes_by_the_current_count(
     task_id = ids_on_shards(queue, shards=2, among={1}, n=1)[0]
     await redis_standalone.xadd(
         dead_letter_stream(queue),
-        {"task_id": task_id, "error": "boom", "delivery_count": "5", "runs": "5",
-         "source_stream": task_stream(queue, 6), "source_id": "1-1"},
-    )  # fmt: skip
+        {
+            "task_id": task_id,
+            "error": "boom",
+            "delivery_count": "5",
+            "runs": "5",
+            "source_stream": task_stream(queue, 6),
+            "source_id": "1-1",
+        },
+    )
     out = cli("dlq", "replay", "--queue", queue, "--all", db_url=outbox_db_url, redis_url=redis_url)
     assert out.returncode == 0, out.stderr
     assert await redis_standalone.xlen(task_stream(queue, 6)) == 0
@@ -320,9 +334,18 @@ async def test_shards_set_reports_progress_and_gives_up_at_its_timeout(
     left = [t for t in tasks(queue, 100) if shard_for(t.task_id, 4) == 3][:3]
     await publish(redis_standalone, left, shards=4)  # no worker: shard 3 cannot drain
     out = cli(
-        "shards", "set", "2", "--refresh-wait", "0", "--timeout", "1", "--progress-every", "0.2",
-        db_url=outbox_db_url, redis_url=redis_url,
-    )  # fmt: skip
+        "shards",
+        "set",
+        "2",
+        "--refresh-wait",
+        "0",
+        "--timeout",
+        "1",
+        "--progress-every",
+        "0.2",
+        db_url=outbox_db_url,
+        redis_url=redis_url,
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     stream = task_stream(queue, 3)
     assert (

@@ -14,8 +14,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from psycopg_pool import AsyncConnectionPool
 
+from dispatcher._testing.data import dispatch
 from dispatcher._testing.waiting import eventually
-from dispatcher.models import TaskDispatch, TaskMessage
+from dispatcher.models import TaskMessage
 from dispatcher.outbox import enqueue_dispatch
 from dispatcher.redis_client import RedisClient
 from dispatcher.worker import Worker, WorkerConfig
@@ -34,19 +35,23 @@ def spans() -> Iterator[InMemorySpanExporter]:
 
 @pytest.mark.parametrize("sync_handler", [False, True])
 async def test_handler_span_is_a_child_of_the_enqueuing_span(
-    spans: InMemorySpanExporter, outbox_db_url: str, pool: AsyncConnectionPool[Any],
-    redis_standalone: RedisClient, queue: str, sync_handler: bool,
-) -> None:  # fmt: skip
+    spans: InMemorySpanExporter,
+    outbox_db_url: str,
+    pool: AsyncConnectionPool[Any],
+    redis_standalone: RedisClient,
+    queue: str,
+    sync_handler: bool,
+) -> None:
     spans.clear()
     tracer = trace.get_tracer("app")
     with (
         tracer.start_as_current_span("business transaction"),
         psycopg.connect(outbox_db_url) as conn,
     ):
-        enqueue_dispatch(conn, TaskDispatch(
-            task_id="traced", run_id="r", workflow_id="wf", workflow_version=1, node_id="n",
-            node_type="t", queue=queue, attempt=1, input="{}",
-        ))  # fmt: skip
+        enqueue_dispatch(
+            conn,
+            dispatch("traced", queue, input="{}"),
+        )
     assert await make_enqueuer(pool, redis_standalone).process_batch() == 1
 
     seen: list[TaskMessage] = []
@@ -58,11 +63,14 @@ async def test_handler_span_is_a_child_of_the_enqueuing_span(
     async def awork(message: TaskMessage) -> None:
         work(message)
 
-    worker = Worker(redis_standalone, work if sync_handler else awork,
-                    WorkerConfig(queues=(queue,), shards=1, block_ms=100))  # fmt: skip
+    worker = Worker(
+        redis_standalone,
+        work if sync_handler else awork,
+        WorkerConfig(queues=(queue,), shards=1, block_ms=100),
+    )
     run = asyncio.create_task(worker.run())
     try:
-        await eventually(lambda: _is(len(seen) == 1))
+        await eventually(lambda: len(seen) == 1)
     finally:
         worker.request_stop()
         await asyncio.wait_for(run, 30)
@@ -77,7 +85,3 @@ async def test_handler_span_is_a_child_of_the_enqueuing_span(
     assert user.parent is not None
     assert user.parent.span_id == handle.context.span_id
     assert len({s.context.trace_id for s in (business, publish, handle, user)}) == 1
-
-
-async def _is(value: bool) -> bool:
-    return value

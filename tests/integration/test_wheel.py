@@ -58,8 +58,18 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> Path:
             shutil.copy(source, context / name)
     env = _clean_env()
     wheels = work / "wheels"
-    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", wheels, ".",
-         cwd=context, env=env)  # fmt: skip
+    _run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--wheel-dir",
+        wheels,
+        ".",
+        cwd=context,
+        env=env,
+    )
     (wheel,) = wheels.glob("outbox_dispatcher-*.whl")
     target = work / "venv"
     venv.create(target, with_pip=True)
@@ -78,8 +88,13 @@ def test_the_wheel_migrates_dispatches_and_reports(
     shipped: Path, empty_db_url: str, redis_url: str, queue: str, tmp_path: Path
 ) -> None:
     env = _clean_env(DATABASE_URL=empty_db_url, REDIS_URL=redis_url, STREAM_SHARDS="2")
-    where = _run(shipped / "python", "-c", "import dispatcher; print(dispatcher.__file__)",
-                 cwd=tmp_path, env=env)  # fmt: skip
+    where = _run(
+        shipped / "python",
+        "-c",
+        "import dispatcher; print(dispatcher.__file__)",
+        cwd=tmp_path,
+        env=env,
+    )
     assert not Path(where.strip()).is_relative_to(ROOT), "imported the checkout, not the wheel"
 
     out = _run(shipped / "dispatcher", "migrate", cwd=tmp_path, env=env)

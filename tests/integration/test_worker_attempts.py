@@ -241,7 +241,7 @@ async def test_a_sync_handler_past_the_timeout_keeps_its_lease_until_its_thread_
         await publish(redis_standalone, [task], shards=1)
         # Retries after reclaim-idle find the lease of the live thread, renewed
         # well past its TTL.
-        await eventually(lambda: _true(bool(started)), within=30)
+        await eventually(lambda: bool(started), within=30)
         await eventually(refused_long_after_the_ttl, within=60)
         assert events == ["start1"]
         assert await redis_standalone.exists(lease_key(f"{task.run_id}:{task.task_id}:1"))
@@ -251,10 +251,6 @@ async def test_a_sync_handler_past_the_timeout_keeps_its_lease_until_its_thread_
     assert events == ["start1", "end1", "start2", "end2"]
     failed = [await metric(w, "dispatcher_worker_failed_total", queue=queue) for w in workers]
     assert sum(failed) == 1
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def _handled_by_any(workers: list[Worker], queue: str) -> bool:

@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -64,10 +64,15 @@ class WorkerProcess:
 
 
 @pytest.fixture
-def spawn() -> Iterator[list[WorkerProcess]]:
-    """Worker processes the test started; killed at teardown whatever happened."""
+def spawn(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """``spawn(*flags)``: a worker process on ``redis_url``, killed at teardown in any case."""
     started: list[WorkerProcess] = []
-    yield started
+
+    def start(*flags: str) -> WorkerProcess:
+        started.append(WorkerProcess(redis_url, tmp_path, *flags))
+        return started[-1]
+
+    yield start
     for p in started:
         p.kill()
 
@@ -84,28 +89,32 @@ def events(log: sync_redis.Redis, kind: str) -> collections.Counter[str]:
     return collections.Counter(e.split(":", 1)[1] for e in entries if e.startswith(kind + ":"))
 
 
+def started(log: sync_redis.Redis) -> int:
+    """Handler runs started so far."""
+    return sum(events(log, "started").values())
+
+
 def flags(queue: str, consumer: str, *extra: str) -> list[str]:
     return [
-        "--queue", queue, "--handler", "tests.handlers:slow", "--consumer", consumer,
-        "--concurrency", "4", "--reclaim-idle", "1", "--lease-ttl", "2", *extra,
-    ]  # fmt: skip
+        *("--queue", queue, "--handler", "tests.handlers:slow", "--consumer", consumer),
+        *("--concurrency", "4", "--reclaim-idle", "1", "--lease-ttl", "2"),
+        *extra,
+    ]
 
 
 async def test_tasks_of_a_killed_worker_are_completed_by_another(
     redis_standalone: RedisClient,
     redis_url: str,
-    tmp_path: Path,
     queue: str,
-    spawn: list[WorkerProcess],
+    spawn: Callable[..., WorkerProcess],
     log: sync_redis.Redis,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     await publish_shard_count(redis_standalone, 4)
-    victim = WorkerProcess(redis_url, tmp_path, *flags(queue, "victim"))
-    spawn.append(victim)
+    victim = spawn(*flags(queue, "victim"))
     published = tasks(queue, 8, input={"sleep": 1.5})
     await publish(redis_standalone, published, shards=4)
-    eventually_sync(lambda: sum(events(log, "started").values()) >= 4, within=20)
+    eventually_sync(lambda: started(log) >= 4, within=20)
     victim.kill()  # SIGKILL in the middle of four handlers
     assert not events(log, "done")
 
@@ -135,18 +144,15 @@ async def _all_done(log: sync_redis.Redis, published: list[TaskDispatch]) -> boo
 
 async def test_sigterm_lets_running_handlers_finish_and_exits_zero(
     redis_standalone: RedisClient,
-    redis_url: str,
-    tmp_path: Path,
     queue: str,
-    spawn: list[WorkerProcess],
+    spawn: Callable[..., WorkerProcess],
     log: sync_redis.Redis,
 ) -> None:
     await publish_shard_count(redis_standalone, 4)
-    worker = WorkerProcess(redis_url, tmp_path, *flags(queue, "polite"))
-    spawn.append(worker)
+    worker = spawn(*flags(queue, "polite"))
     published = tasks(queue, 4, input={"sleep": 1.0})
     await publish(redis_standalone, published, shards=4)
-    eventually_sync(lambda: sum(events(log, "started").values()) == 4, within=20)
+    eventually_sync(lambda: started(log) == 4, within=20)
 
     worker.proc.send_signal(signal.SIGTERM)
 
@@ -159,17 +165,12 @@ async def test_sigterm_lets_running_handlers_finish_and_exits_zero(
 
 async def test_sigterm_past_the_grace_period_keeps_work_pending(
     redis_standalone: RedisClient,
-    redis_url: str,
-    tmp_path: Path,
     queue: str,
-    spawn: list[WorkerProcess],
+    spawn: Callable[..., WorkerProcess],
     log: sync_redis.Redis,
 ) -> None:
     await publish_shard_count(redis_standalone, 1)
-    worker = WorkerProcess(
-        redis_url, tmp_path, *flags(queue, "hasty", "--grace-period", "0.2", "--shards", "1")
-    )
-    spawn.append(worker)
+    worker = spawn(*flags(queue, "hasty", "--grace-period", "0.2", "--shards", "1"))
     (task,) = tasks(queue, 1, input={"sleep": 2})
     await publish(redis_standalone, [task], shards=1)
     eventually_sync(lambda: events(log, "started"), within=20)
@@ -185,10 +186,8 @@ async def test_sigterm_past_the_grace_period_keeps_work_pending(
 
 async def test_a_killed_workers_entries_are_run_again_not_dead_lettered(
     redis_standalone: RedisClient,
-    redis_url: str,
-    tmp_path: Path,
     queue: str,
-    spawn: list[WorkerProcess],
+    spawn: Callable[..., WorkerProcess],
     log: sync_redis.Redis,
 ) -> None:
     """Reclaim-idle 2 s, a limit of 3, the lease TTL at its default (30 s): one worker SIGKILLed.
@@ -199,12 +198,11 @@ async def test_a_killed_workers_entries_are_run_again_not_dead_lettered(
     """
     await publish_shard_count(redis_standalone, 4)
     common = ("--handler", "tests.handlers:slow", "--reclaim-idle", "2", "--max-deliveries", "3")
-    victim = WorkerProcess(redis_url, tmp_path, "--queue", queue, "--consumer", "victim", *common)
-    survivor = WorkerProcess(redis_url, tmp_path, "--queue", queue, "--consumer", "other", *common)
-    spawn.extend([victim, survivor])
+    victim = spawn("--queue", queue, "--consumer", "victim", *common)
+    spawn("--queue", queue, "--consumer", "other", *common)
     published = tasks(queue, 200, input={"sleep": 0.3})
     await publish(redis_standalone, published, shards=4)
-    eventually_sync(lambda: sum(events(log, "started").values()) >= 24, within=30)
+    eventually_sync(lambda: started(log) >= 24, within=30)
     victim.kill()  # SIGKILL with handlers in hand
 
     await eventually(lambda: _all_done(log, published), within=120)
@@ -216,10 +214,8 @@ async def test_a_killed_workers_entries_are_run_again_not_dead_lettered(
 
 async def test_sigterm_past_the_grace_period_never_lets_a_sync_run_overlap_another(
     redis_standalone: RedisClient,
-    redis_url: str,
-    tmp_path: Path,
     queue: str,
-    spawn: list[WorkerProcess],
+    spawn: Callable[..., WorkerProcess],
     log: sync_redis.Redis,
 ) -> None:
     """A sync handler hangs 20 s; SIGTERM with a 1 s grace period; a second worker is running.
@@ -230,16 +226,14 @@ async def test_sigterm_past_the_grace_period_never_lets_a_sync_run_overlap_anoth
     """
     await publish_shard_count(redis_standalone, 1)
     common = (
-        "--queue", queue, "--handler", "tests.handlers:exclusive", "--shards", "1",
-        "--reclaim-idle", "1", "--lease-ttl", "3", "--grace-period", "1",
-    )  # fmt: skip
-    first = WorkerProcess(redis_url, tmp_path, "--consumer", "first", *common)
-    spawn.append(first)
+        *("--queue", queue, "--handler", "tests.handlers:exclusive", "--shards", "1"),
+        *("--reclaim-idle", "1", "--lease-ttl", "3", "--grace-period", "1"),
+    )
+    first = spawn("--consumer", "first", *common)
     (task,) = tasks(queue, 1, input={"first_sleep": 20})
     await publish(redis_standalone, [task], shards=1)
     eventually_sync(lambda: events(log, "started"), within=30)
-    second = WorkerProcess(redis_url, tmp_path, "--consumer", "second", *common)
-    spawn.append(second)
+    spawn("--consumer", "second", *common)
 
     first.proc.send_signal(signal.SIGTERM)
     await eventually(lambda: _runs_done(log, task.task_id, 1), within=60)
@@ -264,9 +258,9 @@ async def _runs_done(log: sync_redis.Redis, task_id: str, count: int) -> bool:
     ],
 )
 def test_a_bad_handler_path_is_one_clear_line(
-    redis_url: str, tmp_path: Path, handler: str, message: str
+    spawn: Callable[..., WorkerProcess], handler: str, message: str
 ) -> None:
-    worker = WorkerProcess(redis_url, tmp_path, "--queue", "q", "--handler", handler)
+    worker = spawn("--queue", "q", "--handler", handler)
     assert worker.wait() == 2
     lines = worker.stderr.strip().splitlines()
     assert len(lines) == 1, lines
@@ -274,10 +268,8 @@ def test_a_bad_handler_path_is_one_clear_line(
     assert message in lines[0]
 
 
-def test_bad_worker_settings_are_one_clear_line(redis_url: str, tmp_path: Path) -> None:
-    worker = WorkerProcess(
-        redis_url, tmp_path, "--queue", "a.b", "--handler", "tests.handlers:slow"
-    )
+def test_bad_worker_settings_are_one_clear_line(spawn: Callable[..., WorkerProcess]) -> None:
+    worker = spawn("--queue", "a.b", "--handler", "tests.handlers:slow")
     assert worker.wait() == 2
     (line,) = worker.stderr.strip().splitlines()
     assert "invalid queue name 'a.b'" in line

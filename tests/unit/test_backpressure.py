@@ -45,10 +45,17 @@ def test_marks_out_of_order_are_refused(high: float, low: float) -> None:
 
 def test_an_oom_reply_holds_the_row_back_without_an_attempt() -> None:
     rows = [
-        ClaimedRow(id=i, stream="workflow.tasks.q.0", payload="{}", attempt_count=4,
-                   max_retries=5, backoff_seconds=1, age_seconds=0.0)
+        ClaimedRow(
+            id=i,
+            stream="workflow.tasks.q.0",
+            payload="{}",
+            attempt_count=4,
+            max_retries=5,
+            backoff_seconds=1,
+            age_seconds=0.0,
+        )
         for i in ("oom", "oom-plain", "other", "ok")
-    ]  # fmt: skip
+    ]
     oom = "OOM command not allowed when used memory > 'maxmemory'."
     results = [
         PublishResult(stream="s", error=OutOfMemoryError(oom)),

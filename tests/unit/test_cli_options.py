@@ -32,9 +32,17 @@ from dispatcher.outbox import EnqueuerConfig
 from dispatcher.worker import WorkerConfig
 
 COMMANDS = [
-    ["migrate"], ["enqueuer"], ["worker"], ["status"], ["dlq", "list"], ["dlq", "replay"],
-    ["shards"], ["shards", "set"], ["demo"], ["operator"],
-]  # fmt: skip
+    ["migrate"],
+    ["enqueuer"],
+    ["worker"],
+    ["status"],
+    ["dlq", "list"],
+    ["dlq", "replay"],
+    ["shards"],
+    ["shards", "set"],
+    ["demo"],
+    ["operator"],
+]
 REQUIRED: dict[str, list[str]] = {"enqueuer": [], "worker": ["--queue", "q", "--handler", "m:f"]}
 
 

@@ -75,14 +75,8 @@ def test_worker_runs_dispatcher_worker_for_its_queue() -> None:
     manifest = build_worker_deployment(spec, spec.queues[0], owner=OWNER, replicas=3)
     assert _container(manifest)["args"] == [
         "worker",
-        "--queue=emails",
-        "--handler=app.tasks:send",
-        "--concurrency=16",
-        "--max-runs=5",
-        "--reclaim-idle=30",
-        "--handler-timeout=0",
-        "--lease-ttl=30",
-        "--grace-period=30",
+        *("--queue=emails", "--handler=app.tasks:send", "--concurrency=16", "--max-runs=5"),
+        *("--reclaim-idle=30", "--handler-timeout=0", "--lease-ttl=30", "--grace-period=30"),
     ]
     assert manifest["spec"]["replicas"] == 3
     assert manifest["metadata"]["name"] == "orders-worker-emails"
@@ -191,15 +185,17 @@ def test_builders_do_not_share_mutable_state() -> None:
 
 def test_images_default_to_the_operators_and_a_spec_image_wins() -> None:
     defaults = WorkloadDefaults(enqueuer_image="reg/enq:2", worker_image="reg/w:2")
-    spec = _spec(queues=[{"name": "a", "handler": "m:f"}, {"name": "b", "handler": "m:f",
-                                                         "image": "mine:1"}])  # fmt: skip
+    spec = _spec(
+        queues=[{"name": "a", "handler": "m:f"}, {"name": "b", "handler": "m:f", "image": "mine:1"}]
+    )
     enqueuer = build_enqueuer_deployment(spec, owner=OWNER, defaults=defaults)
     assert _container(enqueuer)["image"] == "reg/enq:2"
     images = [
-        _container(build_worker_deployment(
-            spec, q, owner=OWNER, replicas=1, defaults=defaults))["image"]
+        _container(build_worker_deployment(spec, q, owner=OWNER, replicas=1, defaults=defaults))[
+            "image"
+        ]
         for q in spec.queues
-    ]  # fmt: skip
+    ]
     assert images == ["reg/w:2", "mine:1"]
 
 

@@ -82,9 +82,15 @@ def test_a_dispatch_survives_the_wire_whatever_its_text(
     task_id: str, node: str, version: int, task_input: Any, extra: dict[str, str]
 ) -> None:
     dispatch = TaskDispatch(
-        task_id=task_id, run_id=node, workflow_id=node, workflow_version=version,
-        node_id=node, node_type=node, queue="q", input=json.dumps(task_input),
-    )  # fmt: skip
+        task_id=task_id,
+        run_id=node,
+        workflow_id=node,
+        workflow_version=version,
+        node_id=node,
+        node_type=node,
+        queue="q",
+        input=json.dumps(task_input),
+    )
     payload = dispatch.payload()
     message = TaskMessage.from_fields(payload_fields(json.dumps(payload), "42"))
     assert (message.task_id, message.node_id, message.workflow_version) == (task_id, node, version)
@@ -107,8 +113,15 @@ def test_any_queue_name_is_accepted_or_rejected_clearly(queue: str) -> None:
     if error:
         assert error.startswith("invalid queue name")
         with pytest.raises(ValueError, match="invalid queue name"):
-            TaskDispatch(task_id="t", run_id="r", workflow_id="w", workflow_version=1,
-                         node_id="n", node_type="t", queue=queue)  # fmt: skip
+            TaskDispatch(
+                task_id="t",
+                run_id="r",
+                workflow_id="w",
+                workflow_version=1,
+                node_id="n",
+                node_type="t",
+                queue=queue,
+            )
         return
     shard = shard_for(queue, 7)
     assert parse_task_stream(task_stream(queue, shard)) == (queue, shard)
@@ -125,14 +138,14 @@ def test_any_stream_name_parses_or_raises_value_error(stream: str) -> None:
 
 
 ENQUEUER_NUMBERS = [
-    "--batch-size", "--concurrency", "--poll-interval", "--recover-in-flight-after",
-    "--maintenance-interval", "--wait-replicas", "--publish-timeout", "--shutdown-timeout",
-    "--shards", "--metrics-port",
-]  # fmt: skip
+    *("--batch-size", "--concurrency", "--poll-interval", "--recover-in-flight-after"),
+    *("--maintenance-interval", "--wait-replicas", "--publish-timeout", "--shutdown-timeout"),
+    *("--shards", "--metrics-port"),
+]
 WORKER_NUMBERS = [
-    "--concurrency", "--max-runs", "--max-deliveries", "--reclaim-idle", "--shards",
-    "--grace-period", "--lease-ttl", "--dedup-window", "--handler-timeout", "--metrics-port",
-]  # fmt: skip
+    *("--concurrency", "--max-runs", "--max-deliveries", "--reclaim-idle", "--shards"),
+    *("--grace-period", "--lease-ttl", "--dedup-window", "--handler-timeout", "--metrics-port"),
+]
 flag_values = st.one_of(
     st.text(max_size=12),
     st.sampled_from(["nan", "inf", "-inf", "-1", "0", "1e309", "0x10", "1_000", " 5 ", ""]),
@@ -149,8 +162,10 @@ def test_enqueuer_flags_are_finite_numbers_or_exit_2_with_one_error_line(
     args = _parse_or_exit(["enqueuer", f"{flag}={value}"])
     if args is None:
         return
-    for name in ("batch_size", "concurrency", "poll_interval", "recover_in_flight_after",
-                 "maintenance_interval", "publish_timeout", "shutdown_timeout"):  # fmt: skip
+    for name in (
+        *("batch_size", "concurrency", "poll_interval", "recover_in_flight_after"),
+        *("maintenance_interval", "publish_timeout", "shutdown_timeout"),
+    ):
         assert math.isfinite(getattr(args, name)), (flag, value)
     error = "ok"
     try:
@@ -167,11 +182,7 @@ def test_worker_flags_are_finite_numbers_or_exit_2_with_one_error_line(
 ) -> None:
     argv = [
         "worker",
-        "--queue",
-        "q",
-        "--handler",
-        "dispatcher._testing.handlers:noop",
-        f"{flag}={value}",
+        *("--queue", "q", "--handler", "dispatcher._testing.handlers:noop", f"{flag}={value}"),
     ]
     args = _parse_or_exit(argv)
     if args is None:

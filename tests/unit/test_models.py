@@ -11,10 +11,16 @@ from dispatcher.models import MalformedMessage, TaskDispatch, TaskMessage, paylo
 
 def dispatch(**over: object) -> TaskDispatch:
     base: dict[str, object] = {
-        "task_id": "t8", "run_id": "r1", "workflow_id": "wf", "workflow_version": 3,
-        "node_id": "n1", "node_type": "http", "queue": "http", "attempt": 2,
+        "task_id": "t8",
+        "run_id": "r1",
+        "workflow_id": "wf",
+        "workflow_version": 3,
+        "node_id": "n1",
+        "node_type": "http",
+        "queue": "http",
+        "attempt": 2,
         "input": '{"url": "https://example.test", "n": [1, 2]}',
-    }  # fmt: skip
+    }
     base.update(over)
     return TaskDispatch.model_validate(base)
 

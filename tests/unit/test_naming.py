@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import collections
 import math
+import random
+import uuid
 
 import pytest
 from hypothesis import given, settings
@@ -102,17 +104,18 @@ def test_shard_is_always_in_range_and_stable(task_id: str, shards: int) -> None:
     assert shard == shard_for(task_id, shards)
 
 
-@settings(max_examples=25, deadline=None)
-@given(
-    ids=st.lists(st.uuids().map(str), min_size=4000, max_size=4000, unique=True),
-    shards=st.sampled_from([2, 4, 8, 16]),
-)
-def test_spread_over_shards_is_even(ids: list[str], shards: int) -> None:
+@pytest.mark.parametrize("shards", [2, 4, 8, 16])
+@pytest.mark.parametrize("seed", range(5))
+def test_spread_over_shards_is_even(seed: int, shards: int) -> None:
     """Each shard's share of random task ids is within 5 binomial sigmas of n/shards.
 
     For n=4000 and 16 shards that is 250 +- 77 per shard; a broken hash
-    (constant, or using only part of the id) fails it by far.
+    (constant, or using only part of the id) fails it by far. The ids are uuid4s from a
+    seeded generator: hypothesis's generated uuids are deliberately not uniform (it
+    favours near-identical values), which made this statistical check fail now and then.
     """
+    rng = random.Random(seed)
+    ids = [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(4000)]
     counts = collections.Counter(shard_for(task_id, shards) for task_id in ids)
     expected = len(ids) / shards
     sigma = math.sqrt(len(ids) * (1 / shards) * (1 - 1 / shards))
