@@ -162,7 +162,8 @@ class NotifiedRows:
         size = self._settings.batch_size
         while self._queued:
             rows, self._queued = self._queued[:size], self._queued[size:]
-            if not self._flag.held or self._memory.paused:
+            # Redis not answering (a watch is on): the claim path takes them, and retries.
+            if not self._flag.held or self._memory.paused or "watch" in self._tasks:
                 self._wake()  # for the claim path (which the memory gate holds back)
                 continue
             rows = self._inflight.notify(rows)
