@@ -1,8 +1,8 @@
 """Baselines the product is measured against, in the same run.
 
-- ``PerRowPublisher``: one awaited XADD per row, as the spec page's
+- ``PerRowPublisher``: one awaited XADD per row, as the spec design's
   ``publishRow`` loop does.
-- The spec page's own table (``SPEC_SCHEMA``, created in schema ``spec`` of
+- The spec design's own table (``SPEC_SCHEMA``, created in schema ``spec`` of
   the benchmark database) and its claim (``SPEC_CLAIM``: UPDATE to IN_FLIGHT,
   then DELETE of the published rows), run with no Redis at all (the SQL-only
   cycle) and as the straightforward relay (per-row XADD in between).
@@ -40,7 +40,7 @@ from dispatcher.stream import (
 )
 from dispatcher.stream.naming import WORKER_GROUP
 
-# The spec page's "Step 3" table and indexes, verbatim but for the schema.
+# The spec design's "Step 3" table and indexes, verbatim but for the schema.
 SPEC_SCHEMA = """
 CREATE SCHEMA IF NOT EXISTS spec;
 CREATE TABLE IF NOT EXISTS spec.outbox(
@@ -66,7 +66,7 @@ CREATE INDEX IF NOT EXISTS idx_outbox_pending_next
 CREATE INDEX IF NOT EXISTS idx_outbox_task_id ON spec.outbox (task_id) WHERE task_id IS NOT NULL;
 """
 
-# The spec page's processBatch claim, verbatim but for reading the payload as text.
+# The spec design's processBatch claim, verbatim but for reading the payload as text.
 SPEC_CLAIM = """
 UPDATE outbox SET status = 'IN_FLIGHT', updated_at = NOW()
  WHERE id IN (
@@ -81,7 +81,7 @@ RETURNING id, stream, payload::text, attempt_count, max_retries, next_attempt_at
 
 
 def spec_schema_url(db_url: str) -> str:
-    """``db_url`` with the spec page's table first on the search path (created if missing)."""
+    """``db_url`` with the spec design's table first on the search path (created if missing)."""
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(SPEC_SCHEMA)
     return psycopg.conninfo.make_conninfo(db_url, options="-c search_path=spec")
@@ -160,7 +160,7 @@ async def spec_cycle(
 
 
 def per_row_relay(redis_url: str) -> tuple[Publish, Callable[[], Awaitable[None]]]:
-    """The spec page's publishRow loop: one awaited XADD per claimed row."""
+    """The spec design's publishRow loop: one awaited XADD per claimed row."""
     publisher = PerRowPublisher(connect_redis(redis_url), group=WORKER_GROUP)
 
     async def publish(claimed: list[tuple[Any, ...]]) -> None:

@@ -186,9 +186,9 @@ async def latency_under_load(env: BenchEnv, variant: str, rate: float = 1000.0) 
 
 
 async def sql_only_cycle(env: BenchEnv, schema: str, rows: int = 50_000) -> dict[str, float]:
-    """The spec page's claim -> delete with no Redis at all: batch 50, 4 connections.
+    """The spec design's claim -> delete with no Redis at all: batch 50, 4 connections.
 
-    ``schema`` "spec" runs it on the spec page's own table and indexes; "ours" on
+    ``schema`` "spec" runs it on the spec design's own table and indexes; "ours" on
     the project's table (fewer indexes, so the spec's statements run faster on it).
     """
     url = spec_schema_url(env.db_url) if schema == "spec" else env.db_url

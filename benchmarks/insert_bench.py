@@ -1,8 +1,8 @@
-"""Business INSERT throughput with no trigger, the spec page's trigger, and ours.
+"""Business INSERT throughput with no trigger, the spec design's trigger, and ours.
 
 The application side of the outbox: pgbench clients each commit one outbox
 INSERT per transaction while a real ``dispatcher enqueuer`` process listens
-and drains. The spec page's trigger NOTIFYs on every insert, which takes a
+and drains. The spec design's trigger NOTIFYs on every insert, which takes a
 database-wide lock at commit; ours NOTIFYs only while an enqueuer holds the
 idle flag (migration 0005), and runs no function at all otherwise.
 """

@@ -33,11 +33,12 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dispatcher.outbox.backpressure import RedisMemoryGate
+from dispatcher.outbox.encoding import encode_rows
 from dispatcher.outbox.idle_flag import IdleFlag
 from dispatcher.outbox.inflight import InFlight
 from dispatcher.outbox.metrics import EnqueuerMetrics, queue_label
 from dispatcher.outbox.outcomes import ClaimedRow, is_out_of_memory
-from dispatcher.outbox.pipeline import BatchSettings, encode_rows, publish_entries
+from dispatcher.outbox.pipeline import BatchSettings, publish_entries
 from dispatcher.outbox.repository import OutboxRepository
 from dispatcher.stream.entries import PublishResult
 from dispatcher.stream.publisher import RedisStreamPublisher

@@ -6,7 +6,7 @@ packed as an XADD command; they go to Redis in one write (per node) and are
 settled before the transaction commits: published rows are deleted, failed
 ones rescheduled with backoff or dead-lettered. The few rows PostgreSQL leaves
 to the enqueuer (a payload its encoder could write otherwise, a trace context
-to continue) are routed and encoded here. No per-row object is made for a
+to continue) are routed and encoded by ``encoding``. No per-row object is made for a
 batch that publishes whole. The row locks are the claim; if
 anything escapes before the settlement commits, the transaction rolls back and
 the rows are due again (recovery reads the batch's journal row).
@@ -23,48 +23,26 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import RedisError
 
-from dispatcher.models import payload_fields
 from dispatcher.outbox.backpressure import RedisMemoryGate
 from dispatcher.outbox.claim import ClaimedBatch
+from dispatcher.outbox.encoding import Entry, encode_left_rows
 from dispatcher.outbox.inflight import InFlight
 from dispatcher.outbox.metrics import EnqueuerMetrics, observe_ages, queue_label
-from dispatcher.outbox.outcomes import ClaimedRow, Outcomes, plan_outcomes
+from dispatcher.outbox.outcomes import Outcomes, plan_outcomes
 from dispatcher.outbox.repository import OutboxRepository
 from dispatcher.stream.entries import PublishResult
-from dispatcher.stream.naming import route_stream
-from dispatcher.stream.publisher import RedisStreamPublisher, xadd_command
+from dispatcher.stream.publisher import RedisStreamPublisher
 from dispatcher.stream.shard_count import InvalidShardCount, LiveShardCount
-from dispatcher.tracing import TRACE_FIELDS, child_span, tracing_enabled
+from dispatcher.tracing import TRACE_FIELDS, tracing_enabled
 
-__all__ = [
-    "FALLBACK_STREAM",
-    "BatchPipeline",
-    "BatchSettings",
-    "Entry",
-    "encode_rows",
-    "publish_entries",
-    "target_stream",
-]
+__all__ = ["BatchPipeline", "BatchSettings", "publish_entries"]
 
 log = logging.getLogger(__name__)
-
-FALLBACK_STREAM = "workflow.tasks"
-
-Entry = tuple[str, dict[str, str]]
-
-
-def target_stream(row: ClaimedRow, shards: int) -> str:
-    """The stream a claimed row is published to at ``shards``: the one place that decides it.
-
-    A row without a task id (written by hand) still spreads, by its own id.
-    """
-    return route_stream(row.stream or FALLBACK_STREAM, row.task_id or row.id, shards)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +170,7 @@ class BatchPipeline:
         streams, commands = batch.column("target"), batch.column("command")
         failed: dict[int, BaseException] = {}
         if None in commands:
-            failed = _encode_here(batch, shards, spans, streams=streams, commands=commands)
+            failed = encode_left_rows(batch, shards, spans, streams=streams, commands=commands)
         todo = [i for i in range(len(batch)) if i not in failed] if failed else None
         started = time.monotonic()
         if todo is None:
@@ -230,51 +208,6 @@ class BatchPipeline:
         return replies
 
 
-def _encode_here(
-    batch: ClaimedBatch,
-    shards: int,
-    spans: contextlib.ExitStack,
-    *,
-    streams: list[Any],
-    commands: list[Any],
-) -> dict[int, BaseException]:
-    """Route and encode the rows the claim left to the enqueuer, in place; the rows that failed.
-
-    Whatever building a row's entry raises fails that row alone.
-    """
-    failed: dict[int, BaseException] = {}
-    for i, row in enumerate(batch.rows):
-        if commands[i] is not None:
-            continue
-        try:
-            stream, fields = _traced(_entry(row, shards), spans)
-            streams[i], commands[i] = stream, xadd_command(stream, fields)
-        except Exception as exc:
-            log.error("outbox row %s cannot be published: %s", row.id, _short(exc))
-            failed[i] = exc
-    return failed
-
-
-def encode_rows(
-    rows: Sequence[ClaimedRow], shards: int, spans: contextlib.ExitStack
-) -> tuple[list[Entry], list[PublishResult | None]]:
-    """Route and encode rows here, as for the rows a claim leaves to the enqueuer.
-
-    The second list has one item per row: None for a row whose entry is in the
-    first list (in order), the error for a row that cannot be encoded.
-    """
-    results: list[PublishResult | None] = []
-    entries: list[Entry] = []
-    for row in rows:
-        try:
-            entries.append(_traced(_entry(row, shards), spans))
-            results.append(None)
-        except Exception as exc:
-            log.error("outbox row %s cannot be published: %s", row.id, _short(exc))
-            results.append(PublishResult(stream=row.stream, error=exc))
-    return entries, results
-
-
 async def publish_entries(
     publisher: RedisStreamPublisher,
     entries: list[Entry],
@@ -309,25 +242,6 @@ def _outcomes(batch: ClaimedBatch, replies: list[Any]) -> Outcomes:
         for row, reply in zip(batch.rows, replies, strict=True)
     ]
     return plan_outcomes(batch.rows, results)
-
-
-def _entry(row: ClaimedRow, shards: int) -> Entry:
-    return target_stream(row, shards), payload_fields(row.payload, row.id)
-
-
-def _traced(entry: Entry, spans: contextlib.ExitStack) -> Entry:
-    """An entry that carries a trace gets a publish span; its context replaces the entry's."""
-    stream, fields = entry
-    if "traceparent" not in fields:
-        return entry
-    attributes = {"messaging.destination.name": stream}
-    own = spans.enter_context(child_span(fields, "outbox publish", kind="PRODUCER", **attributes))
-    return stream, {**fields, **own}
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:200]
 
 
 def _report(batch: ClaimedBatch, outcomes: Outcomes, *, metrics: EnqueuerMetrics) -> None:

@@ -21,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.models import payload_fields
 from dispatcher.outbox import OutboxRepository
-from dispatcher.outbox.pipeline import FALLBACK_STREAM
+from dispatcher.outbox.encoding import FALLBACK_STREAM
 from dispatcher.stream.naming import fnv1a_32, route_stream
 from dispatcher.stream.publisher import xadd_command
 
