@@ -17,7 +17,7 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,34 +48,34 @@ class HandlerCalls:
 
     async def call_async(self, message: Message, task: TaskMessage, lease: int) -> Exception | None:
         """Run an async handler in its span and within the handler timeout (if any)."""
-        deadline = None
-        try:
-            with _span(message):
-                if not self.handler_timeout:
-                    await self.handler(task)
-                    return None
-                async with asyncio.timeout(self.handler_timeout) as deadline:
-                    await self.handler(task)
-        except TimeoutError as exc:
-            expired = deadline is not None and deadline.expired()
-            return timed_out(self.handler_timeout) if expired else exc
-        except Exception as exc:
-            return exc
-        finally:
-            self.leases.drop(lease)
-        return None
+        bound = self.handler_timeout or None
+        return await self._bounded(self.handler(task), bound, lease=lease, span=_span(message))
 
     async def resume(self, suspended: Suspended, *, started: float, lease: int) -> Exception | None:
         """The rest of an async run that waited in its first step, within what is left of the
         handler timeout (if any); ``started`` is its ``perf_counter`` at its start."""
+        bound = None
+        if self.handler_timeout:
+            bound = max(self.handler_timeout - (time.perf_counter() - started), 0.0)
+        return await self._bounded(suspended, bound, lease=lease, span=contextlib.nullcontext())
+
+    async def _bounded(
+        self,
+        run: Awaitable[Any],
+        seconds: float | None,
+        *,
+        lease: int,
+        span: contextlib.AbstractContextManager[Any],
+    ) -> Exception | None:
+        """Await ``run`` inside ``span`` for at most ``seconds`` (None: no bound); its error."""
         deadline = None
         try:
-            if not self.handler_timeout:
-                await suspended
-                return None
-            left = max(self.handler_timeout - (time.perf_counter() - started), 0.0)
-            async with asyncio.timeout(left) as deadline:
-                await suspended
+            with span:
+                if seconds is None:
+                    await run
+                    return None
+                async with asyncio.timeout(seconds) as deadline:
+                    await run
         except TimeoutError as exc:
             expired = deadline is not None and deadline.expired()
             return timed_out(self.handler_timeout) if expired else exc
