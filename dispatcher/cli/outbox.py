@@ -84,7 +84,14 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
     config = _config(args)
     dsn = settings.require_database_url()
     await require_session_pooling(dsn, options=ENQUEUER_SESSION)
-    redis = connect_redis(settings.redis_url.get_secret_value(), cluster=settings.redis_cluster)
+    # Every Redis read is bounded by the socket: a peer that stops answering (a blackholed
+    # network) must fail the publish, not leave a connection (and redis-py's pool lock,
+    # held while a dead connection is closed) waiting forever behind the publish timeout.
+    redis = connect_redis(
+        settings.redis_url.get_secret_value(),
+        cluster=settings.redis_cluster,
+        socket_timeout=config.publish_timeout + config.wait_timeout_ms / 1000,
+    )
     pool = enqueuer_pool(dsn, max_size=config.concurrency + 2)
     try:
         await pool.open(wait=True, timeout=15)

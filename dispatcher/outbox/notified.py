@@ -10,9 +10,10 @@ process's claims away from them until then.
 
 Nothing here charges an attempt. A row this path cannot publish is left as
 it was and handed to the claim path, which owns retries, row isolation and
-the DLQ: at once for an error of the row's own (a wrong key type, a row that
-cannot be encoded, too few replicas), once Redis answers again when it could
-not be reached, and through the memory gate when Redis is full.
+the DLQ: at once for any failure (an error of the row's own, too few replicas,
+Redis not answering), and through the memory gate when Redis is full (a
+full Redis is not the row's fault: the gate holds the claim path, nothing is
+charged).
 
 A crash between the XADD and the delete leaves the row to be claimed and
 published again: a duplicate the workers suppress by its dedup key.
@@ -28,9 +29,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dispatcher.outbox.backpressure import RedisMemoryGate
 from dispatcher.outbox.encoding import encode_rows
@@ -214,23 +213,10 @@ class NotifiedRows:
         )
         if any(is_out_of_memory(e) for e in errors):
             self._memory.refused()  # the memory gate resumes the claim path when there is room
-        elif all(_unreachable(e) for e in errors):
-            self._start("watch", self._wake_when_redis_answers)
         else:
+            # Redis unreachable included: the claim path retries the rows with backoff and
+            # charges each failed attempt, as it does for every row it cannot publish.
             self._wake()
-
-    async def _wake_when_redis_answers(self) -> None:
-        delay = _DELETE_RETRY
-        while True:
-            try:
-                await asyncio.wait_for(
-                    self._publisher.client.ping(), self._settings.publish_timeout
-                )
-                break
-            except (TimeoutError, RedisError, OSError):
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _DELETE_RETRY_MAX)
-        self._wake()
 
     async def _delete_published(self) -> None:
         delay = _DELETE_RETRY
@@ -247,10 +233,3 @@ class NotifiedRows:
             delay = _DELETE_RETRY
             self._to_delete.difference_update(ids)
             self._inflight.release(ids)
-
-
-def _unreachable(error: BaseException | None) -> bool:
-    """Redis did not answer (down, timed out): nothing to say about the row itself."""
-    return isinstance(
-        error, (RedisConnectionError, RedisTimeoutError, TimeoutError, ConnectionError)
-    )
