@@ -78,10 +78,7 @@ def payload_fields(payload: str | None, outbox_id: str) -> dict[str, str]:
     """
     if payload is None or payload.strip() == "":
         return {"id": outbox_id, "outbox_id": outbox_id}
-    try:
-        doc = json.loads(payload)
-    except ValueError:
-        doc = None
+    doc = _json_value(payload)
     if not isinstance(doc, dict):
         return {"data": payload, "outbox_id": outbox_id}
     # JSON object keys are always str. Inline on purpose: this runs for every field of every
@@ -92,6 +89,21 @@ def payload_fields(payload: str | None, outbox_id: str) -> dict[str, str]:
     }
     fields["outbox_id"] = outbox_id
     return fields
+
+
+def _json_value(text: str) -> Any:
+    """``json.loads(text)``, or None where it raises ValueError; parsed in Rust first.
+
+    pydantic-core's parser (2.4 us for a 0.5 KB dispatch against 4.4) gives the same
+    values; where it refuses what ``json`` takes (a lone surrogate escape) ``json`` decides.
+    """
+    try:
+        return from_json(text)
+    except ValueError:
+        try:
+            return json.loads(text)
+        except ValueError:
+            return None
 
 
 def _json_text(value: Any) -> str:

@@ -81,7 +81,7 @@ class _RecordingPublisher(RedisStreamPublisher):
         self._progress = progress
 
     async def publish_packed(
-        self, streams: Sequence[str], commands: Sequence[str], **kw: Any
+        self, streams: Sequence[str], commands: Sequence[bytes], **kw: Any
     ) -> list[Any]:
         replies = await super().publish_packed(streams, commands, **kw)
         now = time.perf_counter()
@@ -91,10 +91,10 @@ class _RecordingPublisher(RedisStreamPublisher):
         return replies
 
 
-def _task_id(command: str) -> str:
+def _task_id(command: bytes) -> str:
     """The task_id field of a packed XADD command (the demo's own payloads have one)."""
     reader = hiredis.Reader(encoding="utf-8")
-    reader.feed(command.encode())
+    reader.feed(command)
     args = reader.gets()
     fields = dict(zip(args[3::2], args[4::2], strict=True)) if isinstance(args, list) else {}
     return str(fields.get("task_id", ""))

@@ -43,6 +43,7 @@ class ClaimedBatch:
         self._rows: list[ClaimedRow] | None = None
         self.ids: list[str] = [r[0] for r in raw]
         self.settled = False
+        self.targets: list[str] | None = None  # the stream each row was published to
         self.journal: asyncio.Task[None] | None = None  # the journal row being written
 
     def __len__(self) -> int:

@@ -1,10 +1,10 @@
-"""Rows the enqueuer routes and encodes itself, shared by the claim path and the notified path.
+"""Stream entries of outbox rows, for the claim path and the notified path alike.
 
-PostgreSQL builds most entries in the claim query; the rows it leaves (a payload
-its encoder could write differently, a trace context to continue) and every row
-published from a notification are routed and encoded here, by the same
-functions, so an entry is byte-identical whichever path publishes it. Whatever
-building one row's entry raises fails that row alone.
+Every row a claim locks and every row published from its notification is
+routed and encoded here, by the same functions, so an entry is byte-identical
+whichever path publishes it. A claim's rows are read column by column from the
+batch (no object per row) and packed as XADD commands ready for one write.
+Whatever building one row's entry raises fails that row alone.
 """
 
 from __future__ import annotations
@@ -12,23 +12,22 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from dispatcher.models import payload_fields
 from dispatcher.outbox.claim import ClaimedBatch
 from dispatcher.outbox.outcomes import ClaimedRow
 from dispatcher.stream.entries import PublishResult
-from dispatcher.stream.naming import route_stream
+from dispatcher.stream.naming import Router
 from dispatcher.stream.publisher import xadd_command
 from dispatcher.tracing import child_span
 
 __all__ = [
     "FALLBACK_STREAM",
+    "EncodedBatch",
     "Entry",
-    "encode_left_rows",
+    "encode_batch",
     "encode_rows",
     "short_error",
-    "target_stream",
 ]
 
 log = logging.getLogger(__name__)
@@ -38,52 +37,60 @@ FALLBACK_STREAM = "workflow.tasks"
 Entry = tuple[str, dict[str, str]]
 
 
-def target_stream(row: ClaimedRow, shards: int) -> str:
-    """The stream a claimed row is published to at ``shards``: the one place that decides it.
+class EncodedBatch:
+    """A claim's rows as entries: per row, its stream and its packed XADD (empty if it failed).
 
-    A row without a task id (written by hand) still spreads, by its own id.
+    ``failed`` maps the index of each row that could not be encoded to its error.
     """
-    return route_stream(row.stream or FALLBACK_STREAM, row.task_id or row.id, shards)
+
+    __slots__ = ("commands", "failed", "streams")
+
+    def __init__(self) -> None:
+        self.streams: list[str] = []
+        self.commands: list[bytes] = []
+        self.failed: dict[int, BaseException] = {}
 
 
-def encode_left_rows(
-    batch: ClaimedBatch,
-    shards: int,
-    spans: contextlib.ExitStack,
-    *,
-    streams: list[Any],
-    commands: list[Any],
-) -> dict[int, BaseException]:
-    """Route and encode the rows the claim left to the enqueuer, in place; the rows that failed.
-
-    Whatever building a row's entry raises fails that row alone.
-    """
-    failed: dict[int, BaseException] = {}
-    for i, row in enumerate(batch.rows):
-        if commands[i] is not None:
-            continue
+def encode_batch(batch: ClaimedBatch, shards: int, spans: contextlib.ExitStack) -> EncodedBatch:
+    """Route and encode every row of a claim, in its order."""
+    out = EncodedBatch()
+    route = Router(shards)
+    columns = zip(
+        batch.ids,
+        batch.column("stream"),
+        batch.column("payload"),
+        batch.column("task_id"),
+        strict=True,
+    )
+    for i, (row_id, stream, payload, task_id) in enumerate(columns):
         try:
-            stream, fields = _traced(_entry(row, shards), spans)
-            streams[i], commands[i] = stream, xadd_command(stream, fields)
+            target = route(stream or FALLBACK_STREAM, task_id or row_id)
+            fields = _traced(target, payload_fields(payload, row_id), spans)
+            out.streams.append(target)
+            out.commands.append(xadd_command(target, fields))
         except Exception as exc:
-            log.error("outbox row %s cannot be published: %s", row.id, short_error(exc))
-            failed[i] = exc
-    return failed
+            log.error("outbox row %s cannot be published: %s", row_id, short_error(exc))
+            out.streams.append(stream)
+            out.commands.append(b"")
+            out.failed[i] = exc
+    return out
 
 
 def encode_rows(
     rows: Sequence[ClaimedRow], shards: int, spans: contextlib.ExitStack
 ) -> tuple[list[Entry], list[PublishResult | None]]:
-    """Route and encode rows here, as for the rows a claim leaves to the enqueuer.
+    """Route and encode rows one by one (as a claim's are), as (stream, fields) entries.
 
     The second list has one item per row: None for a row whose entry is in the
     first list (in order), the error for a row that cannot be encoded.
     """
+    route = Router(shards)
     results: list[PublishResult | None] = []
     entries: list[Entry] = []
     for row in rows:
         try:
-            entries.append(_traced(_entry(row, shards), spans))
+            target = route(row.stream or FALLBACK_STREAM, row.task_id or row.id)
+            entries.append((target, _traced(target, payload_fields(row.payload, row.id), spans)))
             results.append(None)
         except Exception as exc:
             log.error("outbox row %s cannot be published: %s", row.id, short_error(exc))
@@ -91,18 +98,13 @@ def encode_rows(
     return entries, results
 
 
-def _entry(row: ClaimedRow, shards: int) -> Entry:
-    return target_stream(row, shards), payload_fields(row.payload, row.id)
-
-
-def _traced(entry: Entry, spans: contextlib.ExitStack) -> Entry:
+def _traced(stream: str, fields: dict[str, str], spans: contextlib.ExitStack) -> dict[str, str]:
     """An entry that carries a trace gets a publish span; its context replaces the entry's."""
-    stream, fields = entry
     if "traceparent" not in fields:
-        return entry
+        return fields
     attributes = {"messaging.destination.name": stream}
     own = spans.enter_context(child_span(fields, "outbox publish", kind="PRODUCER", **attributes))
-    return stream, {**fields, **own}
+    return {**fields, **own}
 
 
 def short_error(exc: BaseException) -> str:

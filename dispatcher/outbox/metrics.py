@@ -92,7 +92,7 @@ def observe_ages(histogram: Histogram, ages: Sequence[float], *, plus: float) ->
     """``histogram.observe(age + plus)`` for every age, as one add per bucket.
 
     ``observe`` scans the buckets and takes a lock once per value, which was the
-    largest share of the enqueuer's CPU per row once PostgreSQL packs the entries.
+    largest share of the enqueuer's CPU per row after the entries were packed in bulk.
     Without the client's bucket internals (another version), it observes one by one.
     """
     bounds = getattr(histogram, "_upper_bounds", None)

@@ -38,10 +38,6 @@ class ClaimedRow:
     backoff_seconds: int
     age_seconds: float
     task_id: str | None = None  # picks the shard when published
-    # As the claim packs it: the stream the row goes to and its XADD command (RESP). None
-    # where the enqueuer routes or encodes the row itself (``payload`` is then set).
-    target: str | None = None
-    command: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,15 +1,13 @@
 """One batch from claim to report: claim -> publish -> settle -> report.
 
-A batch is one transaction: it locks due rows (FOR UPDATE SKIP LOCKED),
-which PostgreSQL returns with each row's stream entry already routed and
-packed as an XADD command; they go to Redis in one write (per node) and are
-settled before the transaction commits: published rows are deleted, failed
-ones rescheduled with backoff or dead-lettered. The few rows PostgreSQL leaves
-to the enqueuer (a payload its encoder could write otherwise, a trace context
-to continue) are routed and encoded by ``encoding``. No per-row object is made for a
-batch that publishes whole. The row locks are the claim; if
-anything escapes before the settlement commits, the transaction rolls back and
-the rows are due again (recovery reads the batch's journal row).
+A batch is one transaction: it locks due rows (FOR UPDATE SKIP LOCKED), each
+row is routed and packed as an XADD command (``encoding``), they go to Redis
+in one write (per node) and are settled before the transaction commits:
+published rows are deleted, failed ones rescheduled with backoff or
+dead-lettered. No per-row object is made for a batch that publishes whole. The
+row locks are the claim; if anything escapes before the settlement commits,
+the transaction rolls back and the rows are due again (recovery reads the
+batch's journal row).
 
 A row is judged alone: whatever building its entry raises (a payload nested
 deeper than the JSON decoder recurses, a broken trace context) fails that row
@@ -30,7 +28,7 @@ from redis.exceptions import RedisError
 
 from dispatcher.outbox.backpressure import RedisMemoryGate
 from dispatcher.outbox.claim import ClaimedBatch
-from dispatcher.outbox.encoding import Entry, encode_left_rows
+from dispatcher.outbox.encoding import Entry, encode_batch
 from dispatcher.outbox.inflight import InFlight
 from dispatcher.outbox.metrics import EnqueuerMetrics, observe_ages, queue_label
 from dispatcher.outbox.outcomes import Outcomes, plan_outcomes
@@ -38,7 +36,6 @@ from dispatcher.outbox.repository import OutboxRepository
 from dispatcher.stream.entries import PublishResult
 from dispatcher.stream.publisher import RedisStreamPublisher
 from dispatcher.stream.shard_count import InvalidShardCount, LiveShardCount
-from dispatcher.tracing import TRACE_FIELDS, tracing_enabled
 
 __all__ = ["BatchPipeline", "BatchSettings", "publish_entries"]
 
@@ -82,9 +79,6 @@ class BatchPipeline:
         self._memory = memory
         self._metrics = metrics
         self._inflight = inflight or InFlight()
-        # A row that carries a trace context gets a publish span, opened here: PostgreSQL
-        # leaves such rows to the enqueuer while OpenTelemetry is installed.
-        self._keep = TRACE_FIELDS[:1] if tracing_enabled() else ()
 
     async def run(self, *, probe: bool = False, min_age: float = 0.0) -> int:
         """Claim, publish and settle one batch; return how many rows it held.
@@ -98,8 +92,6 @@ class BatchPipeline:
             s.batch_size,
             hold_for=s.hold_for,
             probe=probe,
-            shards=shards,
-            keep=self._keep,
             min_age=min_age,
         )
         async with claim as batch:
@@ -167,15 +159,13 @@ class BatchPipeline:
         """
         if unknown is not None:
             return [unknown] * len(batch), 0
-        streams, commands = batch.column("target"), batch.column("command")
-        failed: dict[int, BaseException] = {}
-        if None in commands:
-            failed = encode_left_rows(batch, shards, spans, streams=streams, commands=commands)
-        todo = [i for i in range(len(batch)) if i not in failed] if failed else None
+        encoded = encode_batch(batch, shards, spans)
+        streams, commands, failed = encoded.streams, encoded.commands, encoded.failed
         started = time.monotonic()
-        if todo is None:
+        if not failed:
             replies = await self._publish_packed(streams, commands)
         else:
+            todo = [i for i in range(len(batch)) if i not in failed]
             sent = iter(
                 await self._publish_packed([streams[i] for i in todo], [commands[i] for i in todo])
             )
@@ -187,9 +177,10 @@ class BatchPipeline:
                 a for a, r in zip(ages, replies, strict=True) if not isinstance(r, BaseException)
             ]
         observe_ages(self._metrics.commit_to_publish, ages, plus=elapsed)
-        return replies, sum(map(len, filter(None, commands)))
+        batch.targets = streams
+        return replies, sum(map(len, commands))
 
-    async def _publish_packed(self, streams: list[str], commands: list[str]) -> list[Any]:
+    async def _publish_packed(self, streams: list[str], commands: list[bytes]) -> list[Any]:
         s = self.settings
         started = time.monotonic()
         try:
@@ -236,10 +227,10 @@ def _outcomes(batch: ClaimedBatch, replies: list[Any]) -> Outcomes:
     if not any(isinstance(reply, BaseException) for reply in replies):
         return Outcomes(sent=batch.ids)  # the common case, without an object per row
     results = [
-        PublishResult(stream=row.target or row.stream, error=reply)
+        PublishResult(stream=target, error=reply)
         if isinstance(reply, BaseException)
-        else PublishResult(stream=row.target or row.stream, entry_id=str(reply))
-        for row, reply in zip(batch.rows, replies, strict=True)
+        else PublishResult(stream=target, entry_id=str(reply))
+        for target, reply in zip(batch.targets or batch.column("stream"), replies, strict=True)
     ]
     return plan_outcomes(batch.rows, results)
 

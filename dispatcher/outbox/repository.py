@@ -141,17 +141,11 @@ class OutboxRepository:
         *,
         hold_for: float,
         probe: bool = False,
-        shards: int = 1,
-        keep: Sequence[str] = (),
         min_age: float = 0.0,
     ) -> AsyncIterator[ClaimedBatch]:
         """Claim up to ``limit`` due rows (lock them) for the body of the ``async with``.
 
-        Each row comes with the stream it is published to at ``shards`` shards
-        and its XADD command, packed by PostgreSQL, except a row whose payload
-        holds one of the ``keep`` keys or that PostgreSQL cannot pack exactly
-        as ``payload_fields`` would (see ``ClaimedRow``). Rows due less than
-        ``min_age`` seconds ago are left out.
+        Rows due less than ``min_age`` seconds ago are left out.
 
         With ``probe``, claim one due suspect alone (``limit`` is ignored) and
         journal the batch as a probe: if it never settles, its row alone is
@@ -165,7 +159,7 @@ class OutboxRepository:
         transaction back.
         """
         async with self._pool.connection() as conn:
-            claim = {"limit": limit, "shards": shards, "keep": list(keep), "min_age": min_age}
+            claim = {"limit": limit, "min_age": min_age}
             batch = await self._begin(conn, claim, hold_for, probe)
             try:
                 yield batch
@@ -260,8 +254,7 @@ def _begin(claim: str) -> str:
         [
             "BEGIN",
             "SELECT set_config('idle_in_transaction_session_timeout', %(hold_ms)s, true)",
-            f"WITH claimed AS ({QUERIES[claim].rstrip(';')}) "
-            + QUERIES["claimed_entries"].rstrip(";"),
+            QUERIES[claim].rstrip(";"),
             QUERIES["batch_xact"].rstrip(";"),
         ]
     )

@@ -16,6 +16,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+# FNV-1a 32-bit hash (in C), the same numbers as Go's ``fnv.New32a``: 0.1 us for a uuid
+# where a Python loop takes 4 us, for every row published.
+from fnv_hash_fast import fnv1a_32
+
 __all__ = [
     "DEAD_STREAM_PREFIX",
     "DEFAULT_SHARDS",
@@ -23,6 +27,7 @@ __all__ = [
     "TASK_STREAM_PREFIX",
     "WORKER_GROUP",
     "InvalidQueueName",
+    "Router",
     "dead_letter_stream",
     "fnv1a_32",
     "parse_task_stream",
@@ -42,8 +47,6 @@ SHARDS_KEY = "composer:stream_shards"
 # The consumer group the enqueuer creates on every task stream and workers read through.
 WORKER_GROUP = "workers"
 
-_FNV32_OFFSET = 0x811C9DC5
-_FNV32_PRIME = 0x01000193
 # A queue name must keep ``<prefix><queue>.<shard>`` unambiguous: no dots
 # (``a.1`` + shard 2 would read as queue ``a`` shard ``1.2``), no whitespace,
 # no braces (a Redis Cluster hash tag would pin every shard to one slot). Without dots a
@@ -64,15 +67,6 @@ def validate_queue(queue: str) -> str:
             "letters, digits, '_' and '-' (no dots, spaces or braces)"
         )
     return queue
-
-
-def fnv1a_32(data: bytes) -> int:
-    """FNV-1a 32-bit hash, the same numbers as Go's ``fnv.New32a``."""
-    h = _FNV32_OFFSET
-    for byte in data:
-        h ^= byte
-        h = (h * _FNV32_PRIME) & 0xFFFFFFFF
-    return h
 
 
 def shard_for(task_id: str, shards: int) -> int:
@@ -110,10 +104,37 @@ def route_stream(stream: str, task_id: str, shards: int) -> str:
 
     Streams that are not a task queue's (a custom name) are published as stored.
     """
-    queue = queue_of_stream(stream)
-    if queue is None:
-        return stream
-    return task_stream(queue, shard_for(task_id, shards))
+    return Router(shards)(stream, task_id)
+
+
+class Router:
+    """``route_stream`` at one shard count, for many rows: each stored stream is parsed once.
+
+    A batch of rows names a handful of streams; the names of their shard
+    streams are made once per router, so a row costs a dictionary lookup and
+    its hash.
+    """
+
+    __slots__ = ("_names", "_shards")
+
+    def __init__(self, shards: int) -> None:
+        self._shards = max(shards, 1)
+        # stored stream -> the names of its shard streams (one name: published as stored)
+        self._names: dict[str, list[str]] = {}
+
+    def __call__(self, stream: str, task_id: str) -> str:
+        names = self._names.get(stream)
+        if names is None:
+            names = self._names[stream] = self._shard_names(stream)
+        if len(names) == 1:
+            return names[0]
+        return names[fnv1a_32(task_id.encode("utf-8")) % self._shards]
+
+    def _shard_names(self, stream: str) -> list[str]:
+        queue = queue_of_stream(stream)
+        if queue is None:
+            return [stream]
+        return [task_stream(queue, shard) for shard in range(self._shards)]
 
 
 def queue_streams(queues: Iterable[str], shards: int) -> list[str]:

@@ -1,7 +1,7 @@
 """Publish entries to Redis Streams: one write per batch (per node), replies read in bulk.
 
-``publish_packed`` takes XADD commands already packed as RESP (the claim query
-packs them) and writes them all at once; on Redis Cluster each node gets its
+``publish_packed`` takes XADD commands already packed as RESP (``xadd_command``)
+and writes them all at once; on Redis Cluster each node gets its
 share in one write, concurrently, by the slot of each entry's stream. Results
 are per entry: a failed XADD (wrong type, OOM, a node down) is reported for
 that entry alone. With ``wait_replicas`` a ``WAIT`` rides in the same write,
@@ -123,7 +123,7 @@ class RedisStreamPublisher:
     async def publish_packed(
         self,
         streams: Sequence[str],
-        commands: Sequence[str],
+        commands: Sequence[bytes],
         *,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
@@ -166,14 +166,16 @@ class RedisStreamPublisher:
         return failed
 
 
-def xadd_command(stream: str, fields: Fields) -> str:
-    """``XADD stream * field value ...`` packed as RESP, as the claim query packs it."""
+def xadd_command(stream: str, fields: Fields) -> bytes:
+    """``XADD stream * field value ...`` packed as RESP."""
+    # hiredis's stub declares a 1-tuple where it takes any number of arguments
     command = ("XADD", stream, "*", *itertools.chain.from_iterable(fields.items()))
-    return pack_commands([command]).decode()
+    packed: bytes = hiredis.pack_command(command)  # type: ignore[arg-type]
+    return packed
 
 
-def _wait_command(wait: Wait) -> str:
-    return pack_commands([("WAIT", wait[0], wait[1])]).decode()
+def _wait_command(wait: Wait) -> bytes:
+    return pack_commands([("WAIT", wait[0], wait[1])])
 
 
 def _acked(replies: list[Any], wait: Wait) -> BaseException | None:
@@ -189,19 +191,19 @@ def _acked(replies: list[Any], wait: Wait) -> BaseException | None:
 
 
 async def _send_standalone(
-    client: Redis, commands: Sequence[str], todo: Sequence[int], wait: Wait, replies: list[Any]
+    client: Redis, commands: Sequence[bytes], todo: Sequence[int], wait: Wait, replies: list[Any]
 ) -> None:
     if len(todo) == len(commands):
-        packed = "".join(commands)
+        packed = b"".join(commands)
     else:
-        packed = "".join([commands[i] for i in todo])
+        packed = b"".join([commands[i] for i in todo])
     if wait[0] > 0:
         packed += _wait_command(wait)
     pool = client.connection_pool
     try:
         conn = await pool.get_connection()  # type: ignore[no-untyped-call]
         try:
-            got = await execute_packed(conn, packed.encode(), len(todo) + (wait[0] > 0))
+            got = await execute_packed(conn, packed, len(todo) + (wait[0] > 0))
         finally:
             await pool.release(conn)
     except (RedisError, OSError) as exc:
@@ -234,7 +236,7 @@ class _Cluster:
     """
 
     def __init__(
-        self, client: RedisCluster, streams: Sequence[str], commands: Sequence[str], wait: Wait
+        self, client: RedisCluster, streams: Sequence[str], commands: Sequence[bytes], wait: Wait
     ) -> None:
         self._client = client
         self._streams = streams
@@ -245,7 +247,7 @@ class _Cluster:
         pipe = self._client.pipeline(transaction=False)
         reader = hiredis.Reader(encoding="utf-8")
         for i in todo:
-            reader.feed(self._commands[i].encode())
+            reader.feed(self._commands[i])
             pipe.execute_command(*reader.gets())
         try:
             if self._wait[0] > 0:

@@ -33,7 +33,7 @@ def _armed(marker: str) -> None:
     publish_packed = RedisStreamPublisher.publish_packed
 
     async def killing(self: RedisStreamPublisher, streams: Any, commands: Any, **kw: Any) -> Any:
-        if any(marker in command for command in commands):
+        if any(marker.encode() in command for command in commands):
             os._exit(17)
         return await publish_packed(self, streams, commands, **kw)
 

@@ -16,6 +16,7 @@ from dispatcher.stream import (
     SHARDS_KEY,
     TASK_STREAM_PREFIX,
     InvalidQueueName,
+    Router,
     dead_letter_stream,
     fnv1a_32,
     parse_task_stream,
@@ -155,3 +156,32 @@ def test_queue_names_ending_in_a_shard_number_are_rejected(bad: str) -> None:
 def test_route_is_stable_and_in_range(queue: str, task_id: str, shards: int) -> None:
     routed = route_stream(queue_stream(queue), task_id, shards)
     assert parse_task_stream(routed) == (queue, shard_for(task_id, shards))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    stream=st.sampled_from(
+        [
+            "workflow.tasks.q",
+            "workflow.tasks.q.3",
+            "workflow.tasks.a-b_c.12",
+            "custom.stream",
+            "workflow.tasks.",
+            "workflow.tasks.bad queue",
+            "workflow.tasks.ü",
+            "",
+        ]
+    )
+    | st.text(max_size=30),
+    task_id=st.text(max_size=40),
+    shards=st.integers(min_value=0, max_value=64),
+)
+def test_router_routes_as_route_stream_for_every_row(
+    stream: str, task_id: str, shards: int
+) -> None:
+    queue = queue_of_stream(stream)
+    want = stream if queue is None else task_stream(queue, shard_for(task_id, shards))
+    route = Router(shards)
+    assert route(stream, task_id) == want
+    assert route(stream, task_id) == want  # again, from its cache
+    assert route_stream(stream, task_id, shards) == want

@@ -10,7 +10,8 @@ VALUES (%(id)s, %(task_id)s, %(stream)s, %(payload)s, %(type)s, 'PENDING', %(not
 
 -- name: claim_batch
 -- The claim: due rows locked by the enqueuer's open transaction, which publishes them and
--- deletes them before it commits; the repository reads them through claimed_entries. LIMIT
+-- deletes them before it commits. Columns in the order of ClaimedRow's fields (the batch
+-- reads them positionally); the payload as JSON text, which the enqueuer encodes. LIMIT
 -- sits above the row locking, so at most "limit" rows are locked (an "id IN (SELECT ...
 -- LIMIT n FOR UPDATE SKIP LOCKED)" under an UPDATE may be re-run by the planner and claim
 -- more than n). Rows scheduled for a time that has come go first (they have waited
@@ -19,7 +20,7 @@ VALUES (%(id)s, %(task_id)s, %(stream)s, %(payload)s, %(type)s, 'PENDING', %(not
 -- Rows due less than "min_age" seconds ago are left too: an enqueuer standing by while
 -- another holds the idle flag leaves it the rows it publishes from their notifications.
 WITH scheduled AS (
-    SELECT id, stream, payload, attempt_count, max_retries, backoff_seconds,
+    SELECT id, stream, payload::text AS payload, attempt_count, max_retries, backoff_seconds,
            extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds,
            task_id
       FROM outbox
@@ -29,7 +30,7 @@ WITH scheduled AS (
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
 ), fresh AS (
-    SELECT id, stream, payload, attempt_count, max_retries, backoff_seconds,
+    SELECT id, stream, payload::text AS payload, attempt_count, max_retries, backoff_seconds,
            extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds,
            task_id
       FROM outbox
@@ -46,34 +47,13 @@ SELECT * FROM fresh;
 -- name: claim_probe
 -- One due suspect alone (same columns as claim_batch): if it kills this enqueuer too, the
 -- journal shows a batch of one and recovery knows whom to charge.
-SELECT id, stream, payload, attempt_count, max_retries, backoff_seconds,
+SELECT id, stream, payload::text AS payload, attempt_count, max_retries, backoff_seconds,
        extract(epoch FROM statement_timestamp() - created_at)::float8 AS age_seconds, task_id
   FROM outbox
  WHERE status IN ('PENDING', 'RETRY') AND suspect AND next_attempt_at <= statement_timestamp()
  ORDER BY next_attempt_at
  LIMIT 1
    FOR UPDATE SKIP LOCKED;
-
--- name: claimed_entries
--- The rows of a claim (claim_batch or claim_probe, as "claimed"), in its order, as they are
--- published at %(shards)s shards. Columns in the order of ClaimedRow's fields (the repository
--- builds it positionally): the row, the stream it goes to and its XADD command packed as
--- RESP (outbox_route, outbox_entry). A row PostgreSQL leaves to the enqueuer (command NULL)
--- comes with its payload as JSON text; the others without.
-SELECT c.id, c.stream, CASE WHEN e.command IS NULL THEN c.payload::text END AS payload,
-       c.attempt_count, c.max_retries, c.backoff_seconds, c.age_seconds, c.task_id,
-       r.target, e.command
-  FROM claimed c
- -- Each computed once per row (OFFSET 0 keeps the planner from copying the expression into
- -- every place outbox_entry refers to it): the target, whose hash is not free, and the
- -- payload decompressed (a payload over ~2 KB is stored compressed, and every reference to
- -- the stored value would decompress it again; "|| '{}'" copies an object into memory).
- CROSS JOIN LATERAL (
-       SELECT outbox_route(c.stream, c.task_id, c.id, %(shards)s) AS target,
-              CASE WHEN jsonb_typeof(c.payload) = 'object' THEN c.payload || '{}'::jsonb
-                   ELSE c.payload END AS payload
-       OFFSET 0) r
- CROSS JOIN LATERAL outbox_entry(r.target, r.payload, c.id, %(keep)s::text[]) e;
 
 -- name: suspects_due_in
 -- Seconds until the next suspect is due (<= 0: now); NULL when there is none.
