@@ -13,6 +13,7 @@ from prometheus_client import REGISTRY
 from dispatcher.cli.flags import add_options, option_values
 from dispatcher.cli.main import Common, UsageError
 from dispatcher.config import METRICS_PORT, STREAM_SHARDS, Settings
+from dispatcher.heap import settle_heap
 from dispatcher.lifecycle import run_until_signalled
 from dispatcher.observability import ObservabilityServer
 from dispatcher.options import Option, options
@@ -114,6 +115,7 @@ async def _serve(settings: Settings, handler: Handler, config: WorkerConfig) -> 
             port=settings.metrics_port, live=worker.live, ready=worker.ready
         )
         await server.start()
+        settle_heap()  # the handler and every module it needs are imported by now
         try:
             await run_until_signalled(worker.run, worker.request_stop)
         finally:

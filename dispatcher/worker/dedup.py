@@ -76,24 +76,30 @@ return 0
 """
 # KEYS: lease and attempt key of each attempt, in pairs; ARGV: token, lease TTL
 # ms, attempt TTL ms. One integer per attempt: 0 done, -1 busy (a run holds the
-# lease), n > 0 the lease is ours and this is run n.
+# lease), n > 0 the lease is ours and this is run n. A first delivery, the common
+# case, costs two calls: the count is written first (SET NX: no count yet), and
+# taken back if another run holds the lease after all.
 _CLAIM = """
 local found = {}
 for i = 1, #KEYS, 2 do
-  local runs = redis.call('get', KEYS[i + 1])
-  if runs == 'done' then
-    found[#found + 1] = 0
-  elseif redis.call('set', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    if runs then
+  if redis.call('set', KEYS[i + 1], 1, 'NX', 'PX', ARGV[3]) then
+    if redis.call('set', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
+      found[#found + 1] = 1
+    else
+      redis.call('del', KEYS[i + 1])
+      found[#found + 1] = -1
+    end
+  else
+    local runs = redis.call('get', KEYS[i + 1])
+    if runs == 'done' then
+      found[#found + 1] = 0
+    elseif redis.call('set', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
       runs = (tonumber(runs) or 0) + 1
       redis.call('set', KEYS[i + 1], runs, 'KEEPTTL')
+      found[#found + 1] = runs
     else
-      runs = 1
-      redis.call('set', KEYS[i + 1], 1, 'PX', ARGV[3])
+      found[#found + 1] = -1
     end
-    found[#found + 1] = runs
-  else
-    found[#found + 1] = -1
   end
 end
 return found

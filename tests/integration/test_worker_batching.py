@@ -68,6 +68,22 @@ async def test_claim_many_takes_each_attempt_once_and_sees_done_marks(
     await any_redis.delete(*(k(key) for key in (a, b, done) for k in (lease_key, attempt_key)))
 
 
+async def test_a_claim_of_an_uncounted_attempt_whose_lease_is_held_counts_nothing(
+    any_redis: RedisClient, queue: str
+) -> None:
+    held = f"{queue}-held:1"
+    await any_redis.set(lease_key(held), "someone else", px=30_000)  # no run count yet
+
+    assert await guard(any_redis).claim_many([held]) == [Claim.BUSY]
+
+    assert not await any_redis.exists(attempt_key(held))
+    assert await any_redis.get(lease_key(held)) == "someone else"
+    await any_redis.delete(lease_key(held))
+    assert await guard(any_redis).claim_many([held]) == [1]
+    assert await any_redis.pttl(attempt_key(held)) > 30_000  # the dedup window, not the lease's
+    await any_redis.delete(lease_key(held), attempt_key(held))
+
+
 async def test_settle_writes_done_marks_then_acks_entries_of_many_streams(
     any_redis: RedisClient, queue: str
 ) -> None:
