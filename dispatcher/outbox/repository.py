@@ -95,8 +95,6 @@ class OutboxRepository:
         # batch holding one, waiting for another).
         self._session: AsyncConnection[Any] | None = None
         self._session_lock = asyncio.Lock()
-        # Pooled sessions that have the claims prepared.
-        self._prepared: weakref.WeakSet[AsyncConnection[Any]] = weakref.WeakSet()
 
     @property
     def pool(self) -> AsyncConnectionPool[Any]:
@@ -176,11 +174,13 @@ class OutboxRepository:
 
     async def _prepare(self, conn: AsyncConnection[Any]) -> None:
         """Make sure this session has the claims prepared (see ``_PREPARE``)."""
-        if conn in self._prepared:
+        if conn in _PREPARED:
             return
         for statement in _PREPARE:
-            await conn.execute(statement)
-        self._prepared.add(conn)
+            # Already there: prepared by another repository on the same pool.
+            with contextlib.suppress(psycopg.errors.DuplicatePreparedStatement):
+                await conn.execute(statement)
+        _PREPARED.add(conn)
 
     async def _begin(
         self, conn: AsyncConnection[Any], claim: dict[str, Any], hold_for: float, probe: bool
@@ -197,7 +197,7 @@ class OutboxRepository:
             # The session lost them (a DEALLOCATE ALL, which psycopg sends after some
             # rollbacks): nothing was claimed; prepare them again and claim.
             await conn.rollback()
-            self._prepared.discard(conn)
+            _PREPARED.discard(conn)
             await self._prepare(conn)
             await cur.execute(_BEGIN_PROBE if probe else _BEGIN, params)
         cur.nextset()  # past BEGIN
@@ -281,6 +281,10 @@ _PREPARE = [
     .replace("%(min_age)s", "$2"),
     "PREPARE outbox_claim_probe AS " + QUERIES["claim_probe"].rstrip().rstrip(";"),
 ]
+
+
+# The sessions of this process that have them (whichever repository prepared them).
+_PREPARED: weakref.WeakSet[AsyncConnection[Any]] = weakref.WeakSet()
 
 
 def _begin(claim: str) -> str:
