@@ -132,6 +132,7 @@ class OutboxEnqueuer:
                 conninfo=listen_conninfo,
                 wake=self.wake,
                 notified=self._on_notification,
+                after_read=self.notified.publish_received,
                 rotate_after=config.listener_rotate_after,
                 on_state=self._listener_state,
             )
@@ -192,6 +193,10 @@ class OutboxEnqueuer:
             await self._main_loop(batches)
         finally:
             await self._drain(batches)
+            if self.listener:  # a publish from notifications in progress finishes first
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.config.shutdown_timeout):
+                        await self.listener.quiesce()
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)

@@ -2,11 +2,15 @@
 
 While this enqueuer holds the idle flag, every committed outbox row that is
 due and small enough arrives in its NOTIFY payload (``parse_notification``
-reads it). Notifications read together become one pipelined publish, routed
-and encoded by the same functions as a claim batch (``encode_rows``), so an
-entry is the same whichever path sends it. The published rows are deleted
-afterwards in one statement, off the latency path; ``InFlight`` keeps this
-process's claims away from them until then.
+reads it). The listener hands over the notifications of one read and awaits
+``publish_received`` in its own task: no turn of the event loop between the
+read and the XADD, and notifications that arrive meanwhile are read next and go
+out together, as one pipelined publish. Rows are routed and encoded by the
+same functions as a claim batch (``encode_rows``), so an entry is the same
+whichever path sends it. While a publish waits on Redis (at most the publish
+timeout) the listener reads nothing; the claim path's poll still runs. The
+published rows are deleted afterwards in one statement, off the latency path;
+``InFlight`` keeps this process's claims away from them until then.
 
 Nothing here charges an attempt. A row this path cannot publish is left as
 it was and handed to the claim path, which owns retries, row isolation and
@@ -114,7 +118,7 @@ class NotifiedRows:
         self.failed_batches = 0
 
     def receive(self, message: str) -> None:
-        """One notification: a row to publish, or a wake-up for the claim path."""
+        """One notification: a row to publish (``publish_received``), or a wake-up."""
         try:
             row = parse_notification(message)
         except ValueError as exc:  # not ours to read: the claim finds the row anyway
@@ -124,22 +128,31 @@ class NotifiedRows:
             self._wake()
             return
         self._queued.append(row)
-        # Started on the next turn of the loop: notifications read together go out together.
-        self._start("publish", self._publish_queued)
+
+    async def publish_received(self) -> None:
+        """Publish the rows received so far, in the caller's task (the listener's).
+
+        The listener awaits this after each read, so a row goes out without a
+        turn of the event loop; rows that arrive meanwhile are read next, and
+        go out together.
+        """
+        if not self._queued:
+            return
+        try:
+            await self._publish_queued()
+        except Exception:
+            log.exception("publishing notified rows failed; the claim path takes them")
+            self._wake()
 
     async def aclose(self) -> None:
-        """Finish what is on its way (publishes, then deletes); cancelled, drop the rest.
+        """Finish the deletes on their way; cancelled, drop the rest.
 
         Rows published but not deleted then stay in the outbox and go out again.
         """
-        watcher = self._tasks.get("watch")
-        if watcher is not None:
-            watcher.cancel()
         try:
-            for name in ("publish", "delete"):
-                task = self._tasks.get(name)
-                if task is not None:
-                    await asyncio.wait({task})
+            task = self._tasks.get("delete")
+            if task is not None:
+                await asyncio.wait({task})
         finally:
             for task in list(self._tasks.values()):
                 task.cancel()
@@ -162,8 +175,7 @@ class NotifiedRows:
         size = self._settings.batch_size
         while self._queued:
             rows, self._queued = self._queued[:size], self._queued[size:]
-            # Redis not answering (a watch is on): the claim path takes them, and retries.
-            if not self._flag.held or self._memory.paused or "watch" in self._tasks:
+            if not self._flag.held or self._memory.paused:
                 self._wake()  # for the claim path (which the memory gate holds back)
                 continue
             rows = self._inflight.notify(rows)
