@@ -14,7 +14,7 @@ pipeline, so they can travel with other writes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from redis.asyncio.client import Pipeline
@@ -53,20 +53,63 @@ class RedisStreamConsumer:
     block_ms: int = 2000
     reclaim_batch: int = 100
     reclaim_limit: int = 1000
+    # The id of the newest entry ``read_new`` handed out ("0": none yet).
+    _last_read: str = field(default="0", init=False, repr=False)
+    # The client decodes replies to ``str`` (then reads decode in its parser).
+    _decodes: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._decodes = bool(self.client.get_encoder().decode_responses)
 
     async def setup(self) -> None:
         await ensure_group(self.client, self.stream, self.group)
 
     async def read_new(self, max_count: int, *, block: bool = True) -> list[Message]:
-        """Never-delivered entries; ``block=False`` answers at once, maybe with none."""
+        """Never-delivered entries; ``block=False`` answers at once, maybe with none.
+
+        A client that decodes replies (``connect_redis``'s) decodes the entries as
+        it parses them, in C. One entry that is not UTF-8 fails that whole reply,
+        though the read already handed its entries to us: they are then read
+        again from our own pending entries as bytes, and only that entry is
+        marked unreadable (an ``error``), as with a client that does not decode.
+        """
         args: list[bytes | str | int] = [b"GROUP", self.group, self.consumer]
         args += [b"COUNT", max(max_count, 1)]
         if block:
             args += [b"BLOCK", self.block_ms]
-        args += [b"STREAMS", self.stream, b">"]
-        # As bytes, decoded here entry by entry: one entry that is not UTF-8 must not fail
-        # the whole reply (it becomes a message with an ``error``).
-        reply = await self.client.execute_command("XREADGROUP", *args, **_RAW)
+        args += [b"STREAMS", self.stream]
+        if not self._decodes:
+            return self._messages(await self._read(args, b">", **_RAW))
+        try:
+            reply = await self._read(args, b">")
+        except UnicodeDecodeError:
+            return await self._read_again(max_count)
+        stream = self.stream
+        messages = [
+            Message(stream, eid, fields) for _s, entries in reply or () for eid, fields in entries
+        ]
+        if messages:
+            self._last_read = messages[-1].id
+        return messages
+
+    async def _read(self, args: list[bytes | str | int], after: bytes | str, **raw: bool) -> Any:
+        return await self.client.execute_command("XREADGROUP", *args, after, **raw)
+
+    async def _read_again(self, max_count: int) -> list[Message]:
+        """Our pending entries after the last read, as bytes: a read whose reply failed.
+
+        Entries we read before and still hold are not among them (their ids are
+        lower); any of ours that are (reclaimed ones, say) are already in hand
+        and are skipped by whoever handles the batch.
+        """
+        args: list[bytes | str | int] = [b"GROUP", self.group, self.consumer]
+        args += [b"COUNT", max(max_count, 1), b"STREAMS", self.stream]
+        messages = self._messages(await self._read(args, self._last_read, **_RAW))
+        if messages:
+            self._last_read = messages[-1].id
+        return messages
+
+    def _messages(self, reply: Any) -> list[Message]:
         return [
             self._message(eid, fields) for _s, entries in reply or () for eid, fields in entries
         ]

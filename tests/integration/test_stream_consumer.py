@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from redis.asyncio import Redis
 
 from dispatcher._testing.waiting import eventually
 from dispatcher.redis_client import RedisClient
@@ -131,6 +132,53 @@ async def test_read_new_returns_empty_on_timeout(any_redis: RedisClient, queue: 
     c = consumer(any_redis, task_stream(queue, 0), "idle", block_ms=20)
     await c.setup()
     assert await c.read_new(5) == []
+
+
+async def test_an_entry_that_is_not_utf8_marks_only_itself_and_none_is_lost(
+    redis_url: str, redis_standalone: RedisClient, queue: str
+) -> None:
+    stream = task_stream(queue, 0)
+    c = consumer(redis_standalone, stream, "c1", block_ms=50)
+    await c.setup()
+    publisher = RedisStreamPublisher(redis_standalone)
+    raw = Redis.from_url(redis_url)  # bytes in, bytes out
+    try:
+        await publisher.publish_many([(stream, {"n": "1"}), (stream, {"n": "2"})])
+        held = await c.read_new(2)  # still pending: never handed out again
+        await publisher.publish(stream, {"n": "3"})
+        bad = (await raw.xadd(stream, {b"n": b"\xff4"})).decode()  # type: ignore[dict-item]
+        await publisher.publish(stream, {"n": "5"})
+        batch = await c.read_new(10)
+        await publisher.publish(stream, {"n": "6"})
+        later = await c.read_new(10)
+    finally:
+        await raw.aclose()
+
+    assert [m.fields["n"] for m in held] == ["1", "2"]
+    assert [(m.id == bad, m.error is None) for m in batch] == [
+        (False, True),
+        (True, False),
+        (False, True),
+    ]
+    assert [m.fields["n"] for m in batch] == ["3", "\udcff4", "5"]  # as surrogate escapes
+    assert [m.fields["n"] for m in later] == ["6"]
+    assert await c.pending_count() == 6
+
+
+async def test_a_client_that_does_not_decode_reads_the_same_messages(
+    redis_url: str, redis_standalone: RedisClient, queue: str
+) -> None:
+    stream = task_stream(queue, 0)
+    raw = Redis.from_url(redis_url)
+    try:
+        c = consumer(raw, stream, "c1", block_ms=50)
+        await c.setup()
+        await RedisStreamPublisher(redis_standalone).publish(stream, {"n": "1", "é": "ü"})
+        (message,) = await c.read_new(10)
+    finally:
+        await raw.aclose()
+
+    assert (message.fields, message.error) == ({"n": "1", "é": "ü"}, None)
 
 
 async def test_ack_errors_are_raised_not_swallowed(any_redis: RedisClient, queue: str) -> None:
