@@ -23,7 +23,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from benchmarks import drain, probe, soak
+from benchmarks import drain, hops, probe, soak
 from benchmarks import enqueuer_bench as eb
 from benchmarks import handled_latency as hl
 from benchmarks import insert_bench as ib
@@ -59,7 +59,7 @@ QUICK = Scale(samples=40, dispatches=200, rows=5_000, messages=10_000)
 
 
 RECORDED = (
-    "idle_latency", "duplicates", f"drain_{SMALL}", f"drain_{LARGE}", "worker",
+    "hops", "idle_latency", "duplicates", f"drain_{SMALL}", f"drain_{LARGE}", "worker",
     "handled_latency", "insert_tps_16",
 )  # fmt: skip
 
@@ -68,6 +68,14 @@ def figures(scale: Scale) -> Figures:
     """Every figure of the recorded run, in the order it runs."""
     batch = f"batch {_DEFAULTS.batch_size}, {_DEFAULTS.concurrency} connections"
     found: Figures = {
+        "hops": (
+            "one round trip between processes, back to back and 20 ms apart (the idle "
+            "probe's pace): what each cold hop of an idle dispatch costs here (µs)",
+            {
+                "back to back": partial(hops.round_trips, gap=0.0),
+                "20 ms apart": partial(hops.round_trips, gap=hops.GAP),
+            },
+        ),
         "idle_latency": (
             "commit -> entry in Redis at idle: one realistic dispatch (433 B) every 20 ms, "
             "a reader blocked on XREAD, the relay its own process (ms)",

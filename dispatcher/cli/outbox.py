@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY
 from dispatcher.cli.flags import add_options, option_values
 from dispatcher.cli.main import Common, UsageError
 from dispatcher.config import METRICS_PORT, STREAM_SHARDS, Settings
+from dispatcher.heap import settle_heap
 from dispatcher.lifecycle import run_until_signalled
 from dispatcher.observability import ObservabilityServer
 from dispatcher.options import Option, options
@@ -112,6 +113,7 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
             ready=enqueuer.ready,
         )
         await server.start()
+        settle_heap()  # every module the enqueuer needs is imported by now
         try:
             await run_until_signalled(enqueuer.run, enqueuer.request_stop)
         finally:

@@ -13,6 +13,7 @@ import contextlib
 import os
 import socket
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -171,15 +172,34 @@ class OutboxRepository:
                     if not conn.closed:
                         await conn.rollback()
 
+    async def _prepare(self, conn: AsyncConnection[Any]) -> None:
+        """Make sure this session has the claims prepared (see ``_PREPARE``)."""
+        if conn in _PREPARED:
+            return
+        for statement in _PREPARE:
+            # Already there: prepared by another repository on the same pool.
+            with contextlib.suppress(psycopg.errors.DuplicatePreparedStatement):
+                await conn.execute(statement)
+        _PREPARED.add(conn)
+
     async def _begin(
         self, conn: AsyncConnection[Any], claim: dict[str, Any], hold_for: float, probe: bool
     ) -> ClaimedBatch:
-        # One simple-protocol round trip (client-side binding of two numbers). Not a pipeline:
-        # the Flush psycopg sends after a pipeline's Sync disarms the server's
+        # One simple-protocol round trip (client-side binding of three numbers). Not a
+        # pipeline: the Flush psycopg sends after a pipeline's Sync disarms the server's
         # idle-in-transaction timer, which is the whole point of hold_for.
         cur = AsyncClientCursor(conn)
-        hold_ms = str(max(1, round(hold_for * 1000)))
-        await cur.execute(_BEGIN_PROBE if probe else _BEGIN, {"hold_ms": hold_ms, **claim})
+        params = {"hold_ms": str(max(1, round(hold_for * 1000))), **claim}
+        await self._prepare(conn)
+        try:
+            await cur.execute(_BEGIN_PROBE if probe else _BEGIN, params)
+        except psycopg.errors.InvalidSqlStatementName:
+            # The session lost them (a DEALLOCATE ALL, which psycopg sends after some
+            # rollbacks): nothing was claimed; prepare them again and claim.
+            await conn.rollback()
+            _PREPARED.discard(conn)
+            await self._prepare(conn)
+            await cur.execute(_BEGIN_PROBE if probe else _BEGIN, params)
         cur.nextset()  # past BEGIN
         cur.nextset()  # past set_config
         raw = await cur.fetchall()
@@ -249,12 +269,34 @@ class OutboxRepository:
         )
 
 
+# The claims, prepared once per session (PREPARE, so the one-round-trip BEGIN below can
+# EXECUTE them): parsed and planned once, not for every batch (planning the claim costs
+# PostgreSQL 0.2-0.7 ms, 2-7 us per row of a batch of 100).
+_PREPARE = [
+    "PREPARE outbox_claim_batch (int, float8) AS "
+    + QUERIES["claim_batch"]
+    .rstrip()
+    .rstrip(";")
+    .replace("%(limit)s", "$1")
+    .replace("%(min_age)s", "$2"),
+    "PREPARE outbox_claim_probe AS " + QUERIES["claim_probe"].rstrip().rstrip(";"),
+]
+
+
+# The sessions of this process that have them (whichever repository prepared them).
+_PREPARED: weakref.WeakSet[AsyncConnection[Any]] = weakref.WeakSet()
+
+
 def _begin(claim: str) -> str:
+    execute = {
+        "claim_batch": "EXECUTE outbox_claim_batch (%(limit)s, %(min_age)s)",
+        "claim_probe": "EXECUTE outbox_claim_probe",
+    }[claim]
     return "; ".join(
         [
             "BEGIN",
             "SELECT set_config('idle_in_transaction_session_timeout', %(hold_ms)s, true)",
-            QUERIES[claim].rstrip(";"),
+            execute,
             QUERIES["batch_xact"].rstrip(";"),
         ]
     )

@@ -149,3 +149,37 @@ async def test_a_row_that_keeps_killing_its_enqueuer_ends_in_the_dlq(
         dlq = conn.execute("SELECT id, attempts, last_error FROM outbox_dlq").fetchall()
     assert [(r[0], r[1]) for r in dlq] == [(row_id, 3)]
     assert "did not settle" in dlq[0][2]
+
+
+async def test_a_session_that_lost_the_prepared_claims_claims_after_preparing_again(
+    outbox_db_url: str, queue: str
+) -> None:
+    insert_rows(outbox_db_url, 10, queue=queue)
+    async with AsyncConnectionPool(
+        outbox_db_url, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
+    ) as one:
+        repo = OutboxRepository(one)
+        async with repo.claim_batch(4, hold_for=30) as first:
+            await first.settle(first.ids)
+        async with one.connection() as conn:  # the same session: its statements go
+            await conn.execute("DEALLOCATE ALL")
+        async with repo.claim_batch(4, hold_for=30) as second:
+            assert len(second) == 4
+            await second.settle(second.ids)
+        async with repo.claim_batch(4, hold_for=30, probe=True) as probe:
+            assert len(probe) == 0  # no suspects; the probe's statement is there too
+    assert outbox_status(outbox_db_url) == {"PENDING": 2}
+
+
+async def test_two_repositories_on_one_pool_share_its_prepared_claims(
+    outbox_db_url: str, queue: str
+) -> None:
+    insert_rows(outbox_db_url, 6, queue=queue)
+    async with AsyncConnectionPool(
+        outbox_db_url, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
+    ) as one:
+        for repo in (OutboxRepository(one), OutboxRepository(one)):
+            async with repo.claim_batch(3, hold_for=30) as batch:
+                assert len(batch) == 3
+                await batch.settle(batch.ids)
+    assert outbox_status(outbox_db_url) == {}
