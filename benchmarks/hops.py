@@ -8,16 +8,26 @@ wake. This measures one round trip to the benchmark's Redis (``PING``) and to
 PostgreSQL (``SELECT 1``) from a plain socket, back to back (both sides awake)
 and 20 ms apart (as the idle probe paces its dispatches): the difference is
 what each cold hop adds to an idle dispatch, whatever the product does.
+
+``publish_to_reader_us`` is the last hop of every relay: an XADD written by
+another process (a plain socket, stamped with its send time) until the idle
+probe's own reader (a thread blocked on XREAD, ``probe.Receivers``) has it.
+The NOTIFY receipt floor plus this hop is what a relay that publishes after
+its notification cannot beat, with no work of its own at all.
 """
 
 from __future__ import annotations
 
 import socket
 import statistics
+import subprocess
+import sys
+import threading
 import time
 from urllib.parse import urlsplit
 
 import psycopg
+import redis as sync_redis
 
 from benchmarks.env import BenchEnv
 
@@ -52,9 +62,68 @@ def _postgres_rtts(url: str, gap: float) -> list[float]:
     return rtts
 
 
+# The writer: for each line on stdin, wait ``gap``, XADD its send time, read the reply.
+_WRITER = """
+import socket, sys, time
+host, port, gap = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+with socket.create_connection((host, port)) as s:
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for _ in sys.stdin:
+        if gap:
+            time.sleep(gap)
+        sent = repr(time.perf_counter()).encode()
+        s.sendall(b"*5\\r\\n$4\\r\\nXADD\\r\\n$4\\r\\nhops\\r\\n$1\\r\\n*\\r\\n"
+                  b"$4\\r\\nsent\\r\\n$%d\\r\\n%s\\r\\n" % (len(sent), sent))
+        s.recv(64)
+"""
+
+
+def _publish_to_reader(url: str, gap: float) -> list[float]:
+    """XADD (another process) -> a reader thread blocked on XREAD has it, as the probe reads."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", str(parts.port or 6379)
+    client = sync_redis.Redis.from_url(url, decode_responses=True)
+    client.delete("hops")
+    arrived: list[float] = []
+    done = threading.Event()
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, host, port, str(gap)], stdin=subprocess.PIPE, text=True
+    )
+    assert writer.stdin is not None
+    feed = writer.stdin
+
+    def read() -> None:
+        last = "0-0"
+        while len(arrived) < SAMPLES:
+            feed.write("\n")
+            feed.flush()
+            reply = client.xread({"hops": last}, block=5000, count=1)
+            if not reply:
+                break
+            now = time.perf_counter()
+            last, fields = reply[0][1][0]
+            arrived.append(now - float(fields["sent"]))
+        done.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        done.wait(SAMPLES * (gap + 1.0))
+    finally:
+        feed.close()
+        reader.join()
+        writer.wait(10)
+        client.close()
+    if len(arrived) < SAMPLES:
+        raise RuntimeError(f"the reader had {len(arrived)} of {SAMPLES} entries")
+    return arrived
+
+
 def round_trips(env: BenchEnv, gap: float) -> dict[str, float]:
-    """Median round trips (µs) to Redis and PostgreSQL, ``gap`` seconds apart."""
+    """Median round trips (µs) to Redis and PostgreSQL, ``gap`` seconds apart; and the
+    median XADD -> blocked XREAD reader hop."""
     return {
         "redis_rtt_us": statistics.median(_redis_rtts(env.redis_url, gap)) * 1e6,
         "postgres_rtt_us": statistics.median(_postgres_rtts(env.db_url, gap)) * 1e6,
+        "publish_to_reader_us": statistics.median(_publish_to_reader(env.redis_url, gap)) * 1e6,
     }

@@ -5,8 +5,10 @@ enqueuer``, one worker consume of ``--messages`` by ``dispatcher worker``, or
 ``--samples`` idle dispatches of the idle probe through ``dispatcher enqueuer``,
 each its own process with its defaults, as in the figures of ``benchmarks.run``.
 Meanwhile py-spy samples the product's process (``--nonblocking``: it never
-stops it) and /proc gives the CPU each side spent. Printed: µs per row (or per
-message, or idle dispatch) in the product, in PostgreSQL's backends and in Redis; then the
+stops it; with ``--native`` it pauses it for each sample and also names the C
+functions, e.g. ``send`` for the time in the kernel's socket writes) and /proc
+gives the CPU each side spent. Printed: µs per row (or per message, or idle
+dispatch) in the product, in PostgreSQL's backends and in Redis; then the
 product's own time by function (self time, samples where Python was not idle),
 as µs per row: the share of the samples times the product's µs per row.
 
@@ -40,7 +42,7 @@ RATE = 250  # samples per second per process
 
 
 @contextlib.contextmanager
-def py_spy(out: Path) -> Iterator[wc.Around]:
+def py_spy(out: Path, *, native: bool = False) -> Iterator[wc.Around]:
     """An ``Around`` that records each pid with py-spy into ``out`` (raw collapsed stacks)."""
     tool = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     recorders: list[subprocess.Popen[bytes]] = []
@@ -48,7 +50,8 @@ def py_spy(out: Path) -> Iterator[wc.Around]:
     @contextlib.contextmanager
     def around(pids: list[int]) -> Iterator[None]:
         for pid in pids:
-            command = [tool, "record", "--pid", str(pid), "--rate", str(RATE), "--nonblocking",
+            mode = "--native" if native else "--nonblocking"
+            command = [tool, "record", "--pid", str(pid), "--rate", str(RATE), mode,
                        "--format", "raw", "--output", f"{out}.{pid}"]  # fmt: skip
             recorders.append(
                 subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -97,10 +100,15 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=drain.ROWS)
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--samples", type=int, default=probe.SAMPLES)
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="name C functions too (py-spy --native: pauses the process for each sample)",
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="od-bench-profile-"))
     try:
-        with bench_env() as env, py_spy(workdir / "raw") as around:
+        with bench_env() as env, py_spy(workdir / "raw", native=args.native) as around:
             if args.what == "drain":
                 found = drain.enqueuer(env, args.size, rows=args.rows, around=around)
                 title = f"drain of {args.rows:,} rows, {args.size} B: µs per row"

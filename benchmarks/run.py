@@ -340,7 +340,32 @@ def render_targets(results: Results) -> list[str]:
             lines.append(f"| {text} | not measured in this run | - |")
             continue
         lines.append(f"| {text} | {measured} | {'yes' if met else '**no**'} |")
-    return [*lines, ""]
+    return [*lines, "", *idle_bound(results)]
+
+
+def idle_bound(results: Results) -> list[str]:
+    """What no relay gets below at idle, from this run: the floor plus one publish hop.
+
+    A relay that publishes after its notification does at least that, with no
+    work of its own: the NOTIFY receipt floor, then an XADD reaching a reader
+    blocked on XREAD (``hops``, 20 ms apart, as the probe paces). The idle
+    targets are judged against it here; empty when the run lacks either figure.
+    """
+    try:
+        idle = results["idle_latency"]
+        floor, relay = idle[FLOOR]["p50_insert_ms"], idle[RELAY]["p50_insert_ms"]
+        hop = results["hops"]["20 ms apart"]["publish_to_reader_us"] / 1000
+    except (KeyError, TypeError):
+        return []
+    bound = floor + hop
+    return [
+        f"Idle bound in this run: the NOTIFY receipt floor ({floor:.2f} ms from INSERT sent) "
+        f"plus one XADD -> blocked XREAD reader hop ({hop:.3f} ms, `hops`) = {bound:.2f} ms, "
+        f"{bound / floor:.2f}x the floor (target 1.3x) and {bound / relay:.2f}x the pipelined "
+        "relay (target 0.6x): a relay that publishes after its notification, doing nothing "
+        "else, is no faster.",
+        "",
+    ]
 
 
 # The column a figure's "first/this" ratio is taken of: the first of these it has.

@@ -62,7 +62,8 @@ SHARDS = 4
 
 # A variant drains a queue: its rate (msgs/s) and the CPU its worker processes
 # spent per message meanwhile (us; None when not measured).
-Sample = tuple[float, float | None]
+# msgs/s; consumer CPU us/msg (None: not measured); Redis CPU us/msg
+Sample = tuple[float, float | None, float]
 Variant = Callable[[RedisClient, str, str, int], Awaitable[Sample]]
 
 
@@ -107,19 +108,23 @@ async def drain_rate(
     pids: list[int] | None = None,
     around: Around | None = None,
 ) -> Sample:
-    """Messages/s from 5 % consumed until the backlog is empty, and CPU us/msg of ``pids``.
+    """Messages/s from 5 % consumed until the backlog is empty, CPU us/msg of ``pids``
+    and of the Redis server (its ``process_id``: the benchmark's own, on this machine).
 
     CPU time (user + system, from /proc) is much less skewed than the rate
     when other processes compete for the cores. ``around`` (a profiler) is
     entered with ``pids`` over the same window.
     """
+    server = [int((await client.info("server"))["process_id"])]
     left = await wait_backlog(client, queue, at_most=total * 0.95)
     with around(pids or []) if around else contextlib.nullcontext():
         started, cpu_started = time.perf_counter(), cpu_seconds_of(pids or [])
+        redis_started = cpu_seconds_of(server)
         await wait_backlog(client, queue, at_most=0)
         rate = left / (time.perf_counter() - started)
         cpu = (cpu_seconds_of(pids) - cpu_started) / left * 1e6 if pids else None
-    return rate, cpu
+        redis_cpu = (cpu_seconds_of(server) - redis_started) / left * 1e6
+    return rate, cpu, redis_cpu
 
 
 async def bare(client: RedisClient, url: str, queue: str, total: int) -> Sample:
@@ -193,9 +198,9 @@ def figure(variant: Variant, messages: int) -> Callable[[BenchEnv], Awaitable[di
         client = connect_redis(env.redis_url)
         try:
             await publish_shard_count(client, SHARDS)
-            rate, cpu = await one_round(client, env.redis_url, variant, messages)
+            rate, cpu, redis_cpu = await one_round(client, env.redis_url, variant, messages)
             await client.flushdb()  # the round's dedup keys and leases
-            return {"cpu_us_per_msg": cpu or 0.0, "msgs_per_s": rate}
+            return {"cpu_us_per_msg": cpu or 0.0, "redis_us_per_msg": redis_cpu, "msgs_per_s": rate}
         finally:
             await client.aclose()
 
@@ -224,7 +229,7 @@ async def measure(
             for name, variant in variants.items():
                 print(f"round {r + 1}/{rounds}: {name} ...", file=sys.stderr, flush=True)
                 rates[name].append(await one_round(client, url, variant, messages))
-                rate, cpu = rates[name][-1]
+                rate, cpu, _redis = rates[name][-1]
                 print(f"  {rate:,.0f} msgs/s, cpu {cpu or 0:.1f} us/msg", file=sys.stderr)
                 await client.flushdb()  # dedup keys of the round
                 await publish_shard_count(client, SHARDS)
@@ -236,7 +241,7 @@ async def measure(
 def render(
     samples: dict[str, list[Sample]], *, messages: int, rounds: int, load: tuple[str, str]
 ) -> str:
-    floor = statistics.median(rate for rate, _ in next(iter(samples.values())))
+    floor = statistics.median(rate for rate, _, _ in next(iter(samples.values())))
     redis_version = subprocess.run(
         ["redis-server", "--version"], capture_output=True, text=True, check=False
     ).stdout.split(" ")[2].removeprefix("v=")  # fmt: skip
@@ -257,8 +262,8 @@ def render(
         "|---|---:|---:|---:|---:|",
     ]
     for name, found in samples.items():
-        rates = [rate for rate, _ in found]
-        cpus = [cpu for _, cpu in found if cpu is not None]
+        rates = [rate for rate, _, _ in found]
+        cpus = [cpu for _, cpu, _ in found if cpu is not None]
         median = statistics.median(rates)
         cpu = f"{statistics.median(cpus):.1f} ({min(cpus):.1f}-{max(cpus):.1f})" if cpus else "-"
         lines.append(

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from benchmarks.run import BARE, ENQUEUER, FLOOR, RELAY, SQL_ONLY, WORKER, render_targets
+from benchmarks.run import (
+    BARE,
+    ENQUEUER,
+    FLOOR,
+    RELAY,
+    SQL_ONLY,
+    WORKER,
+    idle_bound,
+    render_targets,
+)
 from benchmarks.workload import LARGE, SMALL
 
 
@@ -45,3 +54,19 @@ def test_targets_are_judged_in_the_right_direction() -> None:
     assert row(lines, "duplicates per 10,000 idle dispatches, one").endswith("| 0.0 | yes |")
     assert row(lines, "duplicates per 10,000 idle dispatches, two").endswith("| 10.0 | **no** |")
     assert row(lines, "commit -> handled").endswith("| not measured in this run | - |")
+
+
+def test_the_idle_bound_is_the_floor_plus_one_publish_hop() -> None:
+    idle = {
+        ENQUEUER: {"p50_insert_ms": 0.8},
+        FLOOR: {"p50_insert_ms": 0.5},
+        RELAY: {"p50_insert_ms": 1.0},
+    }
+    hops = {
+        "back to back": {"publish_to_reader_us": 10.0},
+        "20 ms apart": {"publish_to_reader_us": 100.0},
+    }
+    (line, _) = idle_bound({"idle_latency": idle, "hops": hops})
+    assert "= 0.60 ms, 1.20x the floor" in line
+    assert "0.60x the pipelined relay" in line
+    assert idle_bound({"idle_latency": idle}) == []  # no hops figure: nothing claimed
