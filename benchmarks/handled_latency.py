@@ -7,7 +7,8 @@ moment the application's transaction commit returned.
 
 - ``ours``: the application commits ``enqueue_dispatch`` on an ordinary
   psycopg connection (synchronous commit); an in-process ``OutboxEnqueuer``
-  (default ``EnqueuerConfig``, LISTEN on, ``enqueuer_pool``) publishes it and an
+  (default ``EnqueuerConfig``, LISTEN on, ``enqueuer_pool``, its listener's
+  thread publishing as ``dispatcher enqueuer``'s does) publishes it and an
   in-process ``Worker`` (one shard) runs the handler.
 - ``procrastinate``: procrastinate 3.x with its ``PsycopgConnector`` on a
   database of its own (created and dropped per call, schema applied through its
@@ -107,6 +108,7 @@ async def ours(env: BenchEnv, samples: int = SAMPLES) -> dict[str, float]:
         publisher=RedisStreamPublisher(enqueuer_redis, group=WORKER_GROUP),
         config=config,
         listen_conninfo=env.db_url,
+        thread_redis_url=env.redis_url,  # as `dispatcher enqueuer` runs on standalone Redis
     )
     worker = Worker(worker_redis, handler, WorkerConfig(queues=(queue,), shards=1, block_ms=1000))
     tasks = [asyncio.create_task(enqueuer.run()), asyncio.create_task(worker.run())]

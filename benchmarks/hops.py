@@ -9,27 +9,32 @@ PostgreSQL (``SELECT 1``) from a plain socket, back to back (both sides awake)
 and 20 ms apart (as the idle probe paces its dispatches): the difference is
 what each cold hop adds to an idle dispatch, whatever the product does.
 
-``publish_to_reader_us`` is the last hop of every relay: an XADD written by
-another process (a plain socket, stamped with its send time) until the idle
-probe's own reader (a thread blocked on XREAD, ``probe.Receivers``) has it.
+``publish_to_reader_us`` is the last hop of every relay: an XADD of the idle
+probe's realistic entry (``workload.dispatch``'s fields) written by another
+process (a plain socket, stamped with its send time) until the idle probe's
+own reader (a thread blocked on XREAD, ``probe.Receivers``) has it.
 The NOTIFY receipt floor plus this hop is what a relay that publishes after
 its notification cannot beat, with no work of its own at all.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from urllib.parse import urlsplit
 
 import psycopg
 import redis as sync_redis
 
 from benchmarks.env import BenchEnv
+from benchmarks.workload import dispatch
+from dispatcher.models import payload_fields
 
 SAMPLES = 300
 GAP = 0.02  # the idle probe's pace
@@ -62,20 +67,32 @@ def _postgres_rtts(url: str, gap: float) -> list[float]:
     return rtts
 
 
-# The writer: for each line on stdin, wait ``gap``, XADD its send time, read the reply.
+# The writer: for each line on stdin, wait ``gap``, XADD the entry with its send time, read
+# the reply. argv: host, port, gap, the entry's other fields as a JSON list of pairs.
 _WRITER = """
-import socket, sys, time
+import json, socket, sys, time
 host, port, gap = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+pairs = [x.encode() for pair in json.loads(sys.argv[4]) for x in pair]
+def command(args):
+    out = [b"*%d\\r\\n" % len(args)]
+    for a in args:
+        out.append(b"$%d\\r\\n%s\\r\\n" % (len(a), a))
+    return b"".join(out)
 with socket.create_connection((host, port)) as s:
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for _ in sys.stdin:
         if gap:
             time.sleep(gap)
         sent = repr(time.perf_counter()).encode()
-        s.sendall(b"*5\\r\\n$4\\r\\nXADD\\r\\n$4\\r\\nhops\\r\\n$1\\r\\n*\\r\\n"
-                  b"$4\\r\\nsent\\r\\n$%d\\r\\n%s\\r\\n" % (len(sent), sent))
+        s.sendall(command([b"XADD", b"hops", b"*", b"sent", sent, *pairs]))
         s.recv(64)
 """
+
+
+def _entry_fields() -> str:
+    """The fields of the idle probe's entry (its payload's, as the enqueuer publishes them)."""
+    d = dispatch(str(uuid.uuid4()), "hops")
+    return json.dumps(list(payload_fields(json.dumps(d.payload()), str(uuid.uuid4())).items()))
 
 
 def _publish_to_reader(url: str, gap: float) -> list[float]:
@@ -87,7 +104,9 @@ def _publish_to_reader(url: str, gap: float) -> list[float]:
     arrived: list[float] = []
     done = threading.Event()
     writer = subprocess.Popen(
-        [sys.executable, "-c", _WRITER, host, port, str(gap)], stdin=subprocess.PIPE, text=True
+        [sys.executable, "-c", _WRITER, host, port, str(gap), _entry_fields()],
+        stdin=subprocess.PIPE,
+        text=True,
     )
     assert writer.stdin is not None
     feed = writer.stdin

@@ -77,14 +77,20 @@ def encode_batch(batch: ClaimedBatch, shards: int, spans: contextlib.ExitStack) 
 
 
 def encode_rows(
-    rows: Sequence[ClaimedRow], shards: int, spans: contextlib.ExitStack
+    rows: Sequence[ClaimedRow],
+    shards: int,
+    spans: contextlib.ExitStack,
+    *,
+    route: Router | None = None,
 ) -> tuple[list[Entry], list[PublishResult | None]]:
     """Route and encode rows one by one (as a claim's are), as (stream, fields) entries.
 
     The second list has one item per row: None for a row whose entry is in the
-    first list (in order), the error for a row that cannot be encoded.
+    first list (in order), the error for a row that cannot be encoded. ``route``:
+    a router at ``shards`` kept from earlier calls (its stream names are made once).
     """
-    route = Router(shards)
+    if route is None or route.shards != max(shards, 1):
+        route = Router(shards)
     results: list[PublishResult | None] = []
     entries: list[Entry] = []
     for row in rows:

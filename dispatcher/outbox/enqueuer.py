@@ -53,7 +53,9 @@ class OutboxEnqueuer:
     """Drains the outbox into Redis Streams until ``request_stop()``.
 
     ``listen_conninfo`` enables the LISTEN wake-up; without it the enqueuer
-    only polls. ``shard_count`` is the count rows are routed by when published
+    only polls. ``thread_redis_url`` (standalone Redis, the publisher's) lets
+    the listener's thread publish notified rows itself (``NotifiedRows``).
+    ``shard_count`` is the count rows are routed by when published
     (by default read live from the publisher's Redis). Metrics go to
     ``registry`` (the CLI passes the process-wide one it serves; by default a
     registry of this enqueuer's own).
@@ -68,6 +70,7 @@ class OutboxEnqueuer:
         listen_conninfo: str | None = None,
         shard_count: LiveShardCount | None = None,
         registry: CollectorRegistry | None = None,
+        thread_redis_url: str | None = None,
     ) -> None:
         self.config = config
         self._repo = repository
@@ -112,6 +115,7 @@ class OutboxEnqueuer:
             wake=self.wake,
             # A publish from notifications counts as a claim for the idle flag's decisions.
             published=functools.partial(self._after_claim, notified=True),
+            thread_redis_url=thread_redis_url,
         )
         self.maintenance = Maintenance(
             repository=repository,
@@ -133,6 +137,7 @@ class OutboxEnqueuer:
                 wake=self.wake,
                 notified=self._on_notification,
                 after_read=self.notified.publish_received,
+                publish_now=self.notified.publish_now if self.notified.publishes_now else None,
                 rotate_after=config.listener_rotate_after,
                 on_state=self._listener_state,
             )
@@ -179,6 +184,7 @@ class OutboxEnqueuer:
             "outbox enqueuer starting",
             extra={"batch_size": self.config.batch_size, "concurrency": self.config.concurrency},
         )
+        self.notified.bind(asyncio.get_running_loop())
         first_pass = asyncio.Event()
         helpers = [
             asyncio.create_task(self.maintenance.loop(first_pass), name="outbox-maintenance")

@@ -14,12 +14,15 @@ other leaves it alone:
   can lock, publish and delete a row before its notification is read).
 
 A notified row stays registered until its delete commits, so no claim of
-this process can lock it between its XADD and its delete.
+this process can lock it between its XADD and its delete. The listener's
+thread registers the rows it publishes itself (``NotifiedRows.publish_now``),
+so each check-and-register holds a lock.
 """
 
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Iterable, Sequence
 from typing import Protocol, TypeVar
 
@@ -43,36 +46,43 @@ class InFlight:
         # Ids claims took lately, oldest first: bounded, enough for a notification's lag.
         self._taken: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._remember = remember
+        self._lock = threading.Lock()  # the listener's thread registers rows too
 
     def claim(self, ids: Sequence[str]) -> bool:
         """Register a claim's rows, unless some are out from notifications (then False)."""
-        if self._notified and not self._notified.isdisjoint(ids):
-            return False
-        taken = self._taken
-        for i in ids:
-            taken[i] = None
-        while len(taken) > self._remember:
-            taken.popitem(last=False)
-        self._claimed.update(ids)
-        return True
+        with self._lock:
+            if self._notified and not self._notified.isdisjoint(ids):
+                return False
+            taken = self._taken
+            for i in ids:
+                taken[i] = None
+            while len(taken) > self._remember:
+                taken.popitem(last=False)
+            self._claimed.update(ids)
+            return True
 
     def unclaim(self, ids: Iterable[str]) -> None:
         """The claim's transaction has ended."""
-        self._claimed.difference_update(ids)
+        with self._lock:
+            self._claimed.difference_update(ids)
 
     def notify(self, rows: Sequence[R]) -> list[R]:
         """Register notified rows; return those to publish (no claim holds or took them)."""
-        fresh = [
-            r
-            for r in dict((r.id, r) for r in rows).values()
-            if r.id not in self._claimed and r.id not in self._taken and r.id not in self._notified
-        ]
-        self._notified.update(r.id for r in fresh)
-        return fresh
+        with self._lock:
+            fresh = [
+                r
+                for r in dict((r.id, r) for r in rows).values()
+                if r.id not in self._claimed
+                and r.id not in self._taken
+                and r.id not in self._notified
+            ]
+            self._notified.update(r.id for r in fresh)
+            return fresh
 
     def release(self, ids: Iterable[str]) -> None:
         """Notified rows deleted (or handed to the claim path): claims may take them again."""
-        self._notified.difference_update(ids)
+        with self._lock:
+            self._notified.difference_update(ids)
 
     @property
     def notified(self) -> frozenset[str]:

@@ -122,6 +122,10 @@ class Router:
         # stored stream -> the names of its shard streams (one name: published as stored)
         self._names: dict[str, list[str]] = {}
 
+    @property
+    def shards(self) -> int:
+        return self._shards
+
     def __call__(self, stream: str, task_id: str) -> str:
         names = self._names.get(stream)
         if names is None:

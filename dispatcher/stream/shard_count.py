@@ -116,19 +116,32 @@ class LiveShardCount:
         self._value: int | None = None
         self._next_read = 0.0
 
+    def fresh(self) -> int | None:
+        """The count in force if it was read lately, else None (``current`` reads it)."""
+        value = self._value
+        return value if value is not None and self._clock() < self._next_read else None
+
     async def current(self) -> int:
         now = self._clock()
         if self._value is not None and now < self._next_read:
             return self._value
         self._next_read = now + self.refresh_every
         try:
-            raw = await self._client.get(SHARDS_KEY)
-            value = self._fallback if raw is None else parse_shard_count(raw)
+            return self.store(await self._client.get(SHARDS_KEY))
         except (RedisError, OSError, InvalidShardCount) as exc:
             if self._value is None:
                 raise
             log.warning("cannot refresh the shard count, keeping %d: %s", self._value, exc)
             return self._value
+
+    def store(self, raw: str | bytes | int | None) -> int:
+        """Take ``raw`` (the key's value, None if absent) as read now; the count in force.
+
+        For a reader of the key on a connection of its own (the enqueuer's listener
+        thread); raises ``InvalidShardCount`` and keeps the count in force if it is bad.
+        """
+        value = self._fallback if raw is None else parse_shard_count(raw)
+        self._next_read = self._clock() + self.refresh_every
         if value != self._value:
             log.info("shard count in force: %d", value, extra={"previous": self._value})
         self._value = value

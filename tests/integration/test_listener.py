@@ -1,10 +1,15 @@
-"""The LISTEN connection: reads handed on whole, handled in the listener's own task, rotation."""
+"""The LISTEN connection: reads handed on whole, handled in the listener's own task, rotation.
+
+Each holds with the connection on the event loop and in the listener's thread
+(``publish_now`` given: here it takes nothing, so every read goes on to the task).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -13,6 +18,12 @@ from dispatcher._testing.waiting import eventually
 from dispatcher.outbox.listener import NOTIFY_CHANNEL, OutboxListener
 
 pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture(params=["event loop", "thread"])
+def mode(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The listener's keyword arguments for where its connection lives."""
+    return {"publish_now": (lambda payloads: payloads)} if request.param == "thread" else {}
 
 
 @contextlib.asynccontextmanager
@@ -35,7 +46,7 @@ async def notify(url: str, *payloads: str) -> None:
 
 
 async def test_each_read_is_handed_on_then_handled_in_the_listeners_task(
-    empty_db_url: str,
+    empty_db_url: str, mode: dict[str, Any]
 ) -> None:
     received: list[str] = []
     reads: list[tuple[list[str], asyncio.Task[object] | None]] = []
@@ -44,7 +55,11 @@ async def test_each_read_is_handed_on_then_handled_in_the_listeners_task(
         reads.append((list(received), asyncio.current_task()))
 
     listener = OutboxListener(
-        conninfo=empty_db_url, wake=lambda: None, notified=received.append, after_read=after_read
+        conninfo=empty_db_url,
+        wake=lambda: None,
+        notified=received.append,
+        after_read=after_read,
+        **mode,
     )
     async with running(listener) as task:
         await notify(empty_db_url, "a", "b", "c")
@@ -59,7 +74,9 @@ async def test_each_read_is_handed_on_then_handled_in_the_listeners_task(
     assert all(seen == received[: len(seen)] for seen, _ in reads)
 
 
-async def test_quiesce_waits_for_the_read_being_handled(empty_db_url: str) -> None:
+async def test_quiesce_waits_for_the_read_being_handled(
+    empty_db_url: str, mode: dict[str, Any]
+) -> None:
     entered, release = asyncio.Event(), asyncio.Event()
 
     async def after_read() -> None:
@@ -67,7 +84,11 @@ async def test_quiesce_waits_for_the_read_being_handled(empty_db_url: str) -> No
         await release.wait()
 
     listener = OutboxListener(
-        conninfo=empty_db_url, wake=lambda: None, notified=lambda p: None, after_read=after_read
+        conninfo=empty_db_url,
+        wake=lambda: None,
+        notified=lambda p: None,
+        after_read=after_read,
+        **mode,
     )
     async with running(listener):
         await listener.quiesce()  # nothing being handled: returns at once
@@ -80,10 +101,12 @@ async def test_quiesce_waits_for_the_read_being_handled(empty_db_url: str) -> No
         await asyncio.wait_for(quiet, 15)
 
 
-async def test_the_connection_rotates_and_wakes_the_enqueuer_each_time(empty_db_url: str) -> None:
+async def test_the_connection_rotates_and_wakes_the_enqueuer_each_time(
+    empty_db_url: str, mode: dict[str, Any]
+) -> None:
     wakes: list[None] = []
     listener = OutboxListener(
-        conninfo=empty_db_url, wake=lambda: wakes.append(None), rotate_after=0.2
+        conninfo=empty_db_url, wake=lambda: wakes.append(None), rotate_after=0.2, **mode
     )
     async with running(listener):
         await eventually(lambda: listener.connects >= 3, what="three connections")

@@ -5,7 +5,9 @@ the trigger sends with it, without claiming it first, and deletes it after.
 What must hold either way: every row reaches its stream once, with exactly the
 fields the claim path gives it; a row not due yet waits; a row too big for a
 notification still arrives (by the claim); Redis down hands rows to the claim
-path's retries; two enqueuers lose nothing.
+path's retries; two enqueuers lose nothing. Each holds whether the event loop
+publishes the rows or the listener's thread does (the command line's enqueuer
+on standalone Redis), and the thread publishes while the event loop is busy.
 """
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import time
 import uuid
 from typing import Any
 
 import psycopg
+import pytest
+import redis as sync_redis
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher._testing.data import insert_rows
@@ -45,6 +50,20 @@ PAYLOADS: list[str | None] = [
     json.dumps("just a string"),
     None,
 ]
+
+
+THREAD = "listener thread"
+
+
+@pytest.fixture(params=["event loop", THREAD])
+def by(request: pytest.FixtureRequest) -> str:
+    """Who publishes the notified rows."""
+    return str(request.param)
+
+
+def publisher_url(by: str, url: str) -> str | None:
+    """The enqueuer's ``thread_redis_url`` for ``by``."""
+    return url if by == THREAD else None
 
 
 def notified(enqueuer: OutboxEnqueuer) -> float:
@@ -97,10 +116,21 @@ async def count(client: RedisClient, queue: str, n: int) -> bool:
 
 
 async def test_rows_committed_while_idle_arrive_once_with_the_claim_paths_fields(
-    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+    outbox_db_url: str,
+    pool: AsyncConnectionPool[Any],
+    redis_url: str,
+    redis_standalone: RedisClient,
+    queue: str,
+    by: str,
 ) -> None:
     ids = [f"n{i}" for i in range(len(PAYLOADS))]
-    enqueuer = make_enqueuer(pool, redis_standalone, listen=outbox_db_url, poll_interval=30)
+    enqueuer = make_enqueuer(
+        pool,
+        redis_standalone,
+        listen=outbox_db_url,
+        poll_interval=30,
+        thread_redis_url=publisher_url(by, redis_url),
+    )
     async with running(enqueuer):
         await idle(enqueuer)
         for n, (row_id, payload) in enumerate(zip(ids, PAYLOADS, strict=True), 1):
@@ -108,6 +138,8 @@ async def test_rows_committed_while_idle_arrive_once_with_the_claim_paths_fields
             await eventually(lambda n=n: count(redis_standalone, queue, n))
         await eventually(lambda: _is(outbox_status(outbox_db_url) == {}))
     assert notified(enqueuer) == len(ids), "published from their notifications"
+    # by the listener's thread in that mode (which makes each shard's group too)
+    assert (enqueuer.notified.thread_rows > 0) is (by == THREAD)
     fast = await entries(redis_standalone, queue)
     assert sorted(fast) == sorted(ids)
     assert all(len(copies) == 1 for copies in fast.values()), "no duplicates"
@@ -123,10 +155,21 @@ async def test_rows_committed_while_idle_arrive_once_with_the_claim_paths_fields
 
 
 async def test_a_burst_while_idle_arrives_exactly_once(
-    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+    outbox_db_url: str,
+    pool: AsyncConnectionPool[Any],
+    redis_url: str,
+    redis_standalone: RedisClient,
+    queue: str,
+    by: str,
 ) -> None:
     """Many rows at once: the notifications and the claims that follow share them out."""
-    enqueuer = make_enqueuer(pool, redis_standalone, listen=outbox_db_url, poll_interval=30)
+    enqueuer = make_enqueuer(
+        pool,
+        redis_standalone,
+        listen=outbox_db_url,
+        poll_interval=30,
+        thread_redis_url=publisher_url(by, redis_url),
+    )
     async with running(enqueuer):
         await idle(enqueuer)
         ids = insert_rows(outbox_db_url, 1500, queue=queue, prefix="burst-")
@@ -174,12 +217,17 @@ async def test_a_row_too_big_for_a_notification_still_arrives(
 
 
 async def test_redis_down_hands_notified_rows_to_the_claim_paths_retries(
-    audited: str, pool: AsyncConnectionPool[Any], redis_process: RedisProcess, queue: str
+    audited: str, pool: AsyncConnectionPool[Any], redis_process: RedisProcess, queue: str, by: str
 ) -> None:
     outbox_db_url = audited
     client = connect_redis(redis_process.url, socket_timeout=1)
     enqueuer = make_enqueuer(
-        pool, client, listen=outbox_db_url, poll_interval=30, publish_timeout=2
+        pool,
+        client,
+        listen=outbox_db_url,
+        poll_interval=30,
+        publish_timeout=2,
+        thread_redis_url=publisher_url(by, redis_process.url),
     )
     try:
         async with running(enqueuer):
@@ -219,7 +267,7 @@ async def test_with_wait_replicas_a_row_too_few_replicas_have_is_not_deleted(
 
 
 async def test_two_enqueuers_at_idle_lose_nothing(
-    outbox_db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
+    outbox_db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str, by: str
 ) -> None:
     pools = [
         AsyncConnectionPool(
@@ -231,7 +279,13 @@ async def test_two_enqueuers_at_idle_lose_nothing(
     for p in pools:
         await p.open(wait=True)
     enqueuers = [
-        make_enqueuer(p, c, listen=outbox_db_url, poll_interval=0.2)
+        make_enqueuer(
+            p,
+            c,
+            listen=outbox_db_url,
+            poll_interval=0.2,
+            thread_redis_url=publisher_url(by, redis_url),
+        )
         for p, c in zip(pools, clients, strict=True)
     ]
     ids = [f"two-{uuid.uuid4().hex[:6]}-{i}" for i in range(200)]
@@ -249,6 +303,47 @@ async def test_two_enqueuers_at_idle_lose_nothing(
             await c.aclose()
         for p in pools:
             await p.close()
+
+
+async def test_the_listeners_thread_publishes_while_the_event_loop_is_busy(
+    outbox_db_url: str,
+    pool: AsyncConnectionPool[Any],
+    redis_url: str,
+    redis_standalone: RedisClient,
+    queue: str,
+) -> None:
+    """A row committed while the event loop is stuck reaches its stream all the same: the
+    listener's thread publishes it (the event loop only deletes it, once it runs again)."""
+    enqueuer = make_enqueuer(
+        pool, redis_standalone, listen=outbox_db_url, poll_interval=30, thread_redis_url=redis_url
+    )
+    async with running(enqueuer):
+        await idle(enqueuer)
+        # Warm: the thread makes the stream's group, the loop deletes the row.
+        await commit_rows(outbox_db_url, ["first"], queue=queue, payload=PAYLOADS[0], gap=0)
+        await eventually(lambda: count(redis_standalone, queue, 1))
+        found = _commit_and_watch(outbox_db_url, redis_url, queue, "while-busy")  # blocks
+        await eventually(lambda: _is(outbox_status(outbox_db_url) == {}))
+    assert found, "published while the event loop could not run"
+    assert notified(enqueuer) == 2
+    assert enqueuer.notified.thread_rows == 2
+    assert sorted(await entries(redis_standalone, queue)) == ["first", "while-busy"]
+
+
+def _commit_and_watch(outbox_db_url: str, redis_url: str, queue: str, row_id: str) -> bool:
+    """Commit a row and wait (up to 10 s) for its entry, blocking the event loop throughout."""
+    commit_row(outbox_db_url, row_id, queue=queue, payload=PAYLOADS[0])
+    client = sync_redis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for stream in queue_streams([queue], 4):
+                if any(f.get("outbox_id") == row_id for _, f in client.xrange(stream)):
+                    return True
+            time.sleep(0.01)
+        return False
+    finally:
+        client.close()
 
 
 async def _is(value: bool) -> bool:
