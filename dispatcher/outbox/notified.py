@@ -22,17 +22,18 @@ charged).
 A crash between the XADD and the delete leaves the row to be claimed and
 published again: a duplicate the workers suppress by its dedup key.
 
-The listener runs in a thread of its own, and with ``publish_now`` (the
-command line's enqueuer on standalone Redis, without WAIT replicas) that
-thread publishes a read's rows itself, on a Redis connection of its own,
-before the event loop hears of them: a notification that wakes the process
-goes out in straight-line code, without the event loop's wake-up, task
-switches and awaits (on an idle 2-core machine: 153 against ~280 µs from
-COMMIT to a reader's XREAD). Everything after the XADD (metrics, the
-delete, a failure handed to the claim path) runs on the event loop, as for
-the loop's own publishes. Rows the thread does not take (the flag not held,
-Redis full, the shard count due for a re-read, a stream without its group
-yet) go the loop's way, as before.
+With ``publish_now`` (the command line's enqueuer on standalone Redis,
+without WAIT replicas) the listener's connection lives in a thread of its
+own, and that thread publishes a read's rows on a Redis connection of its
+own before the event loop hears of them: a notification that wakes the
+process goes out in straight-line code, without the event loop's wake-up,
+task switches and awaits (commit to a reader's XREAD 0.21 against 0.31 ms
+through the event loop; ``benchmarks/RESULTS.md``). The thread makes a
+stream's consumer group and re-reads the shard count itself when they are
+due. Everything after the XADD (metrics, the delete, a failure handed to
+the claim path) runs on the event loop, as for the loop's own publishes.
+Rows the thread does not take (the flag not held, Redis full, a group or
+shard count it cannot make or read) go the event loop's way.
 """
 
 from __future__ import annotations
