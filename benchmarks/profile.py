@@ -67,8 +67,17 @@ def py_spy(out: Path, *, native: bool = False) -> Iterator[wc.Around]:
     yield around
 
 
+# With --native, py-spy counts a thread blocked in one of these as busy (it was a third of
+# a drain's samples: the listener's thread, waiting for notifications that never came).
+# The event loop's epoll_wait is kept: on a busy loop it returns at once, and costs.
+_WAITING = re.compile(r"^(poll|ppoll|select|pselect|__poll|__select) \(")
+
+
 def self_time(raw: list[Path]) -> Counter[str]:
-    """Samples by innermost function (``name (file)``, lines folded) over the raw files."""
+    """Samples by innermost function (``name (file)``, lines folded) over the raw files.
+
+    Samples of a thread blocked in a wait (``_WAITING``) are left out.
+    """
     found: Counter[str] = Counter()
     for path in raw:
         if not path.exists():
@@ -76,6 +85,8 @@ def self_time(raw: list[Path]) -> Counter[str]:
         for line in path.read_text().splitlines():
             stack, _, count = line.rpartition(" ")
             frame = stack.rpartition(";")[2]
+            if _WAITING.match(frame):
+                continue
             found[re.sub(r":\d+\)$", ")", frame)] += int(count)
     return found
 

@@ -140,9 +140,12 @@ class BatchPipeline:
 
     async def _shard_count(self) -> tuple[int, BaseException | None]:
         """The live shard count, or the error that every row of the batch then fails with."""
+        fresh = self._shards.fresh()
+        if fresh is not None:  # read lately: no await, no task (wait_for makes one)
+            return fresh, None
         try:
-            timeout = self.settings.publish_timeout
-            return await asyncio.wait_for(self._shards.current(), timeout), None
+            async with asyncio.timeout(self.settings.publish_timeout):
+                return await self._shards.current(), None
         except (TimeoutError, RedisError, OSError, InvalidShardCount) as exc:
             return 1, exc  # retried
 
@@ -184,15 +187,14 @@ class BatchPipeline:
         s = self.settings
         started = time.monotonic()
         try:
-            replies = await asyncio.wait_for(
-                self._publisher.publish_packed(
+            # A timeout scope, not wait_for: no task of its own, one turn of the loop less.
+            async with asyncio.timeout(s.publish_timeout):
+                replies = await self._publisher.publish_packed(
                     streams,
                     commands,
                     wait_replicas=s.wait_replicas,
                     wait_timeout_ms=s.wait_timeout_ms,
-                ),
-                s.publish_timeout,
-            )
+                )
         except (TimeoutError, RedisError, OSError) as exc:
             replies = [exc] * len(commands)
         self._metrics.publish_latency.observe(time.monotonic() - started)

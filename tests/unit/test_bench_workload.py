@@ -24,3 +24,19 @@ def test_self_time_folds_lines_of_one_function(tmp_path: Path) -> None:
         "main (a.py:1);f (b.py:10) 3\nmain (a.py:1);f (b.py:12) 2\nmain (a.py:1);g (c.py:5) 1\n"
     )
     assert self_time([raw, tmp_path / "missing"]) == {"f (b.py)": 5, "g (c.py)": 1}
+
+
+def test_self_time_leaves_out_threads_blocked_in_a_wait(tmp_path: Path) -> None:
+    """py-spy --native counts a thread blocked in poll() as busy: not the product's time."""
+    raw = tmp_path / "raw.1"
+    raw.write_text(
+        "listen (l.py:3);poll (libc.so.6) 30\n"
+        "run (a.py:1);epoll_wait (libc.so.6) 2\n"
+        "run (a.py:1);send (libc.so.6) 4\n"
+        "run (a.py:1);pollster (p.py:2) 1\n"
+    )
+    assert self_time([raw]) == {
+        "epoll_wait (libc.so.6)": 2,
+        "send (libc.so.6)": 4,
+        "pollster (p.py)": 1,
+    }

@@ -56,8 +56,16 @@ def test_a_row_goes_out_by_whichever_path_registers_it_first() -> None:
 
 
 def test_what_claims_took_is_remembered_within_a_bound() -> None:
-    inflight = InFlight(remember=2)
-    for i in ("x", "y", "z"):
-        assert inflight.claim([i])
-        inflight.unclaim([i])
-    assert inflight.notify([row("x"), row("y"), row("z")]) == [row("x")]
+    """The last ``remember`` ids a claim took are kept; none older than twice that."""
+    remember = 3
+    ids = [f"r{i}" for i in range(20)]
+    for i in ids:
+        inflight = InFlight(remember=remember)
+        for taken in ids[: ids.index(i) + 1]:
+            assert inflight.claim([taken])
+            inflight.unclaim([taken])
+        recent = set(ids[: ids.index(i) + 1][-remember:])
+        published = {r.id for r in inflight.notify([row(x) for x in ids])}
+        assert not published & recent, f"after {i}: a recent take published again"
+        too_old = set(ids[: max(0, ids.index(i) + 1 - 2 * remember)])
+        assert too_old <= published, f"after {i}: {sorted(too_old - published)} never forgotten"
