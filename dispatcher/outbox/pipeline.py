@@ -100,6 +100,7 @@ class BatchPipeline:
         size of the last batch, which it was not asked about.
         """
         s = self.settings
+        shards, unknown = await self._shard_count()  # read before the rows are locked
         claim = self._repo.claim_batch(
             s.batch_size,
             hold_for=s.hold_for,
@@ -111,7 +112,6 @@ class BatchPipeline:
                 size = len(batch)
                 if not size:
                     return 0
-                shards, unknown = await self._shard_count()
                 if not self._inflight.claim(batch.ids):
                     # Some are out from their notifications (their delete follows): let go
                     # of every row untouched, uncharged; the next claim takes the others.
@@ -126,6 +126,7 @@ class BatchPipeline:
                 if following is None:
                     return size
                 batch = following
+                shards, unknown = await self._shard_count()  # as the count is now
 
     async def _publish_and_settle(
         self,
