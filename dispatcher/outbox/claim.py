@@ -19,7 +19,7 @@ from psycopg import AsyncClientCursor, AsyncConnection
 from dispatcher.outbox.outcomes import ClaimedRow, Retry
 from dispatcher.outbox.queries import QUERIES
 
-__all__ = ["ClaimedBatch"]
+__all__ = ["SETTLE_ALL_STATEMENTS", "ClaimedBatch"]
 
 
 class ClaimedBatch:
@@ -45,6 +45,13 @@ class ClaimedBatch:
         self.settled = False
         self.targets: list[str] | None = None  # the stream each row was published to
         self.journal: asyncio.Task[None] | None = None  # the journal row being written
+        # The batch claimed in this one's settlement (``OutboxRepository.claim_next``).
+        self.next: ClaimedBatch | None = None
+
+    @property
+    def conn(self) -> AsyncConnection[Any]:
+        """The connection whose open transaction holds the batch's row locks."""
+        return self._conn
 
     def __len__(self) -> int:
         return len(self._raw)
@@ -97,13 +104,13 @@ def _retry_params(retries: Sequence[Retry]) -> dict[str, Any]:
 
 
 _COLUMNS = {f.name: i for i, f in enumerate(dataclasses.fields(ClaimedRow))}
-_SETTLE_ALL = "; ".join(
-    [
-        QUERIES["delete_claimed"].rstrip(";"),
-        QUERIES["close_journal"].rstrip(";"),
-        "COMMIT",
-    ]
+# The settlement of a batch that published whole: one statement each, the last its COMMIT.
+SETTLE_ALL_STATEMENTS = (
+    QUERIES["delete_claimed"].rstrip(";"),
+    QUERIES["close_journal"].rstrip(";"),
+    "COMMIT",
 )
+_SETTLE_ALL = "; ".join(SETTLE_ALL_STATEMENTS)
 _SETTLE_SENT = "; ".join(
     [
         QUERIES["close_journal"].rstrip(";"),

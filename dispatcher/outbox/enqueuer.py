@@ -1,7 +1,9 @@
 """The outbox enqueuer: the scheduler that runs batches, probes and maintenance.
 
 It runs claim batches (``BatchPipeline``) with bounded concurrency. While
-batches come back full (a backlog) it keeps every slot busy; otherwise it
+batches come back full (a backlog) it keeps every slot busy, and a slot
+claims its next batch in the settlement of the one before (one round trip
+for both, up to ``_CHAIN_MAX`` in a row); otherwise it
 claims again when the idle flag says so (``IdleFlag.after_claim``: linger
 between partial batches, short claims while nobody hears NOTIFY), on a
 wake-up from the LISTEN connection, or after the poll interval (retries coming
@@ -45,6 +47,11 @@ from dispatcher.stream.shard_count import LiveShardCount
 __all__ = ["EnqueuerConfig", "OutboxEnqueuer"]
 
 log = logging.getLogger(__name__)
+
+# Full batches a slot claims in its previous batch's settlement before it hands the slot back
+# to the scheduling loop (which checks for due suspects, the memory gate and stopping between
+# batches too). One claim round trip less per batch while draining.
+_CHAIN_MAX = 32
 
 DEFAULT_CONFIG = EnqueuerConfig()
 
@@ -248,10 +255,28 @@ class OutboxEnqueuer:
 
     async def _batch_in_slot(self, slots: asyncio.Semaphore) -> int:
         started = time.monotonic()
-        # Standing by, leave the flag holder what it is publishing from notifications.
-        min_age = self.config.standby_min_age if self.idle_flag.elsewhere else 0.0
+        chained = 0
+
+        async def more(count: int) -> float | None:
+            """A full batch published whole: claim the next in its settlement, unless held back.
+
+            Saying yes reports this claim here (the pipeline reports the last one's size).
+            """
+            nonlocal started, chained
+            if (
+                self._stopping
+                or chained >= _CHAIN_MAX
+                or self.probes.due()
+                or not await self.memory.allows()
+            ):
+                return None  # the main loop decides what runs next
+            chained += 1
+            await self._after_claim(count, started)
+            started = self._heartbeat = time.monotonic()
+            return self._min_age()
+
         try:
-            count = await self.pipeline.run(min_age=min_age)
+            count = await self.pipeline.run(min_age=self._min_age(), more=more)
         except Exception:
             log.exception("outbox batch failed; its rows are retried or recovered")
             count = 0
@@ -259,6 +284,10 @@ class OutboxEnqueuer:
             slots.release()
         await self._after_claim(count, started)
         return count
+
+    def _min_age(self) -> float:
+        """Standing by, leave the flag holder what it is publishing from notifications."""
+        return self.config.standby_min_age if self.idle_flag.elsewhere else 0.0
 
     async def _after_claim(self, count: int, started: float, *, notified: bool = False) -> None:
         full = count >= self.config.batch_size

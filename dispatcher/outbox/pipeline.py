@@ -21,6 +21,7 @@ import collections
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,10 @@ from dispatcher.stream.entries import PublishResult
 from dispatcher.stream.publisher import RedisStreamPublisher
 from dispatcher.stream.shard_count import InvalidShardCount, LiveShardCount
 
-__all__ = ["BatchPipeline", "BatchSettings", "publish_entries"]
+__all__ = ["BatchPipeline", "BatchSettings", "More", "publish_entries"]
+
+# Asked after a full batch published whole: the next claim's min_age, or None to stop there.
+More = Callable[[int], Awaitable[float | None]]
 
 log = logging.getLogger(__name__)
 
@@ -80,14 +84,23 @@ class BatchPipeline:
         self._metrics = metrics
         self._inflight = inflight or InFlight()
 
-    async def run(self, *, probe: bool = False, min_age: float = 0.0) -> int:
-        """Claim, publish and settle one batch; return how many rows it held.
+    async def run(
+        self, *, probe: bool = False, min_age: float = 0.0, more: More | None = None
+    ) -> int:
+        """Claim, publish and settle a batch; return how many rows the last one held.
 
         With ``probe``, the batch is one suspect row alone (see the repository).
         Rows due less than ``min_age`` seconds ago are left for another enqueuer.
+
+        With ``more``, a full batch that published whole asks it whether to claim
+        the next batch right away: ``more(rows)`` returns that claim's ``min_age``,
+        or None for no. Yes settles the batch and claims the next in one round trip
+        (``OutboxRepository.claim_next``), on the same connection; ``more`` is then
+        the report of the batch it was asked about, and the return value is the
+        size of the last batch, which it was not asked about.
         """
         s = self.settings
-        shards, unknown = await self._shard_count()
+        shards, unknown = await self._shard_count()  # read before the rows are locked
         claim = self._repo.claim_batch(
             s.batch_size,
             hold_for=s.hold_for,
@@ -95,23 +108,36 @@ class BatchPipeline:
             min_age=min_age,
         )
         async with claim as batch:
-            size = len(batch)
-            if not size:
-                return 0
-            if not self._inflight.claim(batch.ids):
-                # Some are out from their notifications (their delete follows): let go of
-                # every row untouched, uncharged; the next claim takes the others.
-                await batch.settle([])
-                return size
-            try:
-                return await self._publish_and_settle(batch, shards, unknown)
-            finally:
-                self._inflight.unclaim(batch.ids)
+            while True:
+                size = len(batch)
+                if not size:
+                    return 0
+                if not self._inflight.claim(batch.ids):
+                    # Some are out from their notifications (their delete follows): let go
+                    # of every row untouched, uncharged; the next claim takes the others.
+                    await batch.settle([])
+                    return size
+                try:
+                    following = await self._publish_and_settle(
+                        batch, shards, unknown, None if probe else more
+                    )
+                finally:
+                    self._inflight.unclaim(batch.ids)
+                if following is None:
+                    return size
+                batch = following
+                shards, unknown = await self._shard_count()  # as the count is now
 
     async def _publish_and_settle(
-        self, batch: ClaimedBatch, shards: int, unknown: BaseException | None
-    ) -> int:
+        self,
+        batch: ClaimedBatch,
+        shards: int,
+        unknown: BaseException | None,
+        more: More | None,
+    ) -> ClaimedBatch | None:
+        """Publish and settle ``batch``; the batch claimed in its settlement, if ``more`` said."""
         size = len(batch)
+        following: ClaimedBatch | None = None
         self._metrics.in_flight.inc(size)
         try:
             with contextlib.ExitStack() as spans:
@@ -121,8 +147,22 @@ class BatchPipeline:
                 self._memory.published(packed, size)
                 if outcomes.held:
                     self._memory.refused()
+            min_age = None
+            if more is not None and size >= self.settings.batch_size and len(outcomes.sent) == size:
+                try:
+                    min_age = await more(size)
+                except Exception:  # the batch published: it settles, whatever the answer
+                    log.exception("could not decide on claiming the next batch; settling this one")
             try:
-                await batch.settle(outcomes.sent, outcomes.retry, outcomes.dead)
+                if min_age is None:
+                    await batch.settle(outcomes.sent, outcomes.retry, outcomes.dead)
+                else:
+                    following = await self._repo.claim_next(
+                        batch,
+                        self.settings.batch_size,
+                        hold_for=self.settings.hold_for,
+                        min_age=min_age,
+                    )
             except BaseException:
                 self._metrics.unsettled.inc()
                 log.error(
@@ -136,7 +176,7 @@ class BatchPipeline:
             self._metrics.in_flight.dec(size)
         _report(batch, outcomes, metrics=self._metrics)
         self._metrics.batches.inc()
-        return size
+        return following
 
     async def _shard_count(self) -> tuple[int, BaseException | None]:
         """The live shard count, or the error that every row of the batch then fails with."""

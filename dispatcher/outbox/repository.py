@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import uuid
@@ -20,10 +21,11 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncClientCursor, AsyncConnection
+from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher.outbox.claim import ClaimedBatch
+from dispatcher.outbox.claim import SETTLE_ALL_STATEMENTS, ClaimedBatch
 from dispatcher.outbox.queries import QUERIES
 
 __all__ = [
@@ -33,6 +35,8 @@ __all__ = [
     "StatusCounts",
     "enqueuer_pool",
 ]
+
+log = logging.getLogger(__name__)
 
 # The enqueuer's own commits need no synchronous WAL flush: losing the last few in a
 # PostgreSQL crash only republishes rows (at-least-once). The application's dispatch
@@ -165,12 +169,52 @@ class OutboxRepository:
             try:
                 yield batch
             finally:
-                if not batch.settled:
-                    if batch.journal is not None:  # let it land: recovery counts the attempt
-                        with contextlib.suppress(Exception):
-                            await asyncio.shield(batch.journal)
-                    if not conn.closed:
-                        await conn.rollback()
+                while batch.next is not None:  # batches chained by claim_next: the last is open
+                    batch = batch.next
+                if not batch.settled and batch.journal is not None:
+                    with contextlib.suppress(Exception):  # let it land: recovery counts the attempt
+                        await asyncio.shield(batch.journal)
+                # Not settled, or a chained claim that failed after its predecessor's COMMIT.
+                open_ = conn.info.transaction_status != TransactionStatus.IDLE
+                if (not batch.settled or open_) and not conn.closed:
+                    await conn.rollback()
+
+    async def claim_next(
+        self, batch: ClaimedBatch, limit: int, *, hold_for: float, min_age: float = 0.0
+    ) -> ClaimedBatch | None:
+        """Settle ``batch`` (published whole) and claim the next one, in one round trip.
+
+        The settlement's statements, its COMMIT, then the next claim's BEGIN and
+        claim go as one simple query on the batch's connection: one execute and
+        one wake-up of its backend for two batches' work. The next batch (on the
+        same connection, within the same ``claim_batch`` block, journalled as any)
+        is returned, or None if the claim could not run (the session lost its
+        prepared claim: ``batch`` is settled all the same, as EXECUTE comes after
+        its COMMIT). Any other error leaves ``batch`` unsettled as ``settle``
+        does, though its COMMIT may have gone through before the claim failed:
+        either way the database is consistent (rows and journal row go together).
+        """
+        if batch.journal is not None:
+            await batch.journal  # its row must exist before the commit that deletes it
+        conn = batch.conn
+        cur = AsyncClientCursor(conn)
+        params = {"token": batch.token, **_claim_params(limit, min_age, hold_for)}
+        try:
+            await cur.execute(_SETTLE_THEN_BEGIN, params)
+        except psycopg.errors.InvalidSqlStatementName:
+            batch.settled = True
+            await conn.rollback()
+            _PREPARED.discard(conn)  # prepared again by the next claim_batch
+            return None
+        batch.settled = True
+        try:
+            for _ in SETTLE_ALL_STATEMENTS:
+                cur.nextset()  # past the settlement's statements and COMMIT, to BEGIN
+            batch.next = await self._claimed(conn, cur, probe=False)
+        except Exception as exc:  # not journalled, so never handed out: rolled back by claim_batch
+            log.warning("could not claim after settling a batch (claimed again later): %s", exc)
+            return None
+        return batch.next
 
     async def _prepare(self, conn: AsyncConnection[Any]) -> None:
         """Make sure this session has the claims prepared (see ``_PREPARE``)."""
@@ -189,7 +233,7 @@ class OutboxRepository:
         # pipeline: the Flush psycopg sends after a pipeline's Sync disarms the server's
         # idle-in-transaction timer, which is the whole point of hold_for.
         cur = AsyncClientCursor(conn)
-        params = {"hold_ms": str(max(1, round(hold_for * 1000))), **claim}
+        params = _claim_params(claim["limit"], claim["min_age"], hold_for)
         await self._prepare(conn)
         try:
             await cur.execute(_BEGIN_PROBE if probe else _BEGIN, params)
@@ -200,6 +244,12 @@ class OutboxRepository:
             _PREPARED.discard(conn)
             await self._prepare(conn)
             await cur.execute(_BEGIN_PROBE if probe else _BEGIN, params)
+        return await self._claimed(conn, cur, probe=probe)
+
+    async def _claimed(
+        self, conn: AsyncConnection[Any], cur: AsyncClientCursor[Any], *, probe: bool
+    ) -> ClaimedBatch:
+        """The batch whose BEGIN, set_config, claim and xact results ``cur`` is at; journalled."""
         cur.nextset()  # past BEGIN
         cur.nextset()  # past set_config
         raw = await cur.fetchall()
@@ -304,3 +354,9 @@ def _begin(claim: str) -> str:
 
 _BEGIN = _begin("claim_batch")
 _BEGIN_PROBE = _begin("claim_probe")
+# A batch's settlement when it published whole (ClaimedBatch's common case), then the next claim.
+_SETTLE_THEN_BEGIN = "; ".join([*SETTLE_ALL_STATEMENTS, _BEGIN])
+
+
+def _claim_params(limit: int, min_age: float, hold_for: float) -> dict[str, Any]:
+    return {"limit": limit, "min_age": min_age, "hold_ms": str(max(1, round(hold_for * 1000)))}

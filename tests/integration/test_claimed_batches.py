@@ -183,3 +183,76 @@ async def test_two_repositories_on_one_pool_share_its_prepared_claims(
                 assert len(batch) == 3
                 await batch.settle(batch.ids)
     assert outbox_status(outbox_db_url) == {}
+
+
+async def test_a_batch_settled_with_the_next_claim_is_one_round_trip_on_one_connection(
+    outbox_db_url: str, queue: str
+) -> None:
+    """claim_next: the settlement commits, the next batch is claimed and journalled."""
+    ids = insert_rows(outbox_db_url, 10, queue=queue)
+    async with AsyncConnectionPool(
+        outbox_db_url, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
+    ) as one:
+        repo = OutboxRepository(one)
+        seen: list[str] = []
+        async with repo.claim_batch(4, hold_for=30) as first:
+            batch = first
+            while True:
+                seen += batch.ids
+                following = await repo.claim_next(batch, 4, hold_for=30)
+                assert batch.settled
+                assert following is not None
+                if not len(following):
+                    break
+                assert (await _open_batch_rows(outbox_db_url)) == len(following), (
+                    "the next batch is journalled while it is out"
+                )
+                assert not set(following.ids) & set(seen)
+                batch = following
+        assert one.get_stats().get("requests_num") == 1, "every batch on one checkout"
+    assert sorted(seen) == sorted(ids)
+    assert outbox_status(outbox_db_url) == {}
+    assert journal(outbox_db_url) == 0
+
+
+async def test_a_chained_claim_the_session_cannot_run_leaves_the_batch_before_it_settled(
+    outbox_db_url: str, queue: str
+) -> None:
+    insert_rows(outbox_db_url, 10, queue=queue)
+    async with AsyncConnectionPool(
+        outbox_db_url, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
+    ) as one:
+        repo = OutboxRepository(one)
+        async with repo.claim_batch(4, hold_for=30) as first:
+            await first.conn.execute("DEALLOCATE ALL")  # the claim's EXECUTE comes after COMMIT
+            assert await repo.claim_next(first, 4, hold_for=30) is None
+            assert first.settled
+        assert outbox_status(outbox_db_url) == {"PENDING": 6}
+        assert journal(outbox_db_url) == 0
+        async with repo.claim_batch(4, hold_for=30) as again:  # prepared again
+            assert len(again) == 4
+            await again.settle(again.ids)
+    assert outbox_status(outbox_db_url) == {"PENDING": 2}
+
+
+async def test_a_chained_claim_left_unsettled_rolls_back_and_is_recovered(
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], queue: str
+) -> None:
+    """The last batch of a chain is the open one: leaving the block rolls it back."""
+    insert_rows(outbox_db_url, 10, queue=queue)
+    repo = OutboxRepository(pool)
+    async with repo.claim_batch(4, hold_for=30) as first:
+        second = await repo.claim_next(first, 4, hold_for=30)
+        assert second is not None
+        assert len(second) == 4
+        assert (await repo.status_counts()).in_flight == 4
+    assert outbox_status(outbox_db_url) == {"PENDING": 6}, "the first committed, the second not"
+    assert await repo.recover_batches() == Recovery(suspects=4)
+    assert {v for v in attempts(outbox_db_url).values()} == {("PENDING", 0)}
+
+
+async def _open_batch_rows(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT coalesce(sum(cardinality(ids)), 0) FROM outbox_batches")
+        found = row.fetchone()
+    return int(found[0]) if found else -1

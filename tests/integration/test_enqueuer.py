@@ -249,3 +249,38 @@ async def test_each_enqueuer_counts_in_the_registry_it_is_given(
     assert mine.get_sample_value("dispatcher_outbox_batches_total")
     assert other.get_sample_value(processed, {"queue": queue}) is None
     assert REGISTRY.get_sample_value(processed, {"queue": queue}) is None
+
+
+async def test_a_backlog_is_claimed_in_the_settlement_of_the_batch_before(
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+) -> None:
+    """One run: each full batch that published whole claims the next as it settles."""
+    ids = insert_rows(outbox_db_url, 35, queue=queue)
+    enqueuer = make_enqueuer(pool, redis_standalone, batch_size=10)
+    asked: list[int] = []
+
+    async def more(rows: int) -> float | None:
+        asked.append(rows)
+        return 0.0
+
+    last = await enqueuer.pipeline.run(more=more)
+    assert (asked, last) == ([10, 10, 10], 5), "the last batch (not full) is not asked about"
+    assert sorted(e["outbox_id"] for e in await published(redis_standalone, queue)) == sorted(ids)
+    assert outbox_status(outbox_db_url) == {}
+    with psycopg.connect(outbox_db_url) as conn:
+        assert conn.execute("SELECT count(*) FROM outbox_batches").fetchone() == (0,)
+
+
+async def test_a_slot_stops_chaining_claims_once_the_enqueuer_is_stopping(
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+) -> None:
+    insert_rows(outbox_db_url, 35, queue=queue)
+    slot = asyncio.Semaphore(0)  # _batch_in_slot gives back the slot it was started in
+    stopping = make_enqueuer(pool, redis_standalone, batch_size=10)
+    stopping.request_stop()
+    assert await stopping._batch_in_slot(slot) == 10
+    assert outbox_status(outbox_db_url) == {"PENDING": 25}, "one batch, then the loop decides"
+    chained = make_enqueuer(pool, redis_standalone, batch_size=10)
+    assert await chained._batch_in_slot(slot) == 5, "the last batch of the chain"
+    assert outbox_status(outbox_db_url) == {}
+    assert len(await published(redis_standalone, queue)) == 35
