@@ -30,6 +30,11 @@ def attempts(url: str) -> dict[str, tuple[str, int]]:
     return {r[0]: (r[1], r[2]) for r in rows}
 
 
+def one_session(url: str) -> AsyncConnectionPool[Any]:
+    """A pool of one connection: every claim and statement on the same session."""
+    return AsyncConnectionPool(url, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False)
+
+
 def journal(url: str) -> int:
     with psycopg.connect(url) as conn:
         row = conn.execute("SELECT count(*) FROM outbox_batches").fetchone()
@@ -155,9 +160,7 @@ async def test_a_session_that_lost_the_prepared_claims_claims_after_preparing_ag
     outbox_db_url: str, queue: str
 ) -> None:
     insert_rows(outbox_db_url, 10, queue=queue)
-    async with AsyncConnectionPool(
-        outbox_db_url, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
-    ) as one:
+    async with one_session(outbox_db_url) as one:
         repo = OutboxRepository(one)
         async with repo.claim_batch(4, hold_for=30) as first:
             await first.settle(first.ids)
@@ -175,9 +178,7 @@ async def test_two_repositories_on_one_pool_share_its_prepared_claims(
     outbox_db_url: str, queue: str
 ) -> None:
     insert_rows(outbox_db_url, 6, queue=queue)
-    async with AsyncConnectionPool(
-        outbox_db_url, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
-    ) as one:
+    async with one_session(outbox_db_url) as one:
         for repo in (OutboxRepository(one), OutboxRepository(one)):
             async with repo.claim_batch(3, hold_for=30) as batch:
                 assert len(batch) == 3
@@ -190,9 +191,7 @@ async def test_a_batch_settled_with_the_next_claim_is_one_round_trip_on_one_conn
 ) -> None:
     """claim_next: the settlement commits, the next batch is claimed and journalled."""
     ids = insert_rows(outbox_db_url, 10, queue=queue)
-    async with AsyncConnectionPool(
-        outbox_db_url, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
-    ) as one:
+    async with one_session(outbox_db_url) as one:
         repo = OutboxRepository(one)
         seen: list[str] = []
         async with repo.claim_batch(4, hold_for=30) as first:
@@ -219,9 +218,7 @@ async def test_a_chained_claim_the_session_cannot_run_leaves_the_batch_before_it
     outbox_db_url: str, queue: str
 ) -> None:
     insert_rows(outbox_db_url, 10, queue=queue)
-    async with AsyncConnectionPool(
-        outbox_db_url, min_size=1, max_size=1, kwargs={"autocommit": True}, open=False
-    ) as one:
+    async with one_session(outbox_db_url) as one:
         repo = OutboxRepository(one)
         async with repo.claim_batch(4, hold_for=30) as first:
             await first.conn.execute("DEALLOCATE ALL")  # the claim's EXECUTE comes after COMMIT
