@@ -3,14 +3,25 @@
 Isolation on the shared Redis: each test gets its own DB number (flushed
 before use) and its own queue name. On the suite's Cluster (DB 0 only) each
 test uses its own queue names and deletes the keys it made.
+
+DB numbers are only unique within one test session, so two sessions on the same
+Redis would flush each other's databases mid-test: a session takes its turn
+(``shared_redis_turn``, a lock file per Redis address) before its first test
+that uses the shared Redis, and keeps it to the end.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
 import os
+import sys
+import tempfile
+import urllib.parse
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import redis as sync_redis
@@ -28,8 +39,31 @@ def queue() -> str:
     return f"q{uuid.uuid4().hex[:10]}"
 
 
+@contextlib.contextmanager
+def shared_redis_turn(url: str, *, wait: bool = True) -> Iterator[bool]:
+    """Hold the lock of the Redis at ``url`` for the block; False if busy and not ``wait``."""
+    where = urllib.parse.urlsplit(url)
+    name = f"outbox-dispatcher-tests-{where.hostname}-{where.port or 6379}.lock"
+    with (Path(tempfile.gettempdir()) / name).open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                yield False
+                return
+            print(f"\nwaiting for another test session on {url} to end", file=sys.__stderr__)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield True  # the lock goes with the file's close
+
+
+@pytest.fixture(scope="session")
+def _shared_redis_alone() -> Iterator[None]:
+    with shared_redis_turn(SHARED_REDIS):
+        yield
+
+
 @pytest.fixture
-def redis_url() -> str:
+def redis_url(_shared_redis_alone: None) -> str:
     """URL of a freshly flushed DB on the machine's Redis, for this test alone."""
     url = f"{SHARED_REDIS}/{next(_db_numbers)}"
     client = sync_redis.Redis.from_url(url)
