@@ -164,8 +164,7 @@ class OutboxRepository:
         transaction back.
         """
         async with self._pool.connection() as conn:
-            claim = {"limit": limit, "min_age": min_age}
-            batch = await self._begin(conn, claim, hold_for, probe)
+            batch = await self._begin(conn, _claim_params(limit, min_age, hold_for), probe)
             try:
                 yield batch
             finally:
@@ -174,9 +173,9 @@ class OutboxRepository:
                 if not batch.settled and batch.journal is not None:
                     with contextlib.suppress(Exception):  # let it land: recovery counts the attempt
                         await asyncio.shield(batch.journal)
-                # Not settled, or a chained claim that failed after its predecessor's COMMIT.
-                open_ = conn.info.transaction_status != TransactionStatus.IDLE
-                if (not batch.settled or open_) and not conn.closed:
+                # Whatever is still open: an unsettled batch, or a chained claim that failed
+                # after its predecessor's COMMIT.
+                if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
                     await conn.rollback()
 
     async def claim_next(
@@ -227,13 +226,12 @@ class OutboxRepository:
         _PREPARED.add(conn)
 
     async def _begin(
-        self, conn: AsyncConnection[Any], claim: dict[str, Any], hold_for: float, probe: bool
+        self, conn: AsyncConnection[Any], params: dict[str, Any], probe: bool
     ) -> ClaimedBatch:
         # One simple-protocol round trip (client-side binding of three numbers). Not a
         # pipeline: the Flush psycopg sends after a pipeline's Sync disarms the server's
         # idle-in-transaction timer, which is the whole point of hold_for.
         cur = AsyncClientCursor(conn)
-        params = _claim_params(claim["limit"], claim["min_age"], hold_for)
         await self._prepare(conn)
         try:
             await cur.execute(_BEGIN_PROBE if probe else _BEGIN, params)
