@@ -64,12 +64,13 @@ def connect_redis(
     return client
 
 
-async def memory_infos(client: RedisClient) -> list[dict[str, Any]]:
-    """``INFO memory`` of the server, or of every master of a Cluster."""
+async def memory_infos(client: RedisClient, section: str = "memory") -> list[dict[str, Any]]:
+    """``INFO memory`` (or another ``section``) of the server, or of every master of a
+    Cluster."""
     if isinstance(client, RedisCluster):
-        replies = await client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+        replies = await client.info(section, target_nodes=RedisCluster.PRIMARIES)
         return [reply for reply in replies.values() if isinstance(reply, dict)]
-    return [await client.info("memory")]
+    return [await client.info(section)]
 
 
 async def check_eviction_policy(client: RedisClient) -> str | None:
