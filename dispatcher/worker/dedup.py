@@ -65,7 +65,7 @@ from redis.exceptions import NoPermissionError, NoScriptError, RedisError
 from redis.typing import EncodableT, KeyT
 
 from dispatcher.config import ConfigError
-from dispatcher.redis_client import RedisClient, memory_infos
+from dispatcher.redis_client import RedisClient, server_infos
 from dispatcher.stream.consumer import RedisPipeline
 
 __all__ = ["DONE", "AttemptGuard", "Claim", "attempt_key", "supports_claims"]
@@ -218,7 +218,7 @@ class AttemptGuard:
                 f"add +time to its ACL (see docs/security.md): {exc}"
             ) from None
         try:
-            infos = await memory_infos(self._client, "server")
+            infos = await server_infos(self._client, "server")
         except RedisError as exc:  # INFO refused (a proxy, say): the first claim will tell
             log.debug("could not read the Redis version: %s", exc)
             return
