@@ -229,8 +229,11 @@ async def measure(
             for name, variant in variants.items():
                 print(f"round {r + 1}/{rounds}: {name} ...", file=sys.stderr, flush=True)
                 rates[name].append(await one_round(client, url, variant, messages))
-                rate, cpu, _redis = rates[name][-1]
-                print(f"  {rate:,.0f} msgs/s, cpu {cpu or 0:.1f} us/msg", file=sys.stderr)
+                rate, cpu, redis_cpu = rates[name][-1]
+                print(
+                    f"  {rate:,.0f} msgs/s, cpu {cpu or 0:.1f} us/msg, Redis {redis_cpu:.1f}",
+                    file=sys.stderr,
+                )
                 await client.flushdb()  # dedup keys of the round
                 await publish_shard_count(client, SHARDS)
     finally:
@@ -258,19 +261,26 @@ def render(
         f"- load average (1/5/15 min) before: {load[0]}; after: {load[1]}",
         f"- reproduce: `.venv/bin/python -m benchmarks.worker_consume {' '.join(sys.argv[1:])}`",
         "",
-        "| variant | msgs/s (median) | min-max | vs bare | consumer CPU us/msg (median, min-max) |",
-        "|---|---:|---:|---:|---:|",
+        "| variant | msgs/s (median) | min-max | vs bare | consumer CPU us/msg (median, min-max) "
+        "| Redis CPU us/msg (median, min-max) |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for name, found in samples.items():
         rates = [rate for rate, _, _ in found]
         cpus = [cpu for _, cpu, _ in found if cpu is not None]
         median = statistics.median(rates)
-        cpu = f"{statistics.median(cpus):.1f} ({min(cpus):.1f}-{max(cpus):.1f})" if cpus else "-"
         lines.append(
             f"| {name} | {median:,.0f} | {min(rates):,.0f}-{max(rates):,.0f} "
-            f"| {median / floor:.2f}x | {cpu} |"
+            f"| {median / floor:.2f}x | {_spread(cpus)} | {_spread([r for _, _, r in found])} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _spread(values: list[float]) -> str:
+    """``median (min-max)`` to one decimal, or ``-`` for none."""
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
 
 
 def main() -> None:

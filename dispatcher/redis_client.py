@@ -19,7 +19,7 @@ __all__ = [
     "RedisClient",
     "check_eviction_policy",
     "connect_redis",
-    "memory_infos",
+    "server_infos",
 ]
 
 log = logging.getLogger(__name__)
@@ -64,12 +64,12 @@ def connect_redis(
     return client
 
 
-async def memory_infos(client: RedisClient) -> list[dict[str, Any]]:
-    """``INFO memory`` of the server, or of every master of a Cluster."""
+async def server_infos(client: RedisClient, section: str) -> list[dict[str, Any]]:
+    """``INFO <section>`` of the server, or of every master of a Cluster."""
     if isinstance(client, RedisCluster):
-        replies = await client.info("memory", target_nodes=RedisCluster.PRIMARIES)
+        replies = await client.info(section, target_nodes=RedisCluster.PRIMARIES)
         return [reply for reply in replies.values() if isinstance(reply, dict)]
-    return [await client.info("memory")]
+    return [await client.info(section)]
 
 
 async def check_eviction_policy(client: RedisClient) -> str | None:
@@ -79,7 +79,9 @@ async def check_eviction_policy(client: RedisClient) -> str | None:
     evict lease and done keys (an attempt run twice).
     """
     try:
-        policies = {str(info.get("maxmemory_policy", "?")) for info in await memory_infos(client)}
+        policies = {
+            str(info.get("maxmemory_policy", "?")) for info in await server_infos(client, "memory")
+        }
     except (RedisError, OSError) as exc:
         log.debug("could not read maxmemory-policy: %s", exc)
         return None

@@ -13,7 +13,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.outbox.backpressure import MemoryMarks, memory_ratio
 from dispatcher.outbox.repository import STATUSES, OutboxRepository
-from dispatcher.redis_client import RedisClient, memory_infos
+from dispatcher.redis_client import RedisClient, server_infos
 from dispatcher.stream.naming import (
     DEAD_STREAM_PREFIX,
     SHARDS_KEY,
@@ -66,7 +66,7 @@ async def gather_status(
         for name in await find_streams(redis, DEAD_STREAM_PREFIX)
     }
     shard_key = await redis.get(SHARDS_KEY)
-    infos = await memory_infos(redis)
+    infos = await server_infos(redis, "memory")
     ratios = [memory_ratio(info) for info in infos if int(info.get("maxmemory", 0) or 0)]
     return StatusReport(
         outbox={**{s: counts.by_status.get(s, 0) for s in STATUSES}, "IN_FLIGHT": counts.in_flight},

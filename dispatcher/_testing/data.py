@@ -9,8 +9,10 @@ thousand rows take milliseconds.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -19,8 +21,18 @@ from dispatcher.models import TaskDispatch, payload_fields
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import RedisStreamPublisher, shard_for, task_stream
 from dispatcher.stream.naming import WORKER_GROUP
+from dispatcher.worker.dedup import DONE, attempt_key
 
-__all__ = ["GROUP", "dispatch", "insert_rows", "publish", "tasks"]
+__all__ = [
+    "GROUP",
+    "Attempt",
+    "dispatch",
+    "hold_lease",
+    "insert_rows",
+    "publish",
+    "read_attempt",
+    "tasks",
+]
 
 GROUP = WORKER_GROUP
 
@@ -102,3 +114,47 @@ def insert_rows(
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(BULK_INSERT, {**params, "max_retries": max_retries, "backoff": backoff})
     return [f"{prefix}{i}" for i in range(1, n + 1)]
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """What a task attempt's key holds (``dedup.py``), read back by a test."""
+
+    runs: int  # runs started (0 once done)
+    done: bool
+    holder: str | None  # the token of the lease's holder, while one was taken and not let go
+    lease_ms: int  # ms until that lease ends by Redis's clock (<= 0: it ended)
+
+
+async def read_attempt(client: RedisClient, dedup_key: str) -> Attempt | None:
+    """The attempt's key, parsed; None if there is none."""
+    raw = await client.get(attempt_key(dedup_key))
+    if raw is None:
+        return None
+    value = raw.decode() if isinstance(raw, bytes) else raw
+    if value == DONE:
+        return Attempt(runs=0, done=True, holder=None, lease_ms=0)
+    if match := re.fullmatch(r"(\d+)\|(.*)\|(\d+)", value):
+        runs, holder, ends = match.groups()
+        return Attempt(int(runs), False, holder, int(ends) - await _redis_ms(client))
+    return Attempt(runs=int(value), done=False, holder=None, lease_ms=0)
+
+
+async def hold_lease(
+    client: RedisClient,
+    dedup_key: str,
+    *,
+    holder: str,
+    runs: int = 1,
+    lease_ms: int = 30_000,
+    window_ms: int = 60_000,
+) -> None:
+    """Write the attempt's key as a worker holding its lease would (``lease_ms`` from now
+    by Redis's clock; negative: a lease that already ended)."""
+    ends = await _redis_ms(client) + lease_ms
+    await client.set(attempt_key(dedup_key), f"{runs}|{holder}|{ends}", px=window_ms)
+
+
+async def _redis_ms(client: RedisClient) -> int:
+    seconds, micros = await client.time()
+    return int(seconds) * 1000 + int(micros) // 1000

@@ -24,7 +24,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from dispatcher.redis_client import RedisClient, memory_infos
+from dispatcher.redis_client import RedisClient, server_infos
 
 __all__ = ["MemoryMarks", "RedisMemoryGate", "memory_ratio", "paused_next"]
 
@@ -116,7 +116,7 @@ class RedisMemoryGate:
 
     async def _read(self) -> None:
         try:
-            infos = await memory_infos(self._client)
+            infos = await server_infos(self._client, "memory")
         except (RedisError, OSError) as exc:
             # Redis unreachable: publishing fails and retries as usual; do not pause on it.
             log.debug("could not read Redis memory: %s", exc)

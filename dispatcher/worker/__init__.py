@@ -9,7 +9,7 @@ the shared handler slots (``slots.py``), what happens to one delivery
 
 from dispatcher.worker.config import WorkerConfig, default_consumer_name
 from dispatcher.worker.dead_letter import dead_letter_fields
-from dispatcher.worker.dedup import AttemptGuard, Claim, attempt_key, lease_key
+from dispatcher.worker.dedup import AttemptGuard, Claim, attempt_key
 from dispatcher.worker.handler import Handler, HandlerImportError, load_handler
 from dispatcher.worker.runtime import Worker
 
@@ -23,6 +23,5 @@ __all__ = [
     "attempt_key",
     "dead_letter_fields",
     "default_consumer_name",
-    "lease_key",
     "load_handler",
 ]

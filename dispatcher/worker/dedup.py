@@ -1,30 +1,35 @@
-"""Task attempts in Redis: a lease while a run goes on, a run count, then a done mark.
+"""Task attempts in Redis: one key each, holding a lease while a run goes on, the
+runs counted, then a done mark.
 
 Delivery is at-least-once (the outbox may publish a row twice, a worker may
-die with entries in hand). Two Redis keys per task attempt
-(``TaskMessage.dedup_key`` = ``<run_id>:<task_id>:<attempt>``) turn
-duplicates into no-ops and count the attempt's runs:
+die with entries in hand). One Redis key per task attempt
+(``TaskMessage.dedup_key`` = ``<run_id>:<task_id>:<attempt>``),
+``dispatcher:attempt:<key>``, turns duplicates into no-ops and counts the
+attempt's runs. Its value is one of:
 
-- ``dispatcher:lease:<key>`` — SET NX PX with this worker's token before the
-  handler runs, renewed while the run lasts (``leases.py``), deleted (only if
-  still ours) when the run ends without success. While it exists, no other
-  delivery of the attempt runs: that delivery stays pending, is not counted,
-  and is reclaimed later.
-- ``dispatcher:attempt:<key>`` — the number of runs started (a run is a
-  handler start; taking the lease starts one), then ``done`` once a run
-  succeeded, kept for the dedup window (default 24 h) and always written
-  before the entry is acked (``settle.py``). A delivery of a done attempt is
-  acked without running. A run whose worker died still counts: its lease
-  expires, its count stays.
+- ``<runs>|<token>|<until>`` while a run holds the attempt's lease: the runs
+  started (a run is a handler start; taking the lease starts one), the
+  holder's token (worker name and a random part) and the lease's end in
+  Redis's own clock (``TIME``, ms), so no two workers' clocks are compared.
+  Taken before the handler runs, pushed a full TTL ahead while the run lasts
+  (``leases.py``). While it has not ended, no other delivery of the attempt
+  runs: that delivery stays pending, is not counted, and is reclaimed later.
+- ``<runs>`` once a run ended without success (its lease let go), or when
+  its worker died (the lease ends by itself: that run counts).
+- ``done`` once a run succeeded, always written before the entry is acked
+  (``settle.py``). A delivery of a done attempt is acked without running.
+
+The key lives for the dedup window (default 24 h) from the attempt's first
+claim, and again from its done mark. A success replaces the lease by the
+done mark in one write, so a duplicate either finds the lease held or the
+attempt done, never neither.
 
 ``claim_many`` takes the leases, counts the runs and reads the done marks of
 a whole read batch in one round trip: on standalone Redis one script call
-(``_CLAIM``), on Redis Cluster one pipeline of single-key commands, then a
-second one that counts the runs of the leases it took.
-
-After a success the lease is left to expire rather than deleted, so a
-duplicate that read "not done" just before the done mark was written cannot
-take the lease until long after the mark exists.
+(``_CLAIM``), on Redis Cluster one pipeline of the same script, a key per
+call (every script here touches one attempt key per call on Cluster, so
+each runs on the node that holds its key). A first delivery, the common
+case, costs one ``SET NX GET`` in Redis.
 
 What this does *not* guarantee (be honest with handler authors):
 
@@ -37,109 +42,129 @@ What this does *not* guarantee (be honest with handler authors):
   another worker run the same attempt concurrently.
 - Different attempts of one task (``attempt`` 1, 2...) and the same task in
   different runs are different identities by design: they are meant to run.
-- On Redis Cluster the two keys live in different slots; every operation is
-  a single-key command (or a single-key script), pipelined but never a
-  multi-key transaction, so there is no atomicity across them beyond the
-  ordering above. (On standalone Redis the batch scripts are atomic, which
-  the guarantees above do not rely on.)
-- The keys are independent of the stream: a failover that loses recent
+- The key is independent of the stream: a failover that loses recent
   writes on a replica-less primary can lose a done mark or a count too.
+- Workers of 0.1.0 kept the lease in a key of its own
+  (``dispatcher:lease:<key>``) and read a count as a bare number: while both
+  versions run (a rolling upgrade), neither sees the other's leases, so an
+  attempt delivered twice in that window may run on both. Done marks are
+  the same in both and always honoured.
 """
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import logging
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from redis.asyncio import RedisCluster
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoPermissionError, NoScriptError, RedisError
+from redis.typing import EncodableT, KeyT
 
-from dispatcher.redis_client import RedisClient
+from dispatcher.config import ConfigError
+from dispatcher.redis_client import RedisClient, server_infos
 from dispatcher.stream.consumer import RedisPipeline
 
-__all__ = ["DONE", "AttemptGuard", "Claim", "attempt_key", "lease_key"]
+__all__ = ["DONE", "AttemptGuard", "Claim", "attempt_key", "supports_claims"]
 
 log = logging.getLogger(__name__)
 
-LEASE_PREFIX = "dispatcher:lease:"
 ATTEMPT_PREFIX = "dispatcher:attempt:"
-# The attempt key's value once a run succeeded; before that, the runs started.
+# The attempt key's value once a run succeeded.
 DONE = "done"
 
-_RENEW = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('pexpire', KEYS[1], ARGV[2])
+# Every script below: KEYS are attempt keys (one per call on Cluster). ``now`` is
+# Redis's clock in ms; a value is parsed into runs, and the lease's holder and end
+# (both nil when no lease was taken since the last run ended).
+_PRELUDE = """
+local t = redis.call('time')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local function parse(value)
+  local runs, holder, ends = string.match(value, '^(%d+)|(.*)|(%d+)$')
+  if runs then
+    return tonumber(runs), holder, tonumber(ends)
+  end
+  return tonumber(value) or 0, nil, nil
 end
-return 0
 """
-# KEYS: lease and attempt key of each attempt, in pairs; ARGV: token, lease TTL
-# ms, attempt TTL ms. One integer per attempt: 0 done, -1 busy (a run holds the
-# lease), n > 0 the lease is ours and this is run n. A first delivery, the common
-# case, costs two calls: the count is written first (SET NX: no count yet), and
-# taken back if another run holds the lease after all.
-_CLAIM = """
+# ARGV: token, lease TTL ms, attempt TTL ms. One integer per attempt: 0 done, -1 busy
+# (a run holds the lease), n > 0 the lease is now ours and this is run n.
+_CLAIM = (
+    _PRELUDE
+    + """
+local lease = '|' .. ARGV[1] .. '|' .. string.format('%d', now + tonumber(ARGV[2]))
 local found = {}
-for i = 1, #KEYS, 2 do
-  if redis.call('set', KEYS[i + 1], 1, 'NX', 'PX', ARGV[3]) then
-    if redis.call('set', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
-      found[#found + 1] = 1
-    else
-      redis.call('del', KEYS[i + 1])
-      found[#found + 1] = -1
-    end
+for i = 1, #KEYS do
+  local was = redis.call('set', KEYS[i], '1' .. lease, 'NX', 'GET', 'PX', ARGV[3])
+  if not was then
+    found[i] = 1
+  elseif was == 'done' then
+    found[i] = 0
   else
-    local runs = redis.call('get', KEYS[i + 1])
-    if runs == 'done' then
-      found[#found + 1] = 0
-    elseif redis.call('set', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
-      runs = (tonumber(runs) or 0) + 1
-      redis.call('set', KEYS[i + 1], runs, 'KEEPTTL')
-      found[#found + 1] = runs
+    local runs, holder, ends = parse(was)
+    if holder and ends > now then
+      found[i] = -1
     else
-      found[#found + 1] = -1
+      runs = runs + 1
+      redis.call('set', KEYS[i], runs .. lease, 'KEEPTTL')
+      found[i] = runs
     end
   end
 end
 return found
 """
-# KEYS: lease and attempt key of each attempt, in pairs; ARGV: token. Undoes a claim whose
-# run never started: the lease goes, and so does the run it counted.
-_UNCLAIM = """
-for i = 1, #KEYS, 2 do
-  if redis.call('get', KEYS[i]) == ARGV[1] then
-    local runs = tonumber(redis.call('get', KEYS[i + 1]))
-    if runs and runs > 1 then
-      redis.call('set', KEYS[i + 1], runs - 1, 'KEEPTTL')
-    elseif runs then
-      redis.call('del', KEYS[i + 1])
+)
+# ARGV: token, runs to take back (1: the run never started; 0: it ran and failed).
+# Lets go of the leases still ours; an attempt left with no run is deleted.
+_LET_GO = (
+    _PRELUDE
+    + """
+for i = 1, #KEYS do
+  local value = redis.call('get', KEYS[i])
+  if value then
+    local runs, holder = parse(value)
+    if holder == ARGV[1] then
+      runs = runs - tonumber(ARGV[2])
+      if runs > 0 then
+        redis.call('set', KEYS[i], runs, 'KEEPTTL')
+      else
+        redis.call('del', KEYS[i])
+      end
     end
-    redis.call('del', KEYS[i])
   end
 end
 return 0
 """
-# KEYS: one attempt key; takes back one counted run (a claim whose run never started).
-_UNCOUNT = """
-local runs = tonumber(redis.call('get', KEYS[1]))
-if runs and runs > 1 then
-  return redis.call('set', KEYS[1], runs - 1, 'KEEPTTL')
-elseif runs then
-  return redis.call('del', KEYS[1])
+)
+# ARGV: token, lease TTL ms. 1 if the lease was ours and now ends a full TTL from now.
+_RENEW = (
+    _PRELUDE
+    + """
+local value = redis.call('get', KEYS[1])
+if not value then
+  return 0
 end
-return 0
-"""
-_RELEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  return redis.call('del', KEYS[1])
+local runs, holder = parse(value)
+if holder ~= ARGV[1] then
+  return 0
 end
-return 0
+local ends = string.format('%d', now + tonumber(ARGV[2]))
+redis.call('set', KEYS[1], runs .. '|' .. holder .. '|' .. ends, 'KEEPTTL')
+return 1
 """
+)
 
 
-def lease_key(dedup_key: str) -> str:
-    return f"{LEASE_PREFIX}{dedup_key}"
+def supports_claims(redis_version: str) -> bool:
+    """Whether a server of ``redis_version`` runs ``SET ... NX GET`` (7.0 on)."""
+    try:
+        major = int(redis_version.split(".")[0])
+    except ValueError:
+        return True  # not a version we can read: let the first claim tell
+    return major >= 7
 
 
 def attempt_key(dedup_key: str) -> str:
@@ -158,66 +183,66 @@ class Claim(enum.IntEnum):
 
 
 class AttemptGuard:
-    """Lease and attempt keys of task attempts, for one worker process."""
+    """The attempt keys of task attempts, for one worker process."""
 
     def __init__(
         self, client: RedisClient, *, owner: str, lease_ttl_ms: int, done_ttl_ms: int
     ) -> None:
         self._client = client
-        self._token = f"{owner}:{uuid.uuid4().hex[:12]}"
+        # '|' separates the parts of an attempt's value.
+        self._token = f"{owner.replace('|', '_')}:{uuid.uuid4().hex[:12]}"
         self.lease_ttl_ms = lease_ttl_ms
         self.done_ttl_ms = done_ttl_ms
         self._renew = client.register_script(_RENEW)
-        self._release = client.register_script(_RELEASE)
+        self._let_go = client.register_script(_LET_GO)
         self._claim = client.register_script(_CLAIM)
-        self._unclaim = client.register_script(_UNCLAIM)
-        self._uncount = client.register_script(_UNCOUNT)
         self._cluster = isinstance(client, RedisCluster)
+
+    @property
+    def token(self) -> str:
+        """What the values of the leases this guard holds name as their holder."""
+        return self._token
+
+    async def check(self) -> None:
+        """Raise ``ConfigError`` unless Redis can run the scripts: version and permissions.
+
+        A first claim is one ``SET NX GET`` (Redis 7.0 on), and leases are timed
+        by Redis's clock (``TIME``), which the worker's ACL of 0.1.0 did not
+        allow: without either, every claim would fail and every entry stay pending.
+        """
+        try:
+            await self._client.time()
+        except NoPermissionError as exc:
+            raise ConfigError(
+                "the worker's Redis user may not run TIME, which times task leases: "
+                f"add +time to its ACL (see docs/security.md): {exc}"
+            ) from None
+        try:
+            infos = await server_infos(self._client, "server")
+        except RedisError as exc:  # INFO refused (a proxy, say): the first claim will tell
+            log.debug("could not read the Redis version: %s", exc)
+            return
+        for version in {str(info.get("redis_version", "?")) for info in infos}:
+            if not supports_claims(version):
+                raise ConfigError(
+                    f"Redis {version} is too old for the worker: it needs 7.0 or later"
+                )
 
     async def claim_many(self, dedup_keys: Sequence[str]) -> list[int]:
         """Per attempt, in order: take its lease (counting the run), read its done mark.
 
         One round trip for the whole batch. A key given twice is acquired at most
-        once (SET NX): the later copy is ``BUSY`` unless the attempt is done.
+        once: the later copy is ``BUSY`` unless the attempt is done.
         """
         if not dedup_keys:
             return []
-        if self._cluster:
-            return await self._claim_pipelined(dedup_keys)
         # As bytes: redis-py packs bytes at half the cost of str, on the hot path.
-        keys = [k.encode() for key in dedup_keys for k in (lease_key(key), attempt_key(key))]
-        found: list[int] = await self._claim(
-            keys=keys, args=[self._token, self.lease_ttl_ms, self.done_ttl_ms]
-        )
-        return found
-
-    async def _claim_pipelined(self, dedup_keys: Sequence[str]) -> list[int]:
-        """Per key: SET NX the lease, GET the attempt; then count runs, let go of done ones."""
-        pipe = self._client.pipeline(transaction=False)
-        for key in dedup_keys:
-            pipe.set(lease_key(key), self._token, nx=True, px=self.lease_ttl_ms)
-            pipe.get(attempt_key(key))
-        replies = await pipe.execute()
-        claims: list[int] = []
-        count = self._client.pipeline(transaction=False)
-        taken_but_done = []
-        for key, acquired, runs in zip(dedup_keys, replies[0::2], replies[1::2], strict=True):
-            if runs == DONE:
-                claims.append(Claim.DONE)
-                if acquired:
-                    taken_but_done.append(key)
-            elif not acquired:
-                claims.append(Claim.BUSY)
-            elif runs is None:
-                claims.append(1)
-                count.set(attempt_key(key), 1, px=self.done_ttl_ms)
-            else:
-                claims.append(_as_int(runs) + 1)
-                count.set(attempt_key(key), claims[-1], keepttl=True)
-        if len(count):
-            await count.execute()
-        if taken_but_done:
-            await asyncio.gather(*(self.release(key) for key in taken_but_done))
+        keys = [attempt_key(key).encode() for key in dedup_keys]
+        args = (self._token, self.lease_ttl_ms, self.done_ttl_ms)
+        if self._cluster:
+            found = await self._each_key(self._claim, keys, args)
+            return [n for claims in found for n in claims]
+        claims: list[int] = await self._claim(keys=keys, args=args)
         return claims
 
     async def mark_done_many(self, dedup_keys: Sequence[str]) -> None:
@@ -236,46 +261,60 @@ class AttemptGuard:
     async def unclaim_many(self, dedup_keys: Sequence[str]) -> None:
         """Undo the claims of ``dedup_keys`` whose runs never started: lease and run count.
 
-        Only leases still ours are touched. On Cluster the two keys live in
-        different slots: the count is taken back while the lease (still ours,
-        checked first) keeps other workers off the attempt, then the lease goes.
+        Only leases still ours are touched.
         """
-        if not dedup_keys:
-            return
-        if not self._cluster:
-            keys = [k for key in dedup_keys for k in (lease_key(key), attempt_key(key))]
-            await self._unclaim(keys=keys, args=[self._token])
-            return
-        pipe = self._client.pipeline(transaction=False)
-        for key in dedup_keys:
-            pipe.get(lease_key(key))
-        ours = [
-            k
-            for k, holder in zip(dedup_keys, await pipe.execute(), strict=True)
-            if holder == self._token
-        ]
-        await asyncio.gather(*(self._uncount(keys=[attempt_key(k)]) for k in ours))
-        await asyncio.gather(*(self.release(k) for k in ours))
+        await self._let_go_of(dedup_keys, uncount=1)
 
     async def renew(self, dedup_key: str) -> bool:
-        """Push the lease's expiry a full TTL ahead; False if it is no longer ours."""
-        kept = await self._renew(keys=[lease_key(dedup_key)], args=[self._token, self.lease_ttl_ms])
+        """Push the lease's end a full TTL ahead; False if it is no longer ours."""
+        kept = await self._renew(
+            keys=[attempt_key(dedup_key)], args=[self._token, self.lease_ttl_ms]
+        )
         return bool(kept)
 
     async def release(self, dedup_key: str) -> None:
-        """Delete the lease if it is still ours (a failed run: let a retry take it)."""
-        await self._release(keys=[lease_key(dedup_key)], args=[self._token])
+        """Let go of the lease if it is still ours, keeping the run (a failed run: a retry
+        takes it)."""
+        await self._let_go_of([dedup_key], uncount=0)
 
     async def forget(self, dedup_key: str) -> None:
-        """Drop the attempt's run count and our lease: it was dead-lettered.
+        """Drop the attempt's run count and lease: it was dead-lettered.
 
         A replay of the dead letter then starts with a fresh run budget.
         """
-        await asyncio.gather(self._client.delete(attempt_key(dedup_key)), self.release(dedup_key))
+        await self._client.delete(attempt_key(dedup_key))
 
+    async def _let_go_of(self, dedup_keys: Sequence[str], *, uncount: int) -> None:
+        if not dedup_keys:
+            return
+        keys = [attempt_key(key) for key in dedup_keys]
+        if self._cluster:
+            await self._each_key(self._let_go, keys, (self._token, uncount))
+        else:
+            await self._let_go(keys=keys, args=[self._token, uncount])
 
-def _as_int(value: object) -> int:
-    try:
-        return int(str(value))
-    except ValueError:
-        return 0
+    async def _each_key(
+        self, script: AsyncScript, keys: Sequence[KeyT], args: Sequence[EncodableT]
+    ) -> list[Any]:
+        """``script`` once per key, in one pipeline (Redis Cluster: each on its key's node).
+
+        A node that does not know the script yet (a new or failed-over primary)
+        answers NOSCRIPT: the script is loaded on every primary and those calls
+        alone are sent again. Any other error is raised once all replies are in.
+        """
+        replies: list[Any] = [None] * len(keys)
+        todo = list(range(len(keys)))
+        for loaded in (False, True):
+            pipe = self._client.pipeline(transaction=False)
+            for i in todo:
+                pipe.evalsha(script.sha, 1, keys[i], *args)
+            for i, reply in zip(todo, await pipe.execute(raise_on_error=False), strict=True):
+                replies[i] = reply
+            todo = [i for i in todo if isinstance(replies[i], NoScriptError)]
+            if not todo or loaded:
+                break
+            await self._client.script_load(script.script)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies

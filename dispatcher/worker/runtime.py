@@ -184,6 +184,7 @@ class Worker:
         )
 
     async def _start(self) -> None:
+        await self._deliveries.verdicts.guard.check()
         shards = await self._streams.start()
         self._last_redis_ok = self._clock()
         # Not a loop of its own: it renews leases of handlers still draining.

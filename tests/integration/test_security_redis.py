@@ -309,6 +309,24 @@ def _run(command: str, *, database_url: str, redis_url: str) -> tuple[int, str]:
     return done.returncode, done.stdout + done.stderr
 
 
+def test_a_worker_whose_user_may_not_read_the_clock_stops_at_start_saying_so(
+    acl_redis: tuple[RedisProcess, dict[str, str]], outbox_db_url: str
+) -> None:
+    """The worker ACL of 0.1.0 had no +time, which leases are timed by: without the check
+    the worker would start and every claim fail, its entries pending for good."""
+    server, passwords = acl_redis
+    admin = sync_redis.Redis(port=server.port)
+    admin.execute_command("ACL", "SETUSER", "dispatcher-worker", "-time")
+    admin.close()
+    url = user_url(server.port, "dispatcher-worker", passwords["dispatcher-worker"])
+
+    code, text = _run("worker", database_url=outbox_db_url, redis_url=url)
+
+    assert code == 2, text
+    assert "may not run TIME" in text, text
+    assert "add +time to its ACL" in text, text
+
+
 def test_documented_acl_lines_parse(acl_redis: tuple[RedisProcess, dict[str, str]]) -> None:
     server, _ = acl_redis
     users = server.cli("ACL", "USERS").split()

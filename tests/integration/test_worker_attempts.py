@@ -15,12 +15,12 @@ from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
 
-from dispatcher._testing.data import publish, tasks
+from dispatcher._testing.data import publish, read_attempt, tasks
 from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import dead_letter_stream, publish_shard_count, task_stream
-from dispatcher.worker import Worker, attempt_key, lease_key
+from dispatcher.worker import Worker, attempt_key
 from tests.workers import config, metric, running
 
 
@@ -244,7 +244,10 @@ async def test_a_sync_handler_past_the_timeout_keeps_its_lease_until_its_thread_
         await eventually(lambda: bool(started), within=30)
         await eventually(refused_long_after_the_ttl, within=60)
         assert events == ["start1"]
-        assert await redis_standalone.exists(lease_key(f"{task.run_id}:{task.task_id}:1"))
+        held = await read_attempt(redis_standalone, f"{task.run_id}:{task.task_id}:1")
+        assert held is not None
+        assert held.holder is not None
+        assert held.lease_ms > 0
         unblock.set()
         await eventually(lambda: _handled_by_any(workers, queue), within=30)
 

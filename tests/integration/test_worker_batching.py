@@ -10,10 +10,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
+from redis.asyncio import RedisCluster
+
+from dispatcher._testing.data import Attempt, hold_lease, read_attempt
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import RedisStreamConsumer, RedisStreamPublisher, task_stream
 from dispatcher.stream.entries import Message
-from dispatcher.worker import AttemptGuard, Claim, attempt_key, lease_key
+from dispatcher.worker import AttemptGuard, Claim, attempt_key
 from dispatcher.worker.leases import LeaseKeeper
 from dispatcher.worker.reader import StreamReader
 from dispatcher.worker.settle import Settler
@@ -62,26 +65,50 @@ async def test_claim_many_takes_each_attempt_once_and_sees_done_marks(
 
     assert claims == [1, 1, Claim.BUSY, Claim.DONE]  # runs 1 of a and b
     assert await guard(any_redis, owner="w2").claim_many([a, b]) == [Claim.BUSY, Claim.BUSY]
-    assert not await any_redis.exists(lease_key(done))  # taken, then let go: it is done
+    assert await any_redis.get(attempt_key(done)) == "done"  # claiming it changed nothing
     await mine.release(a)
     assert await guard(any_redis, owner="w2").claim_many([a, b]) == [2, Claim.BUSY]
-    await any_redis.delete(*(k(key) for key in (a, b, done) for k in (lease_key, attempt_key)))
+    await any_redis.delete(*(attempt_key(key) for key in (a, b, done)))
 
 
-async def test_a_claim_of_an_uncounted_attempt_whose_lease_is_held_counts_nothing(
+async def test_an_attempt_is_one_key_whatever_its_state(any_redis: RedisClient, queue: str) -> None:
+    mine = guard(any_redis)
+    attempts = [f"{queue}-{n}:1" for n in range(4)]
+    await mine.claim_many(attempts)
+    await mine.release(attempts[1])
+    await mine.unclaim_many(attempts[2:3])
+    await mine.mark_done_many(attempts[3:])
+
+    found = [key async for key in any_redis.scan_iter(match=f"dispatcher:*{queue}*")]
+
+    assert sorted(found) == sorted(attempt_key(a) for a in (attempts[0], attempts[1], attempts[3]))
+    leased = await read_attempt(any_redis, attempts[0])
+    assert leased is not None
+    assert (leased.runs, leased.holder) == (1, mine.token)
+    assert leased.lease_ms > 20_000  # ours for a full TTL, by Redis's clock
+    released = Attempt(runs=1, done=False, holder=None, lease_ms=0)  # the run stays counted
+    assert await read_attempt(any_redis, attempts[1]) == released
+    await any_redis.delete(*found)
+
+
+async def test_a_claim_of_an_attempt_whose_lease_another_holds_counts_nothing(
     any_redis: RedisClient, queue: str
 ) -> None:
     held = f"{queue}-held:1"
-    await any_redis.set(lease_key(held), "someone else", px=30_000)  # no run count yet
+    await hold_lease(any_redis, held, holder="someone else", runs=2)
+    before = await any_redis.get(attempt_key(held))
 
     assert await guard(any_redis).claim_many([held]) == [Claim.BUSY]
 
-    assert not await any_redis.exists(attempt_key(held))
-    assert await any_redis.get(lease_key(held)) == "someone else"
-    await any_redis.delete(lease_key(held))
-    assert await guard(any_redis).claim_many([held]) == [1]
+    assert await any_redis.get(attempt_key(held)) == before
+    await hold_lease(any_redis, held, holder="someone else", runs=2, lease_ms=-1)  # it ended
+    mine = guard(any_redis)
+    assert await mine.claim_many([held]) == [3]  # the holder's run counts: it started
+    seen = await read_attempt(any_redis, held)
+    assert seen is not None
+    assert (seen.runs, seen.holder) == (3, mine.token)
     assert await any_redis.pttl(attempt_key(held)) > 30_000  # the dedup window, not the lease's
-    await any_redis.delete(lease_key(held), attempt_key(held))
+    await any_redis.delete(attempt_key(held))
 
 
 async def test_settle_writes_done_marks_then_acks_entries_of_many_streams(
@@ -139,19 +166,22 @@ async def test_the_keeper_renews_only_leases_held_a_third_of_the_ttl(
     await mine.claim_many([old, new, lost])
     loop = asyncio.get_running_loop()
     handles = [keeper.hold(key) for key in (old, lost)]
-    await any_redis.pexpire(lease_key(old), 1000)
-    await any_redis.set(lease_key(lost), "someone else")
+    await hold_lease(any_redis, old, holder=mine.token, lease_ms=1000)
+    await hold_lease(any_redis, lost, holder="someone else")
 
     await keeper.renew_due(now=loop.time() + 10)  # 10 s later: old is due
     keeper.hold(new)
     await keeper.renew_due(now=loop.time() + 10)  # new is not due yet
 
-    assert await any_redis.pttl(lease_key(old)) > 20_000  # pushed a full TTL ahead
+    renewed, taken = await read_attempt(any_redis, old), await read_attempt(any_redis, lost)
+    assert renewed is not None
+    assert renewed.lease_ms > 20_000
     assert len(keeper) == 2  # the lost lease is no longer renewed
-    assert await any_redis.get(lease_key(lost)) == "someone else"
+    assert taken is not None
+    assert taken.holder == "someone else"
     keeper.drop(handles[0])
     assert len(keeper) == 1
-    await any_redis.delete(*(lease_key(k) for k in (old, new, lost)))
+    await any_redis.delete(*(attempt_key(k) for k in (old, new, lost)))
 
 
 async def test_a_read_holds_no_slot_and_reads_ahead_only_after_quick_handlers(
@@ -194,10 +224,26 @@ async def test_an_unclaimed_attempt_is_free_again_without_a_counted_run(
 
     await mine.unclaim_many([once, twice, other])  # other's lease is not ours: untouched
 
-    assert not await any_redis.exists(lease_key(once), attempt_key(once), lease_key(twice))
-    assert await any_redis.get(attempt_key(twice)) == "1"
-    assert await any_redis.get(attempt_key(other)) == "1"
+    assert not await any_redis.exists(attempt_key(once))
+    assert await any_redis.get(attempt_key(twice)) == "1"  # its first run stays counted
+    theirs = await read_attempt(any_redis, other)
+    assert theirs is not None
+    assert theirs.runs == 1
+    assert theirs.holder not in (None, mine.token)
     assert await guard(any_redis, owner="w3").claim_many([once, twice, other]) == [1, 2, Claim.BUSY]
-    await any_redis.delete(
-        *(k(key) for key in (once, twice, other) for k in (lease_key, attempt_key))
-    )
+    await any_redis.delete(*(attempt_key(key) for key in (once, twice, other)))
+
+
+async def test_on_cluster_a_node_that_lost_the_scripts_gets_them_again(
+    redis_cluster: RedisClient, queue: str
+) -> None:
+    """A failed-over or new primary knows no script: the claim loads it there and goes on."""
+    mine = guard(redis_cluster)
+    first, then = [f"{queue}-{n}:1" for n in range(20)], [f"{queue}-{n}:1" for n in range(20, 40)]
+    assert await mine.claim_many(first) == [1] * 20
+    await redis_cluster.execute_command("SCRIPT FLUSH", target_nodes=RedisCluster.PRIMARIES)
+
+    assert await mine.claim_many([*first, *then]) == [Claim.BUSY] * 20 + [1] * 20
+    await mine.unclaim_many(then)
+    assert await mine.claim_many(then) == [1] * 20  # given back: nothing counted
+    await redis_cluster.delete(*(attempt_key(key) for key in [*first, *then]))

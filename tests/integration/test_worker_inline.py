@@ -11,12 +11,12 @@ import asyncio
 import contextvars
 import json
 
-from dispatcher._testing.data import publish, tasks
+from dispatcher._testing.data import publish, read_attempt, tasks
 from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskDispatch, TaskMessage, payload_fields
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import publish_shard_count, task_stream
-from dispatcher.worker import Worker, attempt_key, lease_key
+from dispatcher.worker import Worker
 from tests.workers import config, metric, running
 
 _SEEN_BY_EARLIER: contextvars.ContextVar[str | None] = contextvars.ContextVar("seen", default=None)
@@ -116,7 +116,7 @@ async def test_entries_waiting_for_a_slot_at_stop_are_given_back_uncounted(
         await asyncio.wait_for(started.wait(), 30)
 
     assert seen == [quick.task_id, slow.task_id]
-    runs = [await redis_standalone.get(attempt_key(_key(t))) for t in [slow, *waiting]]
-    assert runs == ["1", None, None]  # the two that never started were not counted
-    assert not await redis_standalone.exists(*(lease_key(_key(t)) for t in waiting))
+    seen_keys = [await read_attempt(redis_standalone, _key(t)) for t in [slow, *waiting]]
+    # The two that never started left no key: no run counted, no lease held.
+    assert [a.runs if a else None for a in seen_keys] == [1, None, None]
     assert await redis_standalone.xlen(task_stream(queue, 0)) == 3  # all three stay pending

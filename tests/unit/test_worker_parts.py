@@ -15,10 +15,10 @@ from dispatcher.worker import (
     WorkerConfig,
     attempt_key,
     dead_letter_fields,
-    lease_key,
     load_handler,
 )
 from dispatcher.worker.dead_letter import MAX_ERROR_CHARS, describe_error
+from dispatcher.worker.dedup import supports_claims
 from dispatcher.worker.handler import invoker
 from dispatcher.worker.slots import SlotPool
 
@@ -115,8 +115,15 @@ def test_config_rejects_unusable_values(changes: dict[str, object], message: str
         WorkerConfig(**{"queues": ("q",), **changes})  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("version", "ok"),
+    [("7.0.15", True), ("7.4.0", True), ("8.0.2", True), ("6.2.14", False), ("x", True)],
+)
+def test_the_worker_needs_redis_7_for_its_claims(version: str, ok: bool) -> None:
+    assert supports_claims(version) is ok
+
+
 def test_dedup_keys_name_the_task_attempt() -> None:
-    assert lease_key(MESSAGE.dedup_key) == "dispatcher:lease:r:t1:2"
     assert attempt_key(MESSAGE.dedup_key) == "dispatcher:attempt:r:t1:2"
 
 
