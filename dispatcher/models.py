@@ -23,6 +23,7 @@ __all__ = [
     "TaskDispatch",
     "TaskMessage",
     "parse_tasks",
+    "payload_args",
     "payload_fields",
 ]
 
@@ -76,19 +77,37 @@ def payload_fields(payload: str | None, outbox_id: str) -> dict[str, str]:
     not a JSON object becomes ``{"data": <raw text>}``. ``outbox_id`` is
     always added.
     """
+    flat = iter(payload_args(payload, outbox_id))
+    return dict(zip(flat, flat, strict=True))
+
+
+def payload_args(payload: str | None, outbox_id: str) -> list[str]:
+    """``payload_fields`` as XADD takes them: field, value, field, value..., in order.
+
+    The claim path packs these straight into its XADD commands (no dict per row).
+    """
     if payload is None or payload.strip() == "":
-        return {"id": outbox_id, "outbox_id": outbox_id}
+        return ["id", outbox_id, "outbox_id", outbox_id]
     doc = _json_value(payload)
     if not isinstance(doc, dict):
-        return {"data": payload, "outbox_id": outbox_id}
-    # JSON object keys are always str. Inline on purpose: this runs for every field of every
-    # row the enqueuer publishes. An int (attempt, version) has the same text as its JSON.
-    fields = {
-        k: v if type(v) is str else str(v) if type(v) is int else _json_text(v)
-        for k, v in doc.items()
-    }
-    fields["outbox_id"] = outbox_id
-    return fields
+        return ["data", payload, "outbox_id", outbox_id]
+    # JSON object keys are always str, and unique once parsed. Inline on purpose: this runs
+    # for every field of every row the enqueuer publishes. An int (attempt, version) has the
+    # same text as its JSON. A payload's own "outbox_id" keeps its place, with our value.
+    args: list[str] = []
+    append = args.append
+    for key, value in doc.items():
+        append(key)
+        if key == "outbox_id":
+            append(outbox_id)
+        elif type(value) is str:
+            append(value)
+        else:
+            append(str(value) if type(value) is int else _json_text(value))
+    if "outbox_id" not in doc:
+        append("outbox_id")
+        append(outbox_id)
+    return args
 
 
 def _json_value(text: str) -> Any:

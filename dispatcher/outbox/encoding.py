@@ -13,12 +13,12 @@ import contextlib
 import logging
 from collections.abc import Sequence
 
-from dispatcher.models import payload_fields
+from dispatcher.models import payload_args, payload_fields
 from dispatcher.outbox.claim import ClaimedBatch
 from dispatcher.outbox.outcomes import ClaimedRow
 from dispatcher.stream.entries import PublishResult
 from dispatcher.stream.naming import Router
-from dispatcher.stream.publisher import xadd_command
+from dispatcher.stream.publisher import xadd_args_command, xadd_command
 from dispatcher.tracing import child_span
 
 __all__ = [
@@ -65,9 +65,14 @@ def encode_batch(batch: ClaimedBatch, shards: int, spans: contextlib.ExitStack) 
     for i, (row_id, stream, payload, task_id) in enumerate(columns):
         try:
             target = route(stream or FALLBACK_STREAM, task_id or row_id)
-            fields = _traced(target, payload_fields(payload, row_id), spans)
+            if payload is not None and "traceparent" in payload:  # the entry gets a span
+                command = xadd_command(
+                    target, _traced(target, payload_fields(payload, row_id), spans)
+                )
+            else:
+                command = xadd_args_command(target, payload_args(payload, row_id))
             out.streams.append(target)
-            out.commands.append(xadd_command(target, fields))
+            out.commands.append(command)
         except Exception as exc:
             log.error("outbox row %s cannot be published: %s", row_id, short_error(exc))
             out.streams.append(stream)

@@ -33,6 +33,7 @@ __all__ = [
     "RedisStreamPublisher",
     "ensure_group",
     "error_code",
+    "xadd_args_command",
     "xadd_command",
 ]
 
@@ -181,9 +182,13 @@ class RedisStreamPublisher:
 
 def xadd_command(stream: str, fields: Fields) -> bytes:
     """``XADD stream * field value ...`` packed as RESP."""
+    return xadd_args_command(stream, list(itertools.chain.from_iterable(fields.items())))
+
+
+def xadd_args_command(stream: str, args: list[str]) -> bytes:
+    """``XADD stream * <args>`` packed as RESP; ``args``: field, value, field, value..."""
     # hiredis's stub declares a 1-tuple where it takes any number of arguments
-    command = ("XADD", stream, "*", *itertools.chain.from_iterable(fields.items()))
-    packed: bytes = hiredis.pack_command(command)  # type: ignore[arg-type]
+    packed: bytes = hiredis.pack_command(("XADD", stream, "*", *args))  # type: ignore[arg-type]
     return packed
 
 

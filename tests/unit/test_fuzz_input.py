@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import math
+import uuid
 from typing import Any
 
 import pytest
@@ -19,6 +20,9 @@ from hypothesis import strategies as st
 from dispatcher.cli.main import UsageError, build_parser
 from dispatcher.cli.outbox import _config
 from dispatcher.models import MalformedMessage, TaskDispatch, TaskMessage, payload_fields
+from dispatcher.outbox.claim import ClaimedBatch
+from dispatcher.outbox.encoding import encode_batch, encode_rows
+from dispatcher.outbox.outcomes import ClaimedRow
 from dispatcher.stream.naming import (
     InvalidQueueName,
     parse_task_stream,
@@ -26,6 +30,7 @@ from dispatcher.stream.naming import (
     task_stream,
     validate_queue,
 )
+from dispatcher.stream.publisher import xadd_command
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
@@ -246,3 +251,35 @@ def test_payload_fields_match_the_standard_decoder_byte_for_byte(payload: str) -
     want = _reference_fields(payload, "o-1")
     assert fields == want
     assert list(fields) == list(want)  # the field order is the entry's
+
+
+@FAST
+@given(
+    payloads=st.lists(
+        st.one_of(
+            st.none(),
+            st.text(max_size=12),
+            json_values.map(json.dumps),
+            st.dictionaries(st.text(max_size=10), json_values, max_size=6).map(json.dumps),
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+@example(payloads=['{"outbox_id": "the payload\'s own", "a": 1}', '{"k": 1, "k": "last"}'])
+@example(payloads=['{"input": "mentions traceparent", "n": 2.5}', "", "[1]"])
+def test_a_claimed_row_packs_the_entry_its_notification_would(payloads: list[str | None]) -> None:
+    """The claim path packs XADD from a flat argument list, the notified path from the
+    fields: whichever publishes a row, its entry is the same bytes."""
+    raw = [
+        (f"id-{i}", "workflow.tasks.q", p, 0, 5, 1, 0.0, f"task-{i}")
+        for i, p in enumerate(payloads)
+    ]
+    with contextlib.ExitStack() as spans:
+        claimed = encode_batch(ClaimedBatch(None, uuid.uuid4(), raw), 4, spans)  # type: ignore[arg-type]
+        entries, errors = encode_rows([ClaimedRow(*r) for r in raw], 4, spans)
+
+    assert errors == [None] * len(raw)
+    assert claimed.failed == {}
+    assert claimed.streams == [stream for stream, _ in entries]
+    assert claimed.commands == [xadd_command(stream, fields) for stream, fields in entries]
