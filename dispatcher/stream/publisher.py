@@ -182,10 +182,10 @@ class RedisStreamPublisher:
 
 def xadd_command(stream: str, fields: Fields) -> bytes:
     """``XADD stream * field value ...`` packed as RESP."""
-    return xadd_args_command(stream, list(itertools.chain.from_iterable(fields.items())))
+    return xadd_args_command(stream, itertools.chain.from_iterable(fields.items()))
 
 
-def xadd_args_command(stream: str, args: list[str]) -> bytes:
+def xadd_args_command(stream: str, args: Iterable[str]) -> bytes:
     """``XADD stream * <args>`` packed as RESP; ``args``: field, value, field, value..."""
     # hiredis's stub declares a 1-tuple where it takes any number of arguments
     packed: bytes = hiredis.pack_command(("XADD", stream, "*", *args))  # type: ignore[arg-type]

@@ -239,11 +239,7 @@ class AttemptGuard:
         # As bytes: redis-py packs bytes at half the cost of str, on the hot path.
         keys = [attempt_key(key).encode() for key in dedup_keys]
         args = (self._token, self.lease_ttl_ms, self.done_ttl_ms)
-        if self._cluster:
-            found = await self._each_key(self._claim, keys, args)
-            return [n for claims in found for n in claims]
-        claims: list[int] = await self._claim(keys=keys, args=args)
-        return claims
+        return [n for claims in await self._run(self._claim, keys, args) for n in claims]
 
     async def mark_done_many(self, dedup_keys: Sequence[str]) -> None:
         """Write the done marks of ``dedup_keys`` in one pipelined round trip."""
@@ -288,10 +284,16 @@ class AttemptGuard:
         if not dedup_keys:
             return
         keys = [attempt_key(key) for key in dedup_keys]
+        await self._run(self._let_go, keys, (self._token, uncount))
+
+    async def _run(
+        self, script: AsyncScript, keys: Sequence[KeyT], args: Sequence[EncodableT]
+    ) -> list[Any]:
+        """``script`` over ``keys``: one call on standalone Redis, one per key on Cluster
+        (the keys live in many slots); the replies of its calls."""
         if self._cluster:
-            await self._each_key(self._let_go, keys, (self._token, uncount))
-        else:
-            await self._let_go(keys=keys, args=[self._token, uncount])
+            return await self._each_key(script, keys, args)
+        return [await script(keys=keys, args=args)]
 
     async def _each_key(
         self, script: AsyncScript, keys: Sequence[KeyT], args: Sequence[EncodableT]
