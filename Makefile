@@ -3,13 +3,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install lint test test-quick demo faults bench soak e2e clean
+.PHONY: services install lint test test-quick demo faults bench soak e2e clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,demo]'
 	touch $(STAMP)
+
+# PostgreSQL, Redis and PgBouncer from Debian; PostgreSQL trusting loopback; both started on
+# their usual ports (for the demo and benchmarks: the tests start their own servers).
+services:
+	bash tools/services.sh
 
 install: $(STAMP)
 

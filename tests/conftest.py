@@ -8,3 +8,10 @@ pytest_plugins = [
     "tests.fix_proxy",
     "tests.fix_pgbouncer",
 ]
+
+
+def pytest_unconfigure(config: object) -> None:
+    """Stop the suite's own PostgreSQL and Redis (``tests.suite_servers``), if it started them."""
+    from tests.suite_servers import stop_all
+
+    stop_all()

@@ -1,4 +1,4 @@
-"""PostgreSQL fixtures on the machine's server: ``empty_db_url``, ``outbox_db_url``, ``pool``,
+"""PostgreSQL fixtures on the suite's own server: ``empty_db_url``, ``outbox_db_url``, ``pool``,
 and ``audited`` (who was charged an attempt).
 
 Each test module gets its own migrated database (created from ``template0``
@@ -10,7 +10,6 @@ A test that wants a database without the schema asks for ``empty_db_url``.
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -20,20 +19,19 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.outbox.schema import migrate
-
-ADMIN_URL = os.environ.get("TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+from tests.suite_servers import postgres_admin_url
 
 
 def _create_database(prefix: str) -> str:
     name = f"od_{prefix[:30]}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+    with psycopg.connect(postgres_admin_url(), autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
-    return psycopg.conninfo.make_conninfo(ADMIN_URL, dbname=name)
+    return psycopg.conninfo.make_conninfo(postgres_admin_url(), dbname=name)
 
 
 def _drop_database(url: str) -> None:
     name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
-    with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
+    with psycopg.connect(postgres_admin_url(), autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 

@@ -36,7 +36,7 @@ from controller.conditions import OutboxDispatcherStatus
 from controller.handlers import register
 from controller.operator import Operator
 from controller.operator_config import OperatorConfig
-from tests.fix_db import ADMIN_URL
+from tests.suite_servers import postgres_admin_url
 
 NAMESPACE = "default"
 NAME = "orders"  # the dispatcher the operator tests apply
@@ -326,7 +326,7 @@ async def post_secrets(kube: KubeEmulator, redis_url: str = "", **urls: str) -> 
     """Secrets holding a ``url``, one per keyword (``rd_worker=`` posts ``rd-worker``); with
     ``redis_url``, first the ``pg`` (the machine's PostgreSQL) and ``rd`` ``dispatcher()`` reads."""
     if redis_url:
-        urls = {"pg": ADMIN_URL, "rd": redis_url, **urls}
+        urls = {"pg": postgres_admin_url(), "rd": redis_url, **urls}
     for name, url in urls.items():
         await kube.send("post", SECRETS_URL, secret(name.replace("_", "-"), url=url))
 

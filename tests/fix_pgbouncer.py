@@ -1,8 +1,9 @@
-"""A real PgBouncer (Debian's package) in front of the machine's PostgreSQL, per test.
+"""A real PgBouncer (Debian's package) in front of the suite's PostgreSQL, per test.
 
 It runs as the ``postgres`` OS user (PgBouncer refuses root) on a free loopback
-port with its files in a temp dir, forwards every database name to
-127.0.0.1:5432 as ``postgres``, and is killed at teardown.
+port with its files in a temp dir, forwards every database name to the suite's
+PostgreSQL as its superuser, and is killed at teardown; its output is kept in
+its log, which a failure to start shows.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pytest
 
 from dispatcher._testing.servers import free_port
 from dispatcher._testing.waiting import eventually_sync
+from tests.suite_servers import postgres_admin_url
 
 __all__ = ["pgbouncer"]
 
@@ -30,9 +32,11 @@ class PgBouncerProcess:
         self.port = free_port()
         self.workdir = workdir
         config = workdir / "pgbouncer.ini"
+        server = psycopg.conninfo.conninfo_to_dict(postgres_admin_url())
         config.write_text(
             "[databases]\n"
-            "* = host=127.0.0.1 port=5432 user=postgres\n"
+            f"* = host={server.get('host', '127.0.0.1')} port={server.get('port', 5432)}"
+            f" user={server.get('user', 'postgres')}\n"
             "[pgbouncer]\n"
             f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\n"
             f"unix_socket_dir = {workdir}\n"
@@ -43,11 +47,10 @@ class PgBouncerProcess:
             f"logfile = {workdir}/pgbouncer.log\npidfile = {workdir}/pgbouncer.pid\n"
         )
         as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        self.proc = subprocess.Popen(
-            [*as_postgres, PGBOUNCER, str(config)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        with (workdir / "pgbouncer.out").open("wb") as out:
+            self.proc = subprocess.Popen(
+                [*as_postgres, PGBOUNCER, str(config)], stdout=out, stderr=subprocess.STDOUT
+            )
 
     def url(self, database_url: str) -> str:
         """``database_url`` (a database on the machine's server) reached through the pooler."""
@@ -57,6 +60,12 @@ class PgBouncerProcess:
     def log(self) -> str:
         path = self.workdir / "pgbouncer.log"
         return path.read_text() if path.exists() else ""
+
+    def output(self) -> str:
+        """What the process printed and logged: why it did not come up, if it did not."""
+        out = self.workdir / "pgbouncer.out"
+        printed = out.read_text(errors="replace") if out.exists() else ""
+        return f"exit code: {self.proc.poll()}\n{printed}{self.log()}"
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -80,10 +89,13 @@ def pgbouncer() -> Iterator[Callable[..., PgBouncerProcess]]:
         bouncer = PgBouncerProcess(Path(workdir), pool_mode, ignore)
         started.append(bouncer)
         probe = f"postgresql://postgres@127.0.0.1:{bouncer.port}/postgres"
-        eventually_sync(
-            lambda: psycopg.connect(probe, connect_timeout=1).close() is None,
-            ignoring=(psycopg.OperationalError,),
-        )
+        try:
+            eventually_sync(
+                lambda: psycopg.connect(probe, connect_timeout=1).close() is None,
+                ignoring=(psycopg.OperationalError,),
+            )
+        except AssertionError as exc:
+            pytest.fail(f"PgBouncer did not come up ({exc}):\n{bouncer.output()}")
         return bouncer
 
     yield start

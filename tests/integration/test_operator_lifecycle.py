@@ -13,7 +13,7 @@ from typing import Any
 from controller.operator import Operator
 from dispatcher._testing.waiting import eventually
 from dispatcher.redis_client import RedisClient
-from tests.fix_db import ADMIN_URL
+from tests.suite_servers import postgres_admin_url
 from tests.fix_kube import (
     CR_RESOURCE,
     CR_URL,
@@ -240,7 +240,7 @@ async def test_rotating_a_referenced_secret_rolls_the_pods_that_use_it(
     await _deploy(kube, redis_url)
     before = {name: _template_annotations(kube, name) for name in ALL}
 
-    rotated = secret("pg", url=ADMIN_URL + "?application_name=rotated")
+    rotated = secret("pg", url=postgres_admin_url() + "?application_name=rotated")
     await kube.send("patch", f"{SECRETS_URL}/pg", {"data": rotated["data"]})
 
     async def enqueuer_rolled() -> bool:
