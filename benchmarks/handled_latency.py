@@ -108,7 +108,6 @@ async def ours(env: BenchEnv, samples: int = SAMPLES) -> dict[str, float]:
         publisher=RedisStreamPublisher(enqueuer_redis, group=WORKER_GROUP),
         config=config,
         listen_conninfo=env.db_url,
-        thread_redis_url=env.redis_url,  # as `dispatcher enqueuer` runs on standalone Redis
     )
     worker = Worker(worker_redis, handler, WorkerConfig(queues=(queue,), shards=1, block_ms=1000))
     tasks = [asyncio.create_task(enqueuer.run()), asyncio.create_task(worker.run())]

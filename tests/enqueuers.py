@@ -32,7 +32,6 @@ def make_enqueuer(
     *,
     listen: str | None = None,
     registry: CollectorRegistry | None = None,
-    thread_redis_url: str | None = None,
     **config: Any,
 ) -> OutboxEnqueuer:
     return OutboxEnqueuer(
@@ -41,7 +40,6 @@ def make_enqueuer(
         config=EnqueuerConfig(**config),
         listen_conninfo=listen,
         registry=registry,
-        thread_redis_url=thread_redis_url,
     )
 
 

@@ -106,11 +106,6 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
             listen_conninfo=None if args.no_listen else dsn,
             shard_count=LiveShardCount(redis, fallback=settings.stream_shards),
             registry=REGISTRY,
-            # The listener's thread publishes idle rows on a connection of its own; on Cluster
-            # the event loop's client (which follows the slot map) does.
-            thread_redis_url=None
-            if settings.redis_cluster
-            else settings.redis_url.get_secret_value(),
         )
         server = ObservabilityServer(
             port=settings.metrics_port,

@@ -1,22 +1,17 @@
-"""Stream entries of outbox rows, for the claim path and the notified path alike.
+"""Stream entries of claimed outbox rows: routed, and packed as XADD commands.
 
-Every row a claim locks and every row published from its notification is
-routed and encoded here, by the same functions, so an entry is byte-identical
-whichever path publishes it. A claim's rows are read column by column from the
-batch (no object per row) and packed as XADD commands ready for one write.
-Whatever building one row's entry raises fails that row alone.
+A claim's rows are read column by column from the batch (no object per row)
+and packed as XADD commands ready for one write. Whatever building one row's
+entry raises fails that row alone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
 
 from dispatcher.models import payload_args, payload_fields
 from dispatcher.outbox.claim import ClaimedBatch
-from dispatcher.outbox.outcomes import ClaimedRow
-from dispatcher.stream.entries import PublishResult
 from dispatcher.stream.naming import Router
 from dispatcher.stream.publisher import xadd_args_command, xadd_command
 from dispatcher.tracing import child_span
@@ -26,7 +21,6 @@ __all__ = [
     "EncodedBatch",
     "Entry",
     "encode_batch",
-    "encode_rows",
     "short_error",
 ]
 
@@ -79,34 +73,6 @@ def encode_batch(batch: ClaimedBatch, shards: int, spans: contextlib.ExitStack) 
             out.commands.append(b"")
             out.failed[i] = exc
     return out
-
-
-def encode_rows(
-    rows: Sequence[ClaimedRow],
-    shards: int,
-    spans: contextlib.ExitStack,
-    *,
-    route: Router | None = None,
-) -> tuple[list[Entry], list[PublishResult | None]]:
-    """Route and encode rows one by one (as a claim's are), as (stream, fields) entries.
-
-    The second list has one item per row: None for a row whose entry is in the
-    first list (in order), the error for a row that cannot be encoded. ``route``:
-    a router at ``shards`` kept from earlier calls (its stream names are made once).
-    """
-    if route is None or route.shards != max(shards, 1):
-        route = Router(shards)
-    results: list[PublishResult | None] = []
-    entries: list[Entry] = []
-    for row in rows:
-        try:
-            target = route(row.stream or FALLBACK_STREAM, row.task_id or row.id)
-            entries.append((target, _traced(target, payload_fields(row.payload, row.id), spans)))
-            results.append(None)
-        except Exception as exc:
-            log.error("outbox row %s cannot be published: %s", row.id, short_error(exc))
-            results.append(PublishResult(stream=row.stream, error=exc))
-    return entries, results
 
 
 def _traced(stream: str, fields: dict[str, str], spans: contextlib.ExitStack) -> dict[str, str]:

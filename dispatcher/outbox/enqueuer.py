@@ -7,9 +7,9 @@ for both, up to ``_CHAIN_MAX`` in a row); otherwise it
 claims again when the idle flag says so (``IdleFlag.after_claim``: linger
 between partial batches, short claims while nobody hears NOTIFY), on a
 wake-up from the LISTEN connection, or after the poll interval (retries coming
-due, lost notifications). While it holds the idle flag, rows that commit come
-in their notifications and go out without a claim (``NotifiedRows``); while
-another enqueuer holds it, notifications are that one's and this one stands by.
+due, lost notifications). A notification is a hint, never data: an empty one
+wakes a claim, anything else on the channel is counted and ignored
+(``NotificationHints``), so only rows read from the table are published.
 
 Above a high mark of Redis memory (``RedisMemoryGate``) it claims nothing and
 rows wait in the outbox, uncharged, until workers have made room.
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import time
 from typing import Any
@@ -33,11 +32,9 @@ from prometheus_client import CollectorRegistry
 from dispatcher.outbox.backpressure import MemoryMarks, RedisMemoryGate
 from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.idle_flag import IdleFlag
-from dispatcher.outbox.inflight import InFlight
-from dispatcher.outbox.listener import OutboxListener
+from dispatcher.outbox.listener import NotificationHints, OutboxListener
 from dispatcher.outbox.maintenance import Maintenance
 from dispatcher.outbox.metrics import EnqueuerMetrics
-from dispatcher.outbox.notified import NotifiedRows
 from dispatcher.outbox.pipeline import BatchPipeline
 from dispatcher.outbox.probes import SuspectProbes
 from dispatcher.outbox.repository import OutboxRepository
@@ -60,9 +57,7 @@ class OutboxEnqueuer:
     """Drains the outbox into Redis Streams until ``request_stop()``.
 
     ``listen_conninfo`` enables the LISTEN wake-up; without it the enqueuer
-    only polls. ``thread_redis_url`` (standalone Redis, the publisher's) lets
-    the listener's thread publish notified rows itself (``NotifiedRows``).
-    ``shard_count`` is the count rows are routed by when published
+    only polls. ``shard_count`` is the count rows are routed by when published
     (by default read live from the publisher's Redis). Metrics go to
     ``registry`` (the CLI passes the process-wide one it serves; by default a
     registry of this enqueuer's own).
@@ -77,7 +72,6 @@ class OutboxEnqueuer:
         listen_conninfo: str | None = None,
         shard_count: LiveShardCount | None = None,
         registry: CollectorRegistry | None = None,
-        thread_redis_url: str | None = None,
     ) -> None:
         self.config = config
         self._repo = repository
@@ -87,14 +81,12 @@ class OutboxEnqueuer:
         self.metrics = EnqueuerMetrics(registry if registry is not None else CollectorRegistry())
         self.metrics.backpressure.set_function(lambda: 1 if self.memory.paused else 0)
         shard_count = shard_count or LiveShardCount(publisher.client)
-        inflight = InFlight()
         self.pipeline = BatchPipeline(
             repository=repository,
             publisher=publisher,
             settings=config.batch_settings(),
             shard_count=shard_count,
             memory=self.memory,
-            inflight=inflight,
             metrics=self.metrics,
         )
         self.probes = SuspectProbes(
@@ -110,20 +102,6 @@ class OutboxEnqueuer:
             metrics=self.metrics,
             policy=config.idle_policy(),
         )
-        self.notified = NotifiedRows(
-            repository=repository,
-            publisher=publisher,
-            settings=config.batch_settings(),
-            flag=self.idle_flag,
-            inflight=inflight,
-            shard_count=shard_count,
-            memory=self.memory,
-            metrics=self.metrics,
-            wake=self.wake,
-            # A publish from notifications counts as a claim for the idle flag's decisions.
-            published=functools.partial(self._after_claim, notified=True),
-            thread_redis_url=thread_redis_url,
-        )
         self.maintenance = Maintenance(
             repository=repository,
             metrics=self.metrics,
@@ -138,13 +116,12 @@ class OutboxEnqueuer:
         self._stopping = False
         self._backlog = False
         self._heartbeat = time.monotonic()
+        self.hints = NotificationHints(wake=self._on_hint, metrics=self.metrics)
         self.listener = (
             OutboxListener(
                 conninfo=listen_conninfo,
+                notified=self.hints.receive,
                 wake=self.wake,
-                notified=self._on_notification,
-                after_read=self.notified.publish_received,
-                publish_now=self.notified.publish_now if self.notified.publishes_now else None,
                 rotate_after=config.listener_rotate_after,
                 on_state=self._listener_state,
             )
@@ -169,12 +146,8 @@ class OutboxEnqueuer:
         """Ask the loop to claim now; any number of calls collapse into one wake-up."""
         self._kick.set()
 
-    def _on_notification(self, message: str) -> None:
-        if self.idle_flag.held:
-            self.notified.receive(message)
-        elif message:
-            self.idle_flag.someone_idle()  # the row is the flag holder's to publish
-        elif not self.idle_flag.elsewhere:
+    def _on_hint(self) -> None:
+        if not self.idle_flag.elsewhere:  # standing by, the flag holder claims what commits
             self.wake()
 
     def request_stop(self) -> None:
@@ -191,7 +164,6 @@ class OutboxEnqueuer:
             "outbox enqueuer starting",
             extra={"batch_size": self.config.batch_size, "concurrency": self.config.concurrency},
         )
-        self.notified.bind(asyncio.get_running_loop())
         first_pass = asyncio.Event()
         helpers = [
             asyncio.create_task(self.maintenance.loop(first_pass), name="outbox-maintenance")
@@ -206,16 +178,9 @@ class OutboxEnqueuer:
             await self._main_loop(batches)
         finally:
             await self._drain(batches)
-            if self.listener:  # a publish from notifications in progress finishes first
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.config.shutdown_timeout):
-                        await self.listener.quiesce()
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
-            with contextlib.suppress(TimeoutError):  # its deletes need the pool
-                async with asyncio.timeout(self.config.shutdown_timeout):
-                    await self.notified.aclose()
             await self.idle_flag.aclose()
             await self._repo.aclose()
             log.info("outbox enqueuer stopped")
@@ -273,10 +238,10 @@ class OutboxEnqueuer:
             chained += 1
             await self._after_claim(count, started)
             started = self._heartbeat = time.monotonic()
-            return self._min_age()
+            return 0.0
 
         try:
-            count = await self.pipeline.run(min_age=self._min_age(), more=more)
+            count = await self.pipeline.run(more=more)
         except Exception:
             log.exception("outbox batch failed; its rows are retried or recovered")
             count = 0
@@ -285,11 +250,7 @@ class OutboxEnqueuer:
         await self._after_claim(count, started)
         return count
 
-    def _min_age(self) -> float:
-        """Standing by, leave the flag holder what it is publishing from notifications."""
-        return self.config.standby_min_age if self.idle_flag.elsewhere else 0.0
-
-    async def _after_claim(self, count: int, started: float, *, notified: bool = False) -> None:
+    async def _after_claim(self, count: int, started: float) -> None:
         full = count >= self.config.batch_size
         self._backlog = full
         try:
@@ -299,7 +260,6 @@ class OutboxEnqueuer:
                 ended=time.monotonic(),
                 full=full,
                 can_listen=self._can_listen(),
-                notified=notified,
             )
         except Exception as exc:
             log.warning("could not update the idle flag: %s", exc)

@@ -47,10 +47,6 @@ class EnqueuerConfig:
     listener_rotate_after: float = 600.0
     # The idle flag's policy (see IdlePolicy for each).
     busy_at_rows: int = 2
-    busy_at_notified: int = 10
-    # While another enqueuer holds the idle flag, this one's claims leave rows due for less
-    # than this (the holder publishes them from their notifications within milliseconds).
-    standby_min_age: float = 5.0
     idle_confirm_after: float = 0.005
     linger: float = 0.002
     blocked_claim_every: float = 0.005
@@ -95,7 +91,6 @@ class EnqueuerConfig:
     def idle_policy(self) -> IdlePolicy:
         return IdlePolicy(
             busy_at_rows=self.busy_at_rows,
-            busy_at_notified=self.busy_at_notified,
             idle_confirm_after=self.idle_confirm_after,
             linger=self.linger,
             blocked_claim_every=self.blocked_claim_every,

@@ -18,10 +18,10 @@ the decisions around it, made after every claim:
   commit NOTIFYs, so claims keep coming every few milliseconds; they back off
   towards the poll interval only after finding nothing for
   ``blocked_backoff_after`` seconds;
-* while another enqueuer holds it (``elsewhere``), that one publishes every
-  commit from its notification: this one stands by, claiming once a poll
-  interval (a holder that stopped working without losing its session must not
-  stall dispatch) and trying the flag again after.
+* while another enqueuer holds it (``elsewhere``), that one claims what
+  commits when notified: this one stands by, claiming once a poll interval (a
+  holder that stopped working without losing its session must not stall
+  dispatch) and trying the flag again after.
 """
 
 from __future__ import annotations
@@ -47,11 +47,8 @@ IDLE_FLAG_KEY = 0x6F626964_6C65  # "obidle"
 
 @dataclass(frozen=True, slots=True)
 class IdlePolicy:
-    # Drop the flag when one claim finds at least this many rows...
+    # Drop the flag when one claim finds at least this many rows.
     busy_at_rows: int = 2
-    # ...or one publish from notifications holds this many: they cost no claim, so a few
-    # committed together (or read late by a loaded enqueuer) are no reason to stop.
-    busy_at_notified: int = 10
     # An empty claim is confirmed by a second one, started at least this many seconds after
     # the first ended, before taking the flag (concurrent empty claims do not confirm each
     # other).
@@ -97,7 +94,6 @@ class IdleDecider:
         held: bool,
         listening: bool,
         elsewhere: bool = False,
-        notified: bool = False,
     ) -> Step:
         policy = self.policy
         if elsewhere and not held and not full:
@@ -106,7 +102,7 @@ class IdleDecider:
             self._quiet_since = None
             self._last_found = ended
             self._blocked_delay = policy.blocked_claim_every
-            drop = held and count >= (policy.busy_at_notified if notified else policy.busy_at_rows)
+            drop = held and count >= policy.busy_at_rows
             if full:
                 return Step(drop=drop, delay=0.0)
             return Step(drop=drop, delay=None if held and not drop else policy.linger)
@@ -123,8 +119,8 @@ class IdleDecider:
         """Seconds until the next claim after trying to take the flag."""
         policy = self.policy
         if elsewhere:
-            # Its holder publishes what commits; a claim here would mostly race it for rows
-            # between their XADD and their delete (a duplicate each time it wins).
+            # Its holder claims what commits when notified: this one's claims would only
+            # find nothing, or take rows from under it, at the cost of a round trip each.
             return policy.max_delay
         if taken:
             self._blocked_delay = policy.blocked_claim_every
@@ -170,12 +166,10 @@ class IdleFlag:
         ended: float,
         full: bool,
         can_listen: bool,
-        notified: bool = False,
     ) -> float | None:
         """Act on one claim's result; seconds until the next claim (None: await a wake-up).
 
-        ``started``/``ended`` are the claim's times on the ``clock``; ``notified``:
-        the rows were published from their notifications, not claimed.
+        ``started``/``ended`` are the claim's times on the ``clock``.
         """
         async with self._lock:
             if full:
@@ -188,7 +182,6 @@ class IdleFlag:
                 held=self.held,
                 listening=can_listen,
                 elsewhere=self.elsewhere,
-                notified=notified,
             )
             if step.drop:
                 await self._drop()
@@ -198,15 +191,6 @@ class IdleFlag:
             if taken:
                 self._metrics.idle_announced.inc()
             return self._decider.on_take(taken=taken, ended=ended, elsewhere=self.elsewhere)
-
-    def someone_idle(self) -> None:
-        """A notification carrying a row reached this enqueuer, which does not hold the flag.
-
-        Some enqueuer held the flag when that row was inserted: another one,
-        unless this one dropped it lately (its own rows still arriving).
-        """
-        if not self.held and self._clock() - self._lost_at > self.policy.max_delay:
-            self.elsewhere = True
 
     async def look(self) -> None:
         """Whether another enqueuer holds the flag, before this one's first claim."""

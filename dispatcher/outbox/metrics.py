@@ -48,9 +48,9 @@ class EnqueuerMetrics:
             "Batches whose settling transaction failed (rows rolled back, published again)",
         )
         self.batches = declare.counter("batches", "Claim batches processed (non-empty)")
-        self.notified_rows = declare.counter(
-            "notified_rows",
-            "Outbox rows published from their notification, without a claim (the idle path)",
+        self.notifications_ignored = declare.counter(
+            "notifications_ignored",
+            "Notifications on outbox_new with a payload (the trigger sends none): not trusted",
         )
         self.idle_announced = declare.counter(
             "idle_announcements",

@@ -29,8 +29,7 @@ from redis.exceptions import RedisError
 
 from dispatcher.outbox.backpressure import RedisMemoryGate
 from dispatcher.outbox.claim import ClaimedBatch
-from dispatcher.outbox.encoding import Entry, encode_batch
-from dispatcher.outbox.inflight import InFlight
+from dispatcher.outbox.encoding import encode_batch
 from dispatcher.outbox.metrics import EnqueuerMetrics, observe_ages, queue_label
 from dispatcher.outbox.outcomes import Outcomes, plan_outcomes
 from dispatcher.outbox.repository import OutboxRepository
@@ -38,7 +37,7 @@ from dispatcher.stream.entries import PublishResult
 from dispatcher.stream.publisher import RedisStreamPublisher
 from dispatcher.stream.shard_count import InvalidShardCount, LiveShardCount
 
-__all__ = ["BatchPipeline", "BatchSettings", "More", "publish_entries"]
+__all__ = ["BatchPipeline", "BatchSettings", "More"]
 
 # Asked after a full batch published whole: the next claim's min_age, or None to stop there.
 More = Callable[[int], Awaitable[float | None]]
@@ -74,7 +73,6 @@ class BatchPipeline:
         settings: BatchSettings = BatchSettings(),
         shard_count: LiveShardCount | None = None,
         memory: RedisMemoryGate | None = None,
-        inflight: InFlight | None = None,
     ) -> None:
         self.settings = settings
         self._repo = repository
@@ -82,7 +80,6 @@ class BatchPipeline:
         self._shards = shard_count or LiveShardCount(publisher.client)
         self._memory = memory
         self._metrics = metrics
-        self._inflight = inflight or InFlight()
 
     async def run(
         self, *, probe: bool = False, min_age: float = 0.0, more: More | None = None
@@ -112,17 +109,9 @@ class BatchPipeline:
                 size = len(batch)
                 if not size:
                     return 0
-                if not self._inflight.claim(batch.ids):
-                    # Some are out from their notifications (their delete follows): let go
-                    # of every row untouched, uncharged; the next claim takes the others.
-                    await batch.settle([])
-                    return size
-                try:
-                    following = await self._publish_and_settle(
-                        batch, shards, unknown, None if probe else more
-                    )
-                finally:
-                    self._inflight.unclaim(batch.ids)
+                following = await self._publish_and_settle(
+                    batch, shards, unknown, None if probe else more
+                )
                 if following is None:
                     return size
                 batch = following
@@ -239,30 +228,6 @@ class BatchPipeline:
             replies = [exc] * len(commands)
         self._metrics.publish_latency.observe(time.monotonic() - started)
         return replies
-
-
-async def publish_entries(
-    publisher: RedisStreamPublisher,
-    entries: list[Entry],
-    *,
-    settings: BatchSettings,
-    metrics: EnqueuerMetrics,
-) -> list[PublishResult]:
-    """One pipelined publish (with WAIT when asked), bounded by the publish timeout."""
-    if not entries:
-        return []
-    s = settings
-    started = time.monotonic()
-    try:
-        # A timeout scope, not wait_for: no task of its own, one turn of the loop less.
-        async with asyncio.timeout(s.publish_timeout):
-            results = await publisher.publish_many(
-                entries, wait_replicas=s.wait_replicas, wait_timeout_ms=s.wait_timeout_ms
-            )
-    except (TimeoutError, RedisError, OSError) as exc:
-        results = [PublishResult(stream=stream, error=exc) for stream, _ in entries]
-    metrics.publish_latency.observe(time.monotonic() - started)
-    return results
 
 
 def _outcomes(batch: ClaimedBatch, replies: list[Any]) -> Outcomes:

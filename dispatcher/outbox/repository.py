@@ -15,7 +15,7 @@ import os
 import socket
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -294,10 +294,6 @@ class OutboxRepository:
             suspects=int(row["suspects"]),
             foreign=foreign,
         )
-
-    async def delete_notified(self, ids: Sequence[str]) -> None:
-        """Delete rows published from their notifications, in one statement."""
-        await self._execute("delete_notified", {"ids": list(ids)})
 
     async def suspects_due_in(self) -> float | None:
         """Seconds until the next suspect is due (<= 0: now), or None without suspects."""

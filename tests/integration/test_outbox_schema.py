@@ -48,12 +48,11 @@ def test_schema_has_the_contract_objects(outbox_db_url: str) -> None:
             "SELECT prosrc FROM pg_proc WHERE proname = 'composer_notify_outbox'"
         ).fetchone()
     assert trigger is not None
-    # One event per row, run at commit, only while an enqueuer holds the idle flag.
-    assert "CONSTRAINT TRIGGER outbox_notify AFTER INSERT ON public.outbox" in trigger[1]
-    assert "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW" in trigger[1]
+    # One per statement, only while an enqueuer holds the idle flag, carrying nothing.
+    assert "TRIGGER outbox_notify AFTER INSERT ON public.outbox FOR EACH STATEMENT" in trigger[1]
     assert "WHEN ((NOT pg_try_advisory_xact_lock_shared(" in trigger[1]
     assert fn is not None
-    assert "pg_notify('outbox_new'" in fn[0]
+    assert "pg_notify('outbox_new', '')" in fn[0]
     assert options is not None
     assert "autovacuum_vacuum_scale_factor=0.0" in options[0]
 

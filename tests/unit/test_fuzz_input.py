@@ -21,10 +21,10 @@ from dispatcher.cli.main import UsageError, build_parser
 from dispatcher.cli.outbox import _config
 from dispatcher.models import MalformedMessage, TaskDispatch, TaskMessage, payload_fields
 from dispatcher.outbox.claim import ClaimedBatch
-from dispatcher.outbox.encoding import encode_batch, encode_rows
-from dispatcher.outbox.outcomes import ClaimedRow
+from dispatcher.outbox.encoding import encode_batch
 from dispatcher.stream.naming import (
     InvalidQueueName,
+    Router,
     parse_task_stream,
     shard_for,
     task_stream,
@@ -268,18 +268,19 @@ def test_payload_fields_match_the_standard_decoder_byte_for_byte(payload: str) -
 )
 @example(payloads=['{"outbox_id": "the payload\'s own", "a": 1}', '{"k": 1, "k": "last"}'])
 @example(payloads=['{"input": "mentions traceparent", "n": 2.5}', "", "[1]"])
-def test_a_claimed_row_packs_the_entry_its_notification_would(payloads: list[str | None]) -> None:
-    """The claim path packs XADD from a flat argument list, the notified path from the
-    fields: whichever publishes a row, its entry is the same bytes."""
+def test_a_claimed_row_packs_the_entry_its_fields_make(payloads: list[str | None]) -> None:
+    """The claim packs XADD from a flat argument list, a traced row from its fields (the
+    span's context goes in): either way, an entry is the same bytes."""
     raw = [
         (f"id-{i}", "workflow.tasks.q", p, 0, 5, 1, 0.0, f"task-{i}")
         for i, p in enumerate(payloads)
     ]
     with contextlib.ExitStack() as spans:
         claimed = encode_batch(ClaimedBatch(None, uuid.uuid4(), raw), 4, spans)  # type: ignore[arg-type]
-        entries, errors = encode_rows([ClaimedRow(*r) for r in raw], 4, spans)
 
-    assert errors == [None] * len(raw)
     assert claimed.failed == {}
-    assert claimed.streams == [stream for stream, _ in entries]
-    assert claimed.commands == [xadd_command(stream, fields) for stream, fields in entries]
+    assert claimed.streams == [Router(4)("workflow.tasks.q", f"task-{i}") for i in range(len(raw))]
+    assert claimed.commands == [
+        xadd_command(stream, payload_fields(row[2], row[0]))
+        for stream, row in zip(claimed.streams, raw, strict=True)
+    ]

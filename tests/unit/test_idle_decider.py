@@ -6,7 +6,6 @@ from dispatcher.outbox.idle_flag import IdleDecider, IdlePolicy, Step
 
 POLICY = IdlePolicy(
     busy_at_rows=2,
-    busy_at_notified=10,
     idle_confirm_after=0.005,
     linger=0.002,
     blocked_claim_every=0.005,
@@ -75,12 +74,3 @@ def test_while_another_enqueuer_holds_the_flag_this_one_claims_once_a_poll() -> 
     assert decider.on_take(taken=False, ended=3.001, elsewhere=True) == POLICY.max_delay
     # A full batch is a backlog: every enqueuer drains it.
     assert claim(decider, 4.0, count=100, full=True, elsewhere=True) == Step(delay=0.0)
-
-
-def test_rows_published_from_notifications_drop_the_flag_only_in_numbers() -> None:
-    decider = IdleDecider(POLICY, now=0.0)
-    assert claim(decider, 1.0, count=3, held=True, notified=True) == Step()
-    busy = POLICY.busy_at_notified
-    assert claim(decider, 1.1, count=busy, held=True, notified=True) == Step(
-        drop=True, delay=POLICY.linger
-    )

@@ -93,11 +93,6 @@ DELETE FROM outbox
 -- Rows of this batch (locked by this transaction) whose entries Redis acknowledged.
 DELETE FROM outbox WHERE id = ANY(%(ids)s);
 
--- name: delete_notified
--- Autocommitted: rows published from their notifications (never locked by this enqueuer).
--- A row a claim holds is waited for; a row already gone is not there to delete.
-DELETE FROM outbox WHERE id = ANY(%(ids)s);
-
 -- name: schedule_retries
 UPDATE outbox o
    SET status = 'RETRY', attempt_count = r.attempt,
