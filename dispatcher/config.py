@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import psycopg
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -21,6 +22,7 @@ from dispatcher.stream.naming import DEFAULT_SHARDS
 
 __all__ = [
     "CONNECTION_OPTIONS",
+    "CONNECT_TIMEOUT",
     "DATABASE_URL",
     "LOG_FORMAT",
     "LOG_LEVEL",
@@ -35,6 +37,10 @@ __all__ = [
 
 class ConfigError(ValueError):
     """A setting is missing or unusable; the message names it."""
+
+
+# Seconds to wait for a PostgreSQL or Redis server to answer a new connection.
+CONNECT_TIMEOUT = 10
 
 
 DATABASE_URL = Option(
@@ -113,6 +119,22 @@ class Settings(BaseSettings):
     metrics_port: int = pydantic_field(METRICS_PORT)
 
     def require_database_url(self) -> str:
+        """The database URL, with a connect timeout unless it names one.
+
+        Without one, libpq waits for a server that accepts and never answers for as
+        long as the kernel keeps the connection: a start-up that hangs, saying nothing.
+        """
         if self.database_url is None:
             raise ConfigError("DATABASE_URL is not set (or pass --database-url)")
-        return self.database_url.get_secret_value()
+        url = self.database_url.get_secret_value()
+        try:
+            given = psycopg.conninfo.conninfo_to_dict(url)
+        except psycopg.ProgrammingError:
+            # psycopg's message quotes the text, password included: say which setting instead.
+            raise ConfigError(
+                "DATABASE_URL (or --database-url) is not a PostgreSQL URL or connection string "
+                "(postgresql://USER:PASSWORD@HOST:PORT/DB)"
+            ) from None
+        if "connect_timeout" in given:
+            return url
+        return psycopg.conninfo.make_conninfo(url, connect_timeout=CONNECT_TIMEOUT)

@@ -32,6 +32,7 @@ def connect_redis(
     *,
     cluster: bool = False,
     socket_timeout: float | None = None,
+    socket_connect_timeout: float = 10.0,
     health_check_interval: int = 30,
 ) -> RedisClient:
     """Create (lazily connecting) an asyncio client for ``url``.
@@ -44,6 +45,7 @@ def connect_redis(
             url,
             decode_responses=True,
             socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_connect_timeout,
             health_check_interval=health_check_interval,
         )
         # RedisCluster takes no connection class (it picks redis-py's TCP or TLS one); its
@@ -57,6 +59,7 @@ def connect_redis(
         url,
         decode_responses=True,
         socket_timeout=socket_timeout,
+        socket_connect_timeout=socket_connect_timeout,
         health_check_interval=health_check_interval,
     )
     pool = client.connection_pool

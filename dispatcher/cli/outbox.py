@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 from prometheus_client import REGISTRY
+from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.cli.flags import add_options, option_values
 from dispatcher.cli.main import Common, UsageError
@@ -24,6 +25,7 @@ from dispatcher.outbox.pooler import require_session_pooling
 from dispatcher.outbox.repository import ENQUEUER_SESSION, OutboxRepository, enqueuer_pool
 from dispatcher.outbox.schema import migrate
 from dispatcher.redis_client import check_eviction_policy, connect_redis
+from dispatcher.startup import until_up
 from dispatcher.stream.naming import WORKER_GROUP
 from dispatcher.stream.publisher import RedisStreamPublisher
 from dispatcher.stream.shard_count import LiveShardCount, ensure_shard_count
@@ -84,7 +86,6 @@ def _config(args: argparse.Namespace) -> EnqueuerConfig:
 async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
     config = _config(args)
     dsn = settings.require_database_url()
-    await require_session_pooling(dsn, options=ENQUEUER_SESSION)
     # Every Redis read is bounded by the socket: a peer that stops answering (a blackholed
     # network) must fail the publish, not leave a connection (and redis-py's pool lock,
     # held while a dead connection is closed) waiting forever behind the publish timeout.
@@ -93,13 +94,21 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
         cluster=settings.redis_cluster,
         socket_timeout=config.publish_timeout + config.wait_timeout_ms / 1000,
     )
-    pool = enqueuer_pool(dsn, max_size=config.concurrency + 2)
-    try:
+    enqueuer: OutboxEnqueuer | None = None
+    pool: AsyncConnectionPool[Any] | None = None
+    stopping = asyncio.Event()
+
+    async def start() -> OutboxEnqueuer:
+        nonlocal pool
+        await require_session_pooling(dsn, options=ENQUEUER_SESSION)
+        if pool is not None:  # a pool that timed out keeps trying on its own: start anew
+            await _close(pool)
+        pool = enqueuer_pool(dsn, max_size=config.concurrency + 2)
         await pool.open(wait=True, timeout=15)
         await check_eviction_policy(redis)
         if await ensure_shard_count(redis, settings.stream_shards):
             log.info("composer:stream_shards was absent; set it to %d", settings.stream_shards)
-        enqueuer = OutboxEnqueuer(
+        return OutboxEnqueuer(
             repository=OutboxRepository(pool),
             publisher=RedisStreamPublisher(redis, group=WORKER_GROUP),
             config=config,
@@ -107,19 +116,41 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
             shard_count=LiveShardCount(redis, fallback=settings.stream_shards),
             registry=REGISTRY,
         )
-        server = ObservabilityServer(
-            port=settings.metrics_port,
-            live=enqueuer.live,
-            ready=enqueuer.ready,
+
+    async def run() -> None:
+        nonlocal enqueuer
+        enqueuer = await until_up(
+            start, what="connecting to PostgreSQL and Redis", stopping=stopping
         )
-        await server.start()
+        if enqueuer is None:
+            return  # stopped before the backends came up
         settle_heap()  # every module the enqueuer needs is imported by now
-        try:
-            await run_until_signalled(enqueuer.run, enqueuer.request_stop)
-        finally:
-            await server.stop()
+        if stopping.is_set():
+            enqueuer.request_stop()
+        await enqueuer.run()
+
+    def request_stop() -> None:
+        stopping.set()
+        if enqueuer is not None:
+            enqueuer.request_stop()
+
+    # Up before the backends: live (the process works on it), not ready (it dispatches nothing).
+    server = ObservabilityServer(
+        port=settings.metrics_port,
+        live=lambda: enqueuer is None or enqueuer.live(),
+        ready=lambda: enqueuer is not None and enqueuer.ready(),
+    )
+    await server.start()
+    try:
+        await run_until_signalled(run, request_stop)
     finally:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(pool.close(), 5)
+        await server.stop()
+        if pool is not None:
+            await _close(pool)
         await redis.aclose()
     return 0
+
+
+async def _close(pool: AsyncConnectionPool[Any]) -> None:
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(pool.close(), 5)

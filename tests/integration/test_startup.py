@@ -1,0 +1,87 @@
+"""Start-up against backends that are down or silent: retried with backoff, never a hang.
+
+A silent server accepts the TCP connection (the kernel completes the handshake
+into the listen backlog) and never says a word: without a connect timeout a
+client waits for it as long as the kernel keeps the connection.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from dispatcher._testing.data import insert_rows
+from dispatcher._testing.servers import free_port
+from dispatcher._testing.waiting import eventually_sync
+from tests.enqueuers import spawn_enqueuer
+from tests.fix_proxy import TcpProxy
+from tests.outbox_rows import outbox_status
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A loopback port that accepts connections and never reads or writes."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(64)
+        yield int(server.getsockname()[1])
+
+
+def status(port: int, path: str) -> int:
+    try:
+        return int(urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2).status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_an_enqueuer_whose_database_is_silent_retries_serving_healthz(
+    silent_port: int, outbox_db_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    log = tmp_path / "enqueuer.log"
+    metrics = free_port()
+    db = f"postgresql://postgres@127.0.0.1:{silent_port}/outbox"  # the default connect timeout
+    proc = spawn_enqueuer(db, redis_url, log, "--metrics-port", str(metrics))
+    try:
+        eventually_sync(lambda: "trying again" in log.read_text(), within=40)
+        assert status(metrics, "/healthz") == 200
+        assert status(metrics, "/readyz") == 503
+        assert proc.poll() is None
+        text = log.read_text()
+        assert "connecting to PostgreSQL and Redis failed" in text
+        assert "timeout" in text, text
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_an_enqueuer_started_while_its_database_is_silent_dispatches_once_it_answers(
+    outbox_db_url: str, redis_url: str, tmp_path: Path, tcp_proxy: type[TcpProxy]
+) -> None:
+    server = psycopg.conninfo.conninfo_to_dict(outbox_db_url)
+    proxy = tcp_proxy(int(server["port"])).start()
+    proxy.blackhole()
+    through = psycopg.conninfo.make_conninfo(outbox_db_url, port=proxy.port, connect_timeout=1)
+    log = tmp_path / "enqueuer.log"
+    proc = spawn_enqueuer(through, redis_url, log, "--metrics-port", "0")
+    try:
+        eventually_sync(lambda: "trying again" in log.read_text(), within=30)
+        insert_rows(outbox_db_url, 20, queue="startup", prefix="s-")
+        proxy.heal()
+        eventually_sync(lambda: outbox_status(outbox_db_url) == {}, within=60)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
