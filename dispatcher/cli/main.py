@@ -88,6 +88,11 @@ def _one_line(exc: BaseException) -> str:
         return "invalid setting: " + "; ".join(parts)
     if isinstance(exc, psycopg.errors.UndefinedTable):
         return f"the outbox schema is missing ({_first(exc)}): run `dispatcher migrate` first"
+    if isinstance(exc, psycopg.errors.LockNotAvailable):
+        return (
+            f"a migration gave up waiting for a table lock ({_first(exc)}): a long transaction "
+            "holds the outbox; run `dispatcher migrate` again once it has ended"
+        )
     if isinstance(exc, psycopg.OperationalError) and "startup parameter" in str(exc):
         return (
             f"PostgreSQL, or a pooler in front of it, refused a session option ({_first(exc)}):"
