@@ -140,6 +140,11 @@ class RedisSpec(ResourceModel):
         default=None, description="URL the operator uses (shard count, backlog)"
     )
     cluster: bool = Field(default=False, description="the URL points at a Redis Cluster")
+    require_aof: bool = Field(
+        default=False,
+        description="the enqueuer and workers refuse to start unless Redis runs with "
+        "appendonly yes (REQUIRE_AOF); off: they log an ERROR",
+    )
 
     @model_validator(mode="after")
     def _every_role_has_a_url(self) -> RedisSpec:

@@ -82,6 +82,7 @@ def common_env(spec: OutboxDispatcherSpec, *, role: Role) -> list[dict[str, Any]
     return [
         secret_env("REDIS_URL", spec.redis.secret_for(role)),
         {"name": "REDIS_CLUSTER", "value": "1" if spec.redis.cluster else "0"},
+        {"name": "REQUIRE_AOF", "value": "1" if spec.redis.require_aof else "0"},
         {"name": "LOG_LEVEL", "value": spec.log_level},
         {"name": "LOG_FORMAT", "value": spec.log_format},
         {"name": "METRICS_PORT", "value": str(METRICS_PORT)},

@@ -32,6 +32,7 @@ MANAGED_ENV = frozenset(
         "DATABASE_URL",
         "REDIS_URL",
         "REDIS_CLUSTER",
+        "REQUIRE_AOF",
         "STREAM_SHARDS",
         "LOG_LEVEL",
         "LOG_FORMAT",

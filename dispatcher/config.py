@@ -29,6 +29,7 @@ __all__ = [
     "METRICS_PORT",
     "REDIS_CLUSTER",
     "REDIS_URL",
+    "REQUIRE_AOF",
     "STREAM_SHARDS",
     "ConfigError",
     "Settings",
@@ -101,12 +102,22 @@ METRICS_PORT = Option(
     env="METRICS_PORT",
     help="port serving /metrics, /healthz and /readyz; 0 = off",
 )
+REQUIRE_AOF = Option(
+    name="require_aof",
+    kind=bool,
+    default=False,
+    shown="0",
+    env="REQUIRE_AOF",
+    help="refuse to start unless Redis runs with appendonly yes (without AOF a restart loses "
+    "the streams; off: an ERROR in the log); in the environment: 1 or 0",
+)
 # The flags every subcommand takes.
 CONNECTION_OPTIONS = (DATABASE_URL, REDIS_URL, REDIS_CLUSTER, LOG_LEVEL, LOG_FORMAT)
 
 
 class Settings(BaseSettings):
-    """``DATABASE_URL``, ``REDIS_URL``, ``REDIS_CLUSTER``, ``STREAM_SHARDS``, logging, metrics."""
+    """``DATABASE_URL``, ``REDIS_URL``, ``REDIS_CLUSTER``, ``STREAM_SHARDS``, logging, metrics,
+    ``REQUIRE_AOF``."""
 
     model_config = SettingsConfigDict(extra="ignore", frozen=True, case_sensitive=False)
 
@@ -117,6 +128,7 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = pydantic_field(LOG_LEVEL)
     log_format: Literal["json", "text"] = pydantic_field(LOG_FORMAT)
     metrics_port: int = pydantic_field(METRICS_PORT)
+    require_aof: bool = pydantic_field(REQUIRE_AOF)
 
     def require_database_url(self) -> str:
         """The database URL, with a connect timeout unless it names one.

@@ -28,11 +28,15 @@ __all__ = [
 ]
 
 
+_STRING_FIELDS = ("task_id", "run_id", "workflow_id", "node_id", "node_type", "queue", "input")
+
+
 class TaskDispatch(BaseModel):
     """One task attempt to dispatch: self-contained, a worker never reads the database.
 
     ``input`` is the task's resolved input as JSON text (any JSON value); it
-    travels as one string field, as written, and the worker decodes it.
+    travels as one string field, as written, and the worker decodes it. No
+    string field may hold a NUL character (the error names the field).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -46,6 +50,16 @@ class TaskDispatch(BaseModel):
     queue: str
     attempt: int = Field(default=1, ge=0)
     input: str = "null"
+
+    # Declared first, so it runs before the queue and input rules and the error says NUL.
+    @field_validator(*_STRING_FIELDS)
+    @classmethod
+    def _no_nul(cls, value: str) -> str:
+        # PostgreSQL stores NUL in neither text nor jsonb: refused here, with the caller's
+        # transaction untouched, rather than by the server, which aborts the transaction.
+        if "\x00" in value:
+            raise ValueError("must not contain NUL (\\x00) characters")
+        return value
 
     @field_validator("queue")
     @classmethod

@@ -13,11 +13,15 @@ from typing import Any
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import RedisError
 
+from dispatcher.config import ConfigError
 from dispatcher.redis_connection import packing_class
 
 __all__ = [
     "RedisClient",
+    "RedisNotDurable",
+    "aof_enabled",
     "check_eviction_policy",
+    "check_persistence",
     "connect_redis",
     "server_infos",
 ]
@@ -98,3 +102,41 @@ async def check_eviction_policy(client: RedisClient) -> str | None:
             what,
         )
     return policy
+
+
+class RedisNotDurable(ConfigError):
+    """``--require-aof`` and Redis runs without AOF: the process refuses to start."""
+
+
+async def aof_enabled(client: RedisClient) -> bool:
+    """Whether Redis (every master of a Cluster) runs with ``appendonly yes``."""
+    infos = await server_infos(client, "persistence")
+    return all(int(info.get("aof_enabled", 0) or 0) == 1 for info in infos)
+
+
+async def check_persistence(client: RedisClient, *, require: bool) -> bool | None:
+    """Log an ERROR unless Redis runs with AOF, or with ``require`` refuse; return whether it does.
+
+    Without AOF a restart of Redis loses every stream, so tasks published and not yet handled
+    vanish with no trace in the outbox (RDB snapshots, if any, only narrow the loss).
+    """
+    try:
+        durable = await aof_enabled(client)
+    except (RedisError, OSError) as exc:
+        if require:
+            raise RedisNotDurable(
+                f"cannot read INFO persistence to check AOF ({exc}); grant +info or drop "
+                "--require-aof (REQUIRE_AOF)"
+            ) from None
+        log.debug("could not read INFO persistence: %s", exc)
+        return None
+    if durable:
+        return True
+    risk = (
+        "Redis runs without AOF (appendonly no): the tasks in its streams are lost when it "
+        "restarts; set appendonly yes"
+    )
+    if require:
+        raise RedisNotDurable(f"{risk} (refused by --require-aof / REQUIRE_AOF)")
+    log.error("%s, or pass --require-aof to refuse to start without it", risk)
+    return False

@@ -13,7 +13,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.outbox.backpressure import MemoryMarks, memory_ratio
 from dispatcher.outbox.repository import STATUSES, OutboxRepository
-from dispatcher.redis_client import RedisClient, server_infos
+from dispatcher.redis_client import RedisClient, aof_enabled, server_infos
 from dispatcher.stream.naming import (
     DEAD_STREAM_PREFIX,
     SHARDS_KEY,
@@ -36,6 +36,8 @@ class StatusReport:
     dead_letters: dict[str, int]
     # Used / maxmemory of the fullest Redis master; None when no maxmemory is set.
     redis_memory: float | None = None
+    # Redis runs with appendonly yes (every master of a Cluster): its streams survive a restart.
+    redis_aof: bool | None = None
 
     @property
     def backpressure(self) -> bool:
@@ -77,6 +79,7 @@ async def gather_status(
         streams=streams,
         dead_letters=dead,
         redis_memory=max(ratios) if ratios else None,
+        redis_aof=await aof_enabled(redis),
     )
 
 
@@ -89,6 +92,14 @@ def _memory_line(report: StatusReport) -> str:
     return line
 
 
+def _persistence_line(report: StatusReport) -> str:
+    if report.redis_aof is None:
+        return "redis persistence: unknown"
+    if report.redis_aof:
+        return "redis persistence: aof on"
+    return "redis persistence: aof off - a restart of Redis loses the streams (appendonly yes)"
+
+
 def render_text(report: StatusReport) -> str:
     age = report.oldest_pending_age_seconds
     lines = [
@@ -97,6 +108,7 @@ def render_text(report: StatusReport) -> str:
         f"outbox_dlq: {report.dlq}",
         f"{SHARDS_KEY}: {report.shard_key or '(not set)'}",
         _memory_line(report),
+        _persistence_line(report),
         "",
         f"{'stream':<48} {'length':>8} {'pending':>8} {'consumers':>9} {'lag':>6}",
     ]

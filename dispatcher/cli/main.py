@@ -20,7 +20,14 @@ import pydantic
 import redis.exceptions
 
 from dispatcher.cli.flags import add_options
-from dispatcher.config import CONNECTION_OPTIONS, METRICS_PORT, STREAM_SHARDS, ConfigError, Settings
+from dispatcher.config import (
+    CONNECTION_OPTIONS,
+    METRICS_PORT,
+    REQUIRE_AOF,
+    STREAM_SHARDS,
+    ConfigError,
+    Settings,
+)
 from dispatcher.logs import configure_logging
 
 __all__ = ["Common", "UsageError", "main"]
@@ -67,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 def settings_from(args: argparse.Namespace) -> Settings:
     overrides: dict[str, Any] = {
         opt.name: value
-        for opt in (*CONNECTION_OPTIONS, STREAM_SHARDS, METRICS_PORT)
+        for opt in (*CONNECTION_OPTIONS, STREAM_SHARDS, METRICS_PORT, REQUIRE_AOF)
         if (value := getattr(args, opt.name, None)) is not None
     }
     if "log_level" in overrides:
@@ -81,6 +88,11 @@ def _one_line(exc: BaseException) -> str:
         return "invalid setting: " + "; ".join(parts)
     if isinstance(exc, psycopg.errors.UndefinedTable):
         return f"the outbox schema is missing ({_first(exc)}): run `dispatcher migrate` first"
+    if isinstance(exc, psycopg.errors.LockNotAvailable):
+        return (
+            f"a migration gave up waiting for a table lock ({_first(exc)}): a long transaction "
+            "holds the outbox; run `dispatcher migrate` again once it has ended"
+        )
     if isinstance(exc, psycopg.OperationalError) and "startup parameter" in str(exc):
         return (
             f"PostgreSQL, or a pooler in front of it, refused a session option ({_first(exc)}):"

@@ -14,7 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.cli.flags import add_options, option_values
 from dispatcher.cli.main import Common, UsageError
-from dispatcher.config import METRICS_PORT, STREAM_SHARDS, Settings
+from dispatcher.config import METRICS_PORT, REQUIRE_AOF, STREAM_SHARDS, Settings
 from dispatcher.heap import settle_heap
 from dispatcher.lifecycle import run_until_signalled
 from dispatcher.observability import ObservabilityServer
@@ -24,7 +24,7 @@ from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.pooler import require_session_pooling
 from dispatcher.outbox.repository import ENQUEUER_SESSION, OutboxRepository, enqueuer_pool
 from dispatcher.outbox.schema import migrate
-from dispatcher.redis_client import check_eviction_policy, connect_redis
+from dispatcher.redis_client import check_eviction_policy, check_persistence, connect_redis
 from dispatcher.startup import until_up
 from dispatcher.stream.naming import WORKER_GROUP
 from dispatcher.stream.publisher import RedisStreamPublisher
@@ -60,7 +60,13 @@ NO_LISTEN = Option(
     name="no_listen", kind=bool, default=False, help="poll only, no LISTEN connection"
 )
 # Every flag of `dispatcher enqueuer`, in --help order.
-ENQUEUER_OPTIONS = (*options(EnqueuerConfig).values(), STREAM_SHARDS, METRICS_PORT, NO_LISTEN)
+ENQUEUER_OPTIONS = (
+    *options(EnqueuerConfig).values(),
+    STREAM_SHARDS,
+    METRICS_PORT,
+    REQUIRE_AOF,
+    NO_LISTEN,
+)
 
 
 def register_enqueuer(sub: Any, common: Common) -> None:
@@ -106,6 +112,7 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
         pool = enqueuer_pool(dsn, max_size=config.concurrency + 2)
         await pool.open(wait=True, timeout=15)
         await check_eviction_policy(redis)
+        await check_persistence(redis, require=settings.require_aof)
         if await ensure_shard_count(redis, settings.stream_shards):
             log.info("composer:stream_shards was absent; set it to %d", settings.stream_shards)
         return OutboxEnqueuer(

@@ -12,12 +12,12 @@ from prometheus_client import REGISTRY
 
 from dispatcher.cli.flags import add_options, option_values
 from dispatcher.cli.main import Common, UsageError
-from dispatcher.config import METRICS_PORT, STREAM_SHARDS, Settings
+from dispatcher.config import METRICS_PORT, REQUIRE_AOF, STREAM_SHARDS, Settings
 from dispatcher.heap import settle_heap
 from dispatcher.lifecycle import run_until_signalled
 from dispatcher.observability import ObservabilityServer
 from dispatcher.options import Option, options
-from dispatcher.redis_client import check_eviction_policy, connect_redis
+from dispatcher.redis_client import check_eviction_policy, check_persistence, connect_redis
 from dispatcher.worker import (
     Handler,
     HandlerImportError,
@@ -64,6 +64,7 @@ WORKER_OPTIONS = (
     CONSUMER,
     STREAM_SHARDS,
     METRICS_PORT,
+    REQUIRE_AOF,
 )
 
 
@@ -110,6 +111,7 @@ async def _serve(settings: Settings, handler: Handler, config: WorkerConfig) -> 
     try:
         await client.ping()
         await check_eviction_policy(client)
+        await check_persistence(client, require=settings.require_aof)
         worker = Worker(client, handler, config, registry=REGISTRY)
         server = ObservabilityServer(
             port=settings.metrics_port, live=worker.live, ready=worker.ready

@@ -4,10 +4,16 @@ Each ``sql/migrations/NNNN_name.sql`` runs once, in order, in one transaction
 with the version recorded in ``outbox_schema_version``. A transaction-level
 advisory lock serialises concurrent runs (several pods starting at once): the
 second waits, then finds nothing left to do.
+
+A migration that locks ``outbox`` bounds its wait with ``SET LOCAL lock_timeout``
+(application INSERTs queue behind its lock request meanwhile). When a long
+transaction outlasts it, the whole run rolls back and is tried again a few
+times, with a growing pause, each retry logged; the last failure is raised.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 from importlib import resources
@@ -28,6 +34,9 @@ CREATE TABLE IF NOT EXISTS outbox_schema_version (
     name       TEXT NOT NULL,
     applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
 )"""
+
+
+_LONGEST_PAUSE = 30.0  # seconds between two runs, at most
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +65,41 @@ async def applied_versions(conn: psycopg.AsyncConnection[Any]) -> list[int]:
     return [int(r[0]) for r in await cur.fetchall()]
 
 
-async def migrate(conn: psycopg.AsyncConnection[Any]) -> list[Migration]:
-    """Apply the missing migrations; return those applied (empty when up to date)."""
+async def migrate(
+    conn: psycopg.AsyncConnection[Any], *, attempts: int = 5, backoff: float = 1.0
+) -> list[Migration]:
+    """Apply the missing migrations; return those applied (empty when up to date).
+
+    A run that gives up waiting for a lock (``lock_timeout``) is retried up to
+    ``attempts`` runs in all, after ``backoff`` seconds, doubling each time.
+    """
+    attempt = 1
+    while True:
+        running: list[Migration] = []
+        try:
+            return await _apply_missing(conn, running)
+        except psycopg.errors.LockNotAvailable as exc:
+            if attempt >= attempts:
+                raise
+            delay = min(backoff * 2 ** (attempt - 1), _LONGEST_PAUSE)
+            name = f"{running[-1].version:04d}_{running[-1].name}" if running else "migrate"
+            log.warning(
+                "migration %s gave up waiting for a lock (%s): a transaction holds the table; "
+                "attempt %d of %d, retrying in %.3g s",
+                name,
+                str(exc).strip().splitlines()[0],
+                attempt,
+                attempts,
+                delay,
+            )
+            await asyncio.sleep(delay)
+            attempt += 1
+
+
+async def _apply_missing(
+    conn: psycopg.AsyncConnection[Any], running: list[Migration]
+) -> list[Migration]:
+    """One run, in one transaction; ``running`` gets each migration as it starts."""
     applied: list[Migration] = []
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATE_LOCK_KEY,))
@@ -67,6 +109,7 @@ async def migrate(conn: psycopg.AsyncConnection[Any]) -> list[Migration]:
             if migration.version in done:
                 continue
             log.info("applying migration %04d_%s", migration.version, migration.name)
+            running.append(migration)
             await conn.execute(migration.sql.encode())
             await conn.execute(
                 "INSERT INTO outbox_schema_version (version, name) VALUES (%s, %s)",

@@ -7,24 +7,26 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from pydantic import ValidationError
 
 from dispatcher.models import TaskDispatch
 from dispatcher.outbox import enqueue_dispatch, enqueue_dispatch_async
 from dispatcher.stream import queue_stream
 
 
-def dispatch(task_id: str = "t8", queue: str = "http") -> TaskDispatch:
-    return TaskDispatch(
-        task_id=task_id,
-        run_id="r1",
-        workflow_id="wf",
-        workflow_version=2,
-        node_id="n",
-        node_type="http",
-        queue=queue,
-        attempt=1,
-        input='{"k": [1, 2]}',
-    )
+def dispatch(task_id: str = "t8", queue: str = "http", **over: str) -> TaskDispatch:
+    fields: dict[str, object] = {
+        "task_id": task_id,
+        "run_id": "r1",
+        "workflow_id": "wf",
+        "workflow_version": 2,
+        "node_id": "n",
+        "node_type": "http",
+        "queue": queue,
+        "attempt": 1,
+        "input": '{"k": [1, 2]}',
+    }
+    return TaskDispatch.model_validate({**fields, **over})
 
 
 def rows(url: str) -> list[tuple[str, str, str, dict[str, object], str]]:
@@ -84,3 +86,19 @@ def test_payload_is_the_message_without_its_queue(outbox_db_url: str) -> None:
     payload = rows(outbox_db_url)[0][3]
     assert "queue" not in payload
     assert json.loads(str(payload["input"])) == {"k": [1, 2]}
+
+
+@pytest.mark.parametrize("field", ["task_id", "run_id", "workflow_id", "node_id", "node_type"])
+def test_nul_is_refused_before_the_callers_transaction_sees_it(
+    outbox_db_url: str, field: str
+) -> None:
+    with psycopg.connect(outbox_db_url) as conn:
+        conn.execute("CREATE TEMP TABLE mine (n int)")
+        conn.execute("INSERT INTO mine VALUES (1)")  # the application's own change
+        with pytest.raises(ValidationError, match=field):
+            enqueue_dispatch(conn, dispatch(**{field: "a\x00b"}))
+        # The transaction is still usable: the caller's work goes on and commits.
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        assert conn.execute("SELECT count(*) FROM mine").fetchone() == (1,)
+        enqueue_dispatch(conn, dispatch())
+    assert [r[1] for r in rows(outbox_db_url)] == ["t8"]

@@ -34,13 +34,13 @@ VALUES ('dlq', 't5', 'workflow.tasks.q', '{"a": 5}', 6, 'boom');
 """
 
 
-def _migrate(url: str) -> list[int]:
+def _migrate(url: str, *, attempts: int = 5) -> list[int]:
     async def run() -> list[int]:
         # A migration that waited for ever would hang the suite: fail it long after lock_timeout.
         async with await psycopg.AsyncConnection.connect(
             url, autocommit=True, options="-c statement_timeout=120s"
         ) as conn:
-            return [m.version for m in await migrate(conn)]
+            return [m.version for m in await migrate(conn, attempts=attempts)]
 
     return asyncio.run(run())
 
@@ -120,7 +120,7 @@ def test_a_long_transaction_on_the_outbox_fails_the_upgrade_not_the_application(
             "INSERT INTO outbox (id, stream, payload) VALUES ('late', 'workflow.tasks.q', '{}')"
         )
         with pytest.raises(psycopg.errors.LockNotAvailable):
-            _migrate(url)
+            _migrate(url, attempts=1)  # the retries: tests/integration/test_migration_lock_wait.py
     assert 7 in _migrate(url), "the next run applies it"
     with psycopg.connect(url) as conn:
         assert _rows(conn)["late"] == ("PENDING", 0, {}, None)

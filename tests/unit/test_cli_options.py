@@ -24,6 +24,7 @@ from dispatcher.config import (
     METRICS_PORT,
     REDIS_CLUSTER,
     REDIS_URL,
+    REQUIRE_AOF,
     STREAM_SHARDS,
     Settings,
 )
@@ -166,6 +167,7 @@ def test_the_crd_defaults_are_the_flags_defaults() -> None:
         (LOG_FORMAT, "json", "json"),
         (STREAM_SHARDS, "7", 7),
         (METRICS_PORT, "9100", 9100),
+        (REQUIRE_AOF, "1", True),
     ],
     ids=lambda x: getattr(x, "env", None) or "",
 )

@@ -96,6 +96,17 @@ def test_urls_come_from_the_referenced_secrets_never_inline() -> None:
     assert "DATABASE_URL" not in _env(worker)  # workers only need Redis
 
 
+@pytest.mark.parametrize(("require", "value"), [(False, "0"), (True, "1")])
+def test_require_aof_reaches_the_enqueuer_and_the_workers(require: bool, value: str) -> None:
+    redis = {"secretRef": {"name": "rd", "key": "url"}, "requireAof": require}
+    for manifest in _all_manifests(_spec(redis=redis)):
+        assert _env(manifest)["REQUIRE_AOF"] == value
+
+
+def test_require_aof_is_off_unless_the_spec_says_so() -> None:
+    assert _env(build_enqueuer_deployment(_spec(), owner=OWNER))["REQUIRE_AOF"] == "0"
+
+
 def test_labels_selector_and_owner_reference() -> None:
     for manifest in _all_manifests(_spec()):
         meta = manifest["metadata"]

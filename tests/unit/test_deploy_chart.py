@@ -200,8 +200,15 @@ def test_optional_dispatcher_pins_no_image_and_references_secrets() -> None:
     assert "image" not in spec.get("enqueuer", {})
     assert [q.get("image") for q in spec["queues"]] == [None, "reg.example.com/pdf:3"]
     assert spec["postgres"] == {"secretRef": {"name": "dispatcher-postgres", "key": "url"}}
-    assert set(spec["redis"]) == {"secretRef", "cluster"}
+    assert set(spec["redis"]) == {"secretRef", "cluster", "requireAof"}
     assert not [o for o in render({}) if o["kind"] == "OutboxDispatcher"]
+
+
+def test_the_chart_requires_aof_by_default() -> None:
+    """Without AOF a Redis restart loses the streams: the chart's pods refuse such a Redis."""
+    (cr,) = (o for o in render(VALUE_SETS["with-dispatcher"]) if o["kind"] == "OutboxDispatcher")
+    assert cr["spec"]["redis"]["requireAof"] is True
+    assert OutboxDispatcherSpec.model_validate(cr["spec"]).redis.require_aof
 
 
 def test_operator_image_defaults_to_the_app_version_everywhere() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from pydantic import ValidationError
 
 from dispatcher.models import MalformedMessage, TaskDispatch, TaskMessage, payload_fields
 
@@ -80,3 +81,17 @@ def test_invalid_dispatch_is_rejected() -> None:
 def test_malformed_entries_say_what_is_wrong(fields: dict[str, str], problem: str) -> None:
     with pytest.raises(MalformedMessage, match=problem):
         TaskMessage.from_fields(fields)
+
+
+STRING_FIELDS = ("task_id", "run_id", "workflow_id", "node_id", "node_type", "queue", "input")
+
+
+@pytest.mark.parametrize("field", STRING_FIELDS)
+def test_nul_in_a_string_field_is_refused_naming_the_field(field: str) -> None:
+    # PostgreSQL stores no NUL in text or jsonb: refused here, before any connection sees it.
+    value = '"a\x00b"' if field == "input" else "a\x00b"
+    with pytest.raises(ValidationError) as caught:
+        dispatch(**{field: value})
+    (error,) = caught.value.errors()
+    assert error["loc"] == (field,)
+    assert "NUL" in error["msg"]

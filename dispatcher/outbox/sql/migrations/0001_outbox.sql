@@ -1,6 +1,11 @@
 -- 0001: the outbox, its dead-letter table and the wake-up trigger (the layout existing outbox
 -- writers share, plus a claim token so only the claimer of a row may delete or reschedule it).
 
+-- On a live table: lock_timeout bounds how long the application's INSERTs queue behind this
+-- migration's lock on outbox while it waits for a long transaction; past it the run rolls
+-- back and `dispatcher migrate` tries again (dispatcher/outbox/schema.py).
+SET LOCAL lock_timeout = '5s';
+
 CREATE TABLE IF NOT EXISTS outbox (
     id              TEXT PRIMARY KEY,
     task_id         TEXT,

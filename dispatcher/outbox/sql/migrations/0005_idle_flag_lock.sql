@@ -14,6 +14,11 @@
 --
 -- Key 0x6F626964_6C65 ("obidle"): shared with dispatcher/outbox/idle_flag.py IDLE_FLAG_KEY.
 
+-- On a live table: lock_timeout bounds how long the application's INSERTs queue behind this
+-- migration's lock on outbox while it waits for a long transaction; past it the run rolls
+-- back and `dispatcher migrate` tries again (dispatcher/outbox/schema.py).
+SET LOCAL lock_timeout = '5s';
+
 CREATE OR REPLACE FUNCTION composer_notify_outbox() RETURNS TRIGGER
 LANGUAGE plpgsql AS $$
 BEGIN

@@ -11,6 +11,11 @@
 -- every claim. Now rows due at once (next_attempt_at IS NULL) and rows scheduled for a time
 -- have an index each, keyed by what the claim orders them by, so a claim reads only due rows.
 
+-- On a live table: lock_timeout bounds how long the application's INSERTs queue behind this
+-- migration's lock on outbox while it waits for a long transaction; past it the run rolls
+-- back and `dispatcher migrate` tries again (dispatcher/outbox/schema.py).
+SET LOCAL lock_timeout = '5s';
+
 ALTER TABLE outbox ADD COLUMN IF NOT EXISTS suspect BOOLEAN NOT NULL DEFAULT false;
 ALTER TABLE outbox_batches ADD COLUMN IF NOT EXISTS probe BOOLEAN NOT NULL DEFAULT false;
 

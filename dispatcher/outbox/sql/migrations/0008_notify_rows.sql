@@ -18,6 +18,11 @@
 --     falls back to the claim. PostgreSQL folds identical notifications of one transaction.
 -- SECURITY DEFINER: the application's role may only INSERT, and the function reads the row.
 
+-- On a live table: lock_timeout bounds how long the application's INSERTs queue behind this
+-- migration's lock on outbox while it waits for a long transaction; past it the run rolls
+-- back and `dispatcher migrate` tries again (dispatcher/outbox/schema.py).
+SET LOCAL lock_timeout = '5s';
+
 CREATE OR REPLACE FUNCTION composer_notify_outbox() RETURNS TRIGGER
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
