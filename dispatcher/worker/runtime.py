@@ -5,7 +5,8 @@ each with its own read and reclaim loops (``reader.py``), and runs handlers
 in one bounded pool of slots (``slots.py``): each read batch is one task that
 claims all its entries at once, starts their handlers and settles them
 together (``delivery.py``); long runs keep their leases and their entries
-fresh (``leases.py``). ``request_stop()`` stops reading; handlers in hand
+fresh (``leases.py``), and a thread warns when the event loop stalls for
+long enough to let them lapse (``stalls.py``). ``request_stop()`` stops reading; handlers in hand
 finish within the grace period, the rest stay pending for another worker; a
 consumer with nothing pending is then removed from its group. Until
 ``run()`` returns, every handler still running keeps its lease and its entry
@@ -41,6 +42,7 @@ from dispatcher.worker.metrics import WorkerMetrics
 from dispatcher.worker.reader import StreamReader
 from dispatcher.worker.settle import Settler
 from dispatcher.worker.slots import SlotPool
+from dispatcher.worker.stalls import LoopWatch
 from dispatcher.worker.streams import WorkerStreams
 from dispatcher.worker.verdicts import Verdicts
 
@@ -91,6 +93,11 @@ class Worker:
         self._started = False
         self._executor = ThreadPoolExecutor(config.concurrency, thread_name_prefix="handler")
         self._deliveries = self._make_deliveries()
+        self._watch = LoopWatch(
+            threshold=config.lease_ttl / 3,
+            what="the leases of runs in progress are not renewed meanwhile, and past "
+            f"--lease-ttl ({config.lease_ttl:g}s) another worker may run the same attempts",
+        )
 
     # -- public surface -------------------------------------------------------
 
@@ -136,6 +143,7 @@ class Worker:
     async def run(self) -> None:
         """Read and handle until ``request_stop()``; then drain and leave the groups."""
         try:
+            self._watch.start()
             await self._start()
             await self._stopping.wait()
             log.info("stopping: no new reads; waiting for handlers in hand")
@@ -150,6 +158,7 @@ class Worker:
             # interrupted: we stop waiting for it, its entry stays pending, and
             # the caller ends the process (``abandoned``).
             self._executor.shutdown(wait=False, cancel_futures=True)
+            self._watch.stop()
             log.info("worker stopped", extra={"consumer": self.config.consumer})
 
     # -- start-up -------------------------------------------------------------

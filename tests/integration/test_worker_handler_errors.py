@@ -9,6 +9,8 @@ processes, in ``test_worker_process``.
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -110,6 +112,31 @@ async def test_a_cancelled_error_raised_by_the_handler_is_a_failed_run_with_its_
     ]
     assert len(tracebacks) == 4
     assert all("handler failed" in r.getMessage() for r in tracebacks)
+
+
+async def test_an_async_handler_blocking_the_loop_is_logged_as_a_stall(
+    redis_standalone: RedisClient, queue: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An async handler blocks the loop (``time.sleep``) for more than a third of the lease
+    TTL: leases cannot be renewed meanwhile, and the worker says so while it happens."""
+    await publish_shard_count(redis_standalone, 1)
+    (task,) = tasks(queue, 1)
+
+    async def handle(message: TaskMessage) -> None:
+        time.sleep(2.0)  # noqa: ASYNC251 - the mistake under test
+
+    worker = Worker(redis_standalone, handle, config(queue, shards=1, lease_ttl=3.0))
+    async with running(worker):
+        await publish(redis_standalone, [task], shards=1)
+        await eventually(lambda: _handled(worker, queue, 1), within=30)
+
+    stalls = [
+        r
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "must not block the event loop" in r.getMessage()
+    ]
+    assert stalls, [r.getMessage() for r in caplog.records]
+    assert "lease" in stalls[0].getMessage()
 
 
 async def test_a_sync_callable_returning_a_coroutine_is_bound_by_the_handler_timeout(
