@@ -76,3 +76,13 @@ async def raises(message: TaskMessage) -> None:
     if given.get("raise") == "interrupt":
         raise KeyboardInterrupt
     client.rpush(key, f"done:{message.task_id}")
+
+
+async def offloaded(message: TaskMessage) -> None:
+    """Record ``started:<task>``, then wait ``input["sleep"]`` seconds for a thread of the
+    event loop's default executor (which outlives a cancellation of this run)."""
+    client, key = _log()
+    client.rpush(key, f"started:{message.task_id}")
+    seconds = float(message.input["sleep"]) if isinstance(message.input, dict) else 0.0
+    await asyncio.to_thread(time.sleep, seconds)
+    client.rpush(key, f"done:{message.task_id}")

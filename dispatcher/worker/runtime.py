@@ -10,9 +10,11 @@ long enough to let them lapse (``stalls.py``). ``request_stop()`` stops reading;
 finish within the grace period, the rest stay pending for another worker; a
 consumer with nothing pending is then removed from its group. Until
 ``run()`` returns, every handler still running keeps its lease and its entry
-fresh; a sync handler's thread cannot be stopped, so ``abandoned`` counts the
-threads still running when ``run()`` returns, and the process should then
-end at once (the CLI exits hard) before their leases can lapse.
+fresh; a thread cannot be stopped (a sync handler's, or one an async handler
+waits for), so once the grace period ran out (``cut_short`` names the runs it
+cut short, ``abandoned`` counts the sync handler threads still running) the
+process should end at once (the CLI exits hard): never wait for those threads
+while their leases lapse.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class Worker:
         )
         self._last_redis_ok = 0.0
         self._started = False
+        self._cut_short: tuple[str, ...] = ()
         self._executor = ThreadPoolExecutor(config.concurrency, thread_name_prefix="handler")
         self._deliveries = self._make_deliveries()
         self._watch = LoopWatch(
@@ -113,6 +116,11 @@ class Worker:
     def abandoned(self) -> int:
         """Sync handler threads still running (after ``run()``: left behind by the grace period)."""
         return len(self._deliveries.calls.threads)
+
+    @property
+    def cut_short(self) -> tuple[str, ...]:
+        """The attempts (dedup keys) whose runs the grace period cut short; empty if none."""
+        return self._cut_short
 
     def request_stop(self) -> None:
         """Stop reading; ``run()`` returns once handlers in hand are settled."""
@@ -257,10 +265,14 @@ class Worker:
         await self._cancel(self._loops)
         while self._handlers and (left := deadline - time.monotonic()) > 0:
             await asyncio.wait(set(self._handlers), timeout=left)
+        if self._handlers or self.abandoned:
+            self._cut_short = tuple(self._deliveries.calls.leases.dedup_keys())
         if self._handlers:
             log.warning(
-                "grace period over: %d entries in hand cancelled; they stay pending",
+                "grace period over: %d entries in hand cancelled; they stay pending "
+                "(runs cut short: %s)",
                 self._streams.in_hand(),
+                ", ".join(self._cut_short) or "none",
             )
             await self._cancel(self._handlers)
         if self.abandoned:

@@ -314,3 +314,29 @@ async def test_a_handler_raising_systemexit_or_keyboardinterrupt_is_a_failed_run
         assert fields["error"].startswith("failed 2 runs (max runs 2); last error: " + name)
     worker.proc.send_signal(signal.SIGTERM)
     assert worker.wait() == 0, worker.stderr
+
+
+async def test_sigterm_past_the_grace_period_exits_though_handler_threads_run_on(
+    redis_standalone: RedisClient,
+    queue: str,
+    spawn: Callable[..., WorkerProcess],
+    log: sync_redis.Redis,
+) -> None:
+    """An async handler waits for a 600 s thread of the loop's default executor; SIGTERM
+    with a 1 s grace period: the process names the abandoned task and exits."""
+    await publish_shard_count(redis_standalone, 1)
+    worker = spawn(
+        *("--queue", queue, "--handler", "tests.handlers:offloaded", "--consumer", "leaky"),
+        *("--shards", "1", "--grace-period", "1"),
+    )
+    (task,) = tasks(queue, 1, input={"sleep": 600})
+    await publish(redis_standalone, [task], shards=1)
+    eventually_sync(lambda: events(log, "started"), within=30)
+
+    worker.proc.send_signal(signal.SIGTERM)
+
+    assert worker.wait(timeout=60) == 0, worker.stderr
+    assert task.task_id in worker.stderr  # named as abandoned
+    assert not events(log, "done")
+    (stream,) = queue_streams([queue], 1)
+    assert await redis_standalone.xlen(stream) == 1  # kept pending for another worker
