@@ -32,7 +32,6 @@ import yaml
 from kmock._internal import rendering
 
 from dispatcher._testing.waiting import eventually
-from tests.suite_servers import postgres_admin_url
 from tests.fix_kube import (
     DEPLOYMENTS,
     NAMESPACE,
@@ -43,6 +42,7 @@ from tests.fix_kube import (
     running_operator,
     secret,
 )
+from tests.suite_servers import postgres_admin_url
 
 ROOT = Path(__file__).resolve().parents[2]
 CR_URL = f"/apis/dispatch.composer.dev/v1alpha1/namespaces/{NAMESPACE}/outboxdispatchers"

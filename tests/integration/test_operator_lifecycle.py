@@ -13,7 +13,6 @@ from typing import Any
 from controller.operator import Operator
 from dispatcher._testing.waiting import eventually
 from dispatcher.redis_client import RedisClient
-from tests.suite_servers import postgres_admin_url
 from tests.fix_kube import (
     CR_RESOURCE,
     CR_URL,
@@ -28,6 +27,7 @@ from tests.fix_kube import (
     running_operator,
     secret,
 )
+from tests.suite_servers import postgres_admin_url
 
 DEPLOYMENTS_URL = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments"
 WORKERS = ("orders-worker-emails", "orders-worker-invoices")
