@@ -8,6 +8,7 @@ it after the worker process is gone.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from functools import cache
@@ -59,3 +60,29 @@ def _alive(pid: int) -> bool:
             return stat.read().rpartition(")")[2].split()[0] != "Z"
     except OSError:
         return False
+
+
+async def raises(message: TaskMessage) -> None:
+    """Record ``started:<task>``, then raise what ``input["raise"]`` names (after a wait if
+    ``input["wait"]``): ``exit`` (``SystemExit(3)``), ``interrupt`` (``KeyboardInterrupt``);
+    with neither, record ``done:<task>``."""
+    client, key = _log()
+    client.rpush(key, f"started:{message.task_id}")
+    given = message.input if isinstance(message.input, dict) else {}
+    if given.get("wait"):
+        await asyncio.sleep(0.01)
+    if given.get("raise") == "exit":
+        raise SystemExit(3)
+    if given.get("raise") == "interrupt":
+        raise KeyboardInterrupt
+    client.rpush(key, f"done:{message.task_id}")
+
+
+async def offloaded(message: TaskMessage) -> None:
+    """Record ``started:<task>``, then wait ``input["sleep"]`` seconds for a thread of the
+    event loop's default executor (which outlives a cancellation of this run)."""
+    client, key = _log()
+    client.rpush(key, f"started:{message.task_id}")
+    seconds = float(message.input["sleep"]) if isinstance(message.input, dict) else 0.0
+    await asyncio.to_thread(time.sleep, seconds)
+    client.rpush(key, f"done:{message.task_id}")

@@ -121,22 +121,28 @@ async def _serve(settings: Settings, handler: Handler, config: WorkerConfig) -> 
         try:
             await run_until_signalled(worker.run, worker.request_stop)
         finally:
-            if worker.abandoned:
-                _exit_now(worker.abandoned)
+            if worker.cut_short or worker.abandoned:
+                _exit_now(worker)
             await server.stop()
     finally:
         await client.aclose()
     return 0
 
 
-def _exit_now(threads: int) -> None:
-    """End the process without waiting for handler threads that outlived the grace period.
+def _exit_now(worker: Worker) -> None:
+    """End the process without waiting for threads that outlived the grace period.
 
-    The interpreter would join them at exit while their leases lapse, and
-    another worker would run the same attempt beside them; ending now keeps
-    the leases until the process is gone (they then expire, and the attempt
-    runs again as a run whose worker died).
+    A sync handler's thread, or one an async handler waited for, cannot be
+    stopped: the interpreter (and ``asyncio.run``) would join them at exit
+    while their leases lapse, and another worker would run the same attempt
+    beside them; ending now keeps the leases until the process is gone (they
+    then expire, and the attempt runs again as a run whose worker died).
     """
-    log.warning("exiting without waiting for %d handler threads", threads)
+    log.warning(
+        "exiting now, without waiting for the threads of runs the grace period cut short "
+        "(%d sync handler threads still running; runs cut short: %s)",
+        worker.abandoned,
+        ", ".join(worker.cut_short) or "none",
+    )
     logging.shutdown()
     os._exit(0)

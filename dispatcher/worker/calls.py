@@ -5,8 +5,13 @@ A sync handler runs in a thread that cannot be interrupted. Past
 is kept until the thread returns, so the attempt is not run again meanwhile.
 A run cancelled by shutdown keeps its lease and its entry fresh until the
 thread returns or the process ends (``threads`` says how many are left).
+A sync callable that returns a coroutine (or any awaitable) keeps its lease
+while that runs on the loop, within what is left of the handler timeout.
 An entry that carries a trace runs its handler inside the span it continues.
 Each call returns the handler's error (or ``HandlerTimeout``), None on success.
+Whatever a handler raises is its error, ``BaseException`` included (a
+``SystemExit`` of a handler fails its run, never the worker): only the
+worker's own cancellation of a run propagates (``failure_of``).
 """
 
 from __future__ import annotations
@@ -25,12 +30,11 @@ from typing import Any
 from dispatcher.models import TaskMessage
 from dispatcher.stream.entries import Message
 from dispatcher.tracing import carries_trace, child_span
-from dispatcher.worker.dead_letter import describe_error
 from dispatcher.worker.eager import Suspended
 from dispatcher.worker.handler import Handler, HandlerTimeout, thread_call
 from dispatcher.worker.leases import LeaseKeeper
 
-__all__ = ["HandlerCalls", "log_fields", "timed_out"]
+__all__ = ["HandlerCalls", "failure_of", "log_fields", "timed_out"]
 
 log = logging.getLogger(__name__)
 
@@ -46,18 +50,26 @@ class HandlerCalls:
     # Sync handler threads that have not returned yet.
     threads: set[concurrent.futures.Future[Any]] = field(default_factory=set)
 
-    async def call_async(self, message: Message, task: TaskMessage, lease: int) -> Exception | None:
+    async def call_async(
+        self, message: Message, task: TaskMessage, lease: int
+    ) -> BaseException | None:
         """Run an async handler in its span and within the handler timeout (if any)."""
         bound = self.handler_timeout or None
         return await self._bounded(self.handler(task), bound, lease=lease, span=_span(message))
 
-    async def resume(self, suspended: Suspended, *, started: float, lease: int) -> Exception | None:
+    async def resume(
+        self, suspended: Suspended, *, started: float, lease: int
+    ) -> BaseException | None:
         """The rest of an async run that waited in its first step, within what is left of the
         handler timeout (if any); ``started`` is its ``perf_counter`` at its start."""
-        bound = None
-        if self.handler_timeout:
-            bound = max(self.handler_timeout - (time.perf_counter() - started), 0.0)
-        return await self._bounded(suspended, bound, lease=lease, span=contextlib.nullcontext())
+        left = self._left(started)
+        return await self._bounded(suspended, left, lease=lease, span=contextlib.nullcontext())
+
+    def _left(self, started: float) -> float | None:
+        """What is left of the handler timeout of a run started at ``started`` (None: no bound)."""
+        if not self.handler_timeout:
+            return None
+        return max(self.handler_timeout - (time.perf_counter() - started), 0.0)
 
     async def _bounded(
         self,
@@ -66,7 +78,7 @@ class HandlerCalls:
         *,
         lease: int,
         span: contextlib.AbstractContextManager[Any],
-    ) -> Exception | None:
+    ) -> BaseException | None:
         """Await ``run`` inside ``span`` for at most ``seconds`` (None: no bound); its error."""
         deadline = None
         try:
@@ -79,54 +91,88 @@ class HandlerCalls:
         except TimeoutError as exc:
             expired = deadline is not None and deadline.expired()
             return timed_out(self.handler_timeout) if expired else exc
-        except Exception as exc:
-            return exc
+        except BaseException as exc:
+            return failure_of(exc)
         finally:
             self.leases.drop(lease)
         return None
 
     async def call_in_thread(
         self, message: Message, task: TaskMessage, lease: int
-    ) -> Exception | None:
-        """Run a sync handler in a thread; the lease goes only when the thread returns."""
+    ) -> BaseException | None:
+        """Run a sync handler in a thread; the lease goes only when the thread returns (and
+        what it returned to await, if anything, ended)."""
         loop = asyncio.get_running_loop()
+        started = time.perf_counter()
         with _span(message):
             thread = _submit(self.executor, thread_call(self.handler, task))
             self.threads.add(thread)
-            thread.add_done_callback(
-                lambda _: _call_soon(loop, self._thread_returned, thread, lease)
-            )
+            thread.add_done_callback(lambda _: _call_soon(loop, self.threads.discard, thread))
             returned = asyncio.wrap_future(thread)
             returned.add_done_callback(_retrieve)  # abandoned at shutdown: no "never retrieved"
-            finished, _ = await asyncio.wait({returned}, timeout=self.handler_timeout or None)
-            if not finished:
-                self.leases.let_entry_go(lease)
-                log.warning(
-                    "handler still running after the handler timeout (%gs): it counts as a "
-                    "failed run and its result will be ignored; its lease is kept until its "
-                    "thread returns",
-                    self.handler_timeout,
-                    extra=log_fields(message, task),
-                )
-                await asyncio.wait({returned})
-        self.leases.drop(lease)
+            try:
+                return await self._thread_ended(message, task, returned, lease, started=started)
+            finally:
+                if thread.done():
+                    self.leases.drop(lease)
+                else:  # cancelled by shutdown: the lease stays until the thread returns
+                    thread.add_done_callback(lambda _: _call_soon(loop, self.leases.drop, lease))
+
+    async def _thread_ended(
+        self,
+        message: Message,
+        task: TaskMessage,
+        returned: asyncio.Future[Any],
+        lease: int,
+        *,
+        started: float,
+    ) -> BaseException | None:
+        """The outcome of a sync handler's thread, and of the awaitable it returned, if any."""
+        finished, _ = await asyncio.wait({returned}, timeout=self.handler_timeout or None)
+        if not finished:
+            self.leases.let_entry_go(lease)
+            log.warning(
+                "handler still running after the handler timeout (%gs): it counts as a "
+                "failed run and its result will be ignored; its lease is kept until its "
+                "thread returns",
+                self.handler_timeout,
+                extra=log_fields(message, task),
+            )
+            await asyncio.wait({returned})
         if returned.cancelled():
             raise asyncio.CancelledError
         if not finished:
+            _discard(returned.result() if returned.exception() is None else None)
             return timed_out(self.handler_timeout)
         if (exc := returned.exception()) is not None:
-            return exc if isinstance(exc, Exception) else RuntimeError(describe_error(exc))
+            return exc
         result = returned.result()
-        if inspect.isawaitable(result):  # a sync factory that returned a coroutine
-            try:
-                await result
-            except Exception as exc:
-                return exc
-        return None
+        if not inspect.isawaitable(result):
+            return None
+        # A sync factory that returned a coroutine: it runs here, on the loop, in what is
+        # left of the handler timeout.
+        return await self._bounded(
+            result, self._left(started), lease=lease, span=contextlib.nullcontext()
+        )
 
-    def _thread_returned(self, thread: concurrent.futures.Future[Any], lease: int) -> None:
-        self.threads.discard(thread)
-        self.leases.drop(lease)
+
+def failure_of(exc: BaseException) -> BaseException:
+    """``exc``, raised by a handler, as its run's failure; re-raised if it is the worker
+    cancelling the run (its task was asked to cancel), which is not the handler's failure."""
+    if isinstance(exc, asyncio.CancelledError) and _cancelling():
+        raise exc
+    return exc
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _discard(result: object) -> None:
+    """Close a coroutine a timed-out thread returned: it will never run."""
+    if inspect.iscoroutine(result):
+        result.close()
 
 
 def timed_out(seconds: float) -> HandlerTimeout:

@@ -11,9 +11,9 @@ same time). Then each entry, in order, is decided:
 - another run holds the attempt's lease → leave it pending, count nothing
   (it is reclaimed later);
 - its runs exceed ``max_runs`` → dead letter (reason ``max_runs``), ack;
-- otherwise run the handler: success → done mark, ack; failure → release the
-  lease and leave it pending (retried after reclaim-idle), or dead-letter it
-  once this was run ``max_runs``.
+- otherwise run the handler: success → done mark, ack; failure (whatever it
+  raised, ``BaseException`` included) → release the lease and leave it pending
+  (retried after reclaim-idle), or dead-letter it once this was run ``max_runs``.
 
 An async handler starts inline (``eager.py``): the handlers that finish at
 once cost no task, future or loop turn each, and the batch is settled by one
@@ -47,7 +47,7 @@ from redis.exceptions import RedisError
 from dispatcher.models import MalformedMessage, TaskMessage
 from dispatcher.stream.entries import Message
 from dispatcher.tracing import carries_trace
-from dispatcher.worker.calls import HandlerCalls
+from dispatcher.worker.calls import HandlerCalls, failure_of
 from dispatcher.worker.coalesce import Coalescer
 from dispatcher.worker.dedup import Claim
 from dispatcher.worker.eager import Suspended, start
@@ -241,8 +241,9 @@ class Deliveries:
         started = time.perf_counter()
         try:
             suspended = start(self.calls.handler, task)
-        except Exception as exc:
-            batch.later.append(self.verdicts.failed(batch.reader, message, task, exc, run=run))
+        except BaseException as exc:  # SystemExit too: the handler's, not the worker's
+            failure = failure_of(exc)
+            batch.later.append(self.verdicts.failed(batch.reader, message, task, failure, run=run))
         else:
             if suspended is not None:
                 batch.slot, batch.waited = False, True  # the slot stays with the handler
@@ -279,7 +280,7 @@ class Deliveries:
         batch: _Batch,
         message: Message,
         task: TaskMessage,
-        running: Awaitable[Exception | None],
+        running: Awaitable[BaseException | None],
         *,
         key: str,
         run: int,

@@ -66,6 +66,10 @@ class LeaseKeeper:
         self._held[handle] = _Held(dedup_key, consumer, entry_id, now, now)
         return handle
 
+    def dedup_keys(self) -> list[str]:
+        """The attempts whose leases are kept now (the runs in progress), in the order taken."""
+        return list(dict.fromkeys(held.dedup_key for held in self._held.values()))
+
     def let_entry_go(self, handle: int) -> None:
         """Keep the lease but no longer the entry: it may be reclaimed after reclaim-idle."""
         if (held := self._held.get(handle)) is not None:

@@ -5,13 +5,16 @@ each with its own read and reclaim loops (``reader.py``), and runs handlers
 in one bounded pool of slots (``slots.py``): each read batch is one task that
 claims all its entries at once, starts their handlers and settles them
 together (``delivery.py``); long runs keep their leases and their entries
-fresh (``leases.py``). ``request_stop()`` stops reading; handlers in hand
+fresh (``leases.py``), and a thread warns when the event loop stalls for
+long enough to let them lapse (``stalls.py``). ``request_stop()`` stops reading; handlers in hand
 finish within the grace period, the rest stay pending for another worker; a
 consumer with nothing pending is then removed from its group. Until
 ``run()`` returns, every handler still running keeps its lease and its entry
-fresh; a sync handler's thread cannot be stopped, so ``abandoned`` counts the
-threads still running when ``run()`` returns, and the process should then
-end at once (the CLI exits hard) before their leases can lapse.
+fresh; a thread cannot be stopped (a sync handler's, or one an async handler
+waits for), so once the grace period ran out (``cut_short`` names the runs it
+cut short, ``abandoned`` counts the sync handler threads still running) the
+process should end at once (the CLI exits hard): never wait for those threads
+while their leases lapse.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from dispatcher.worker.metrics import WorkerMetrics
 from dispatcher.worker.reader import StreamReader
 from dispatcher.worker.settle import Settler
 from dispatcher.worker.slots import SlotPool
+from dispatcher.worker.stalls import LoopWatch
 from dispatcher.worker.streams import WorkerStreams
 from dispatcher.worker.verdicts import Verdicts
 
@@ -89,8 +93,14 @@ class Worker:
         )
         self._last_redis_ok = 0.0
         self._started = False
+        self._cut_short: tuple[str, ...] = ()
         self._executor = ThreadPoolExecutor(config.concurrency, thread_name_prefix="handler")
         self._deliveries = self._make_deliveries()
+        self._watch = LoopWatch(
+            threshold=config.lease_ttl / 3,
+            what="the leases of runs in progress are not renewed meanwhile, and past "
+            f"--lease-ttl ({config.lease_ttl:g}s) another worker may run the same attempts",
+        )
 
     # -- public surface -------------------------------------------------------
 
@@ -106,6 +116,11 @@ class Worker:
     def abandoned(self) -> int:
         """Sync handler threads still running (after ``run()``: left behind by the grace period)."""
         return len(self._deliveries.calls.threads)
+
+    @property
+    def cut_short(self) -> tuple[str, ...]:
+        """The attempts (dedup keys) whose runs the grace period cut short; empty if none."""
+        return self._cut_short
 
     def request_stop(self) -> None:
         """Stop reading; ``run()`` returns once handlers in hand are settled."""
@@ -136,6 +151,7 @@ class Worker:
     async def run(self) -> None:
         """Read and handle until ``request_stop()``; then drain and leave the groups."""
         try:
+            self._watch.start()
             await self._start()
             await self._stopping.wait()
             log.info("stopping: no new reads; waiting for handlers in hand")
@@ -150,6 +166,7 @@ class Worker:
             # interrupted: we stop waiting for it, its entry stays pending, and
             # the caller ends the process (``abandoned``).
             self._executor.shutdown(wait=False, cancel_futures=True)
+            self._watch.stop()
             log.info("worker stopped", extra={"consumer": self.config.consumer})
 
     # -- start-up -------------------------------------------------------------
@@ -248,10 +265,14 @@ class Worker:
         await self._cancel(self._loops)
         while self._handlers and (left := deadline - time.monotonic()) > 0:
             await asyncio.wait(set(self._handlers), timeout=left)
+        if self._handlers or self.abandoned:
+            self._cut_short = tuple(self._deliveries.calls.leases.dedup_keys())
         if self._handlers:
             log.warning(
-                "grace period over: %d entries in hand cancelled; they stay pending",
+                "grace period over: %d entries in hand cancelled; they stay pending "
+                "(runs cut short: %s)",
                 self._streams.in_hand(),
+                ", ".join(self._cut_short) or "none",
             )
             await self._cancel(self._handlers)
         if self.abandoned:

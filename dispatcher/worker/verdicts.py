@@ -71,7 +71,13 @@ class Verdicts:
         return self.guarded(reader, message, self._exceeded(reader, message, task, runs=runs))
 
     def failed(
-        self, reader: StreamReader, message: Message, task: TaskMessage, exc: Exception, *, run: int
+        self,
+        reader: StreamReader,
+        message: Message,
+        task: TaskMessage,
+        exc: BaseException,
+        *,
+        run: int,
     ) -> Awaitable[None]:
         step = self._failed(reader, message, task, exc, key=task.dedup_key, run=run)
         return self.guarded(reader, message, step)
@@ -81,7 +87,7 @@ class Verdicts:
         reader: StreamReader,
         message: Message,
         task: TaskMessage,
-        failure: Exception | None,
+        failure: BaseException | None,
         *,
         key: str,
         run: int,
@@ -120,7 +126,7 @@ class Verdicts:
         reader: StreamReader,
         message: Message,
         task: TaskMessage,
-        exc: Exception,
+        exc: BaseException,
         *,
         key: str,
         run: int,

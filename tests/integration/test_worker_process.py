@@ -273,3 +273,70 @@ def test_bad_worker_settings_are_one_clear_line(spawn: Callable[..., WorkerProce
     assert worker.wait() == 2
     (line,) = worker.stderr.strip().splitlines()
     assert "invalid queue name 'a.b'" in line
+
+
+@pytest.mark.parametrize("raised", ["exit", "interrupt"])
+async def test_a_handler_raising_systemexit_or_keyboardinterrupt_is_a_failed_run(
+    redis_standalone: RedisClient,
+    queue: str,
+    spawn: Callable[..., WorkerProcess],
+    log: sync_redis.Redis,
+    raised: str,
+) -> None:
+    """``SystemExit``/``KeyboardInterrupt`` from an async handler, at once or after a wait:
+    failed runs, dead-lettered after max runs, while the worker goes on handling the rest."""
+    await publish_shard_count(redis_standalone, 1)
+    worker = spawn(
+        *("--queue", queue, "--handler", "tests.handlers:raises", "--consumer", "stoic"),
+        *("--shards", "1", "--concurrency", "2", "--reclaim-idle", "1", "--max-runs", "2"),
+    )
+    at_once = tasks(queue, 1, input={"raise": raised})
+    after_a_wait = tasks(queue, 1, input={"raise": raised, "wait": True})
+    healthy = tasks(queue, 4)
+    await publish(redis_standalone, [*at_once, *after_a_wait], shards=1)
+    await publish(redis_standalone, healthy, shards=1)
+
+    async def settled() -> bool:
+        dead = await redis_standalone.xlen(dead_letter_stream(queue))
+        return dead >= 2 and await _all_done(log, healthy)
+
+    await eventually(settled, within=60, what="two dead letters, the healthy tasks done")
+
+    assert worker.proc.poll() is None, worker.stderr  # still running
+    letters = await redis_standalone.xrange(dead_letter_stream(queue))
+    assert {fields["task_id"] for _, fields in letters} == {
+        at_once[0].task_id,
+        after_a_wait[0].task_id,
+    }
+    name = "SystemExit: 3" if raised == "exit" else "KeyboardInterrupt"
+    for _, fields in letters:
+        assert fields["runs"] == "2"
+        assert fields["error"].startswith("failed 2 runs (max runs 2); last error: " + name)
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.wait() == 0, worker.stderr
+
+
+async def test_sigterm_past_the_grace_period_exits_though_handler_threads_run_on(
+    redis_standalone: RedisClient,
+    queue: str,
+    spawn: Callable[..., WorkerProcess],
+    log: sync_redis.Redis,
+) -> None:
+    """An async handler waits for a 600 s thread of the loop's default executor; SIGTERM
+    with a 1 s grace period: the process names the abandoned task and exits."""
+    await publish_shard_count(redis_standalone, 1)
+    worker = spawn(
+        *("--queue", queue, "--handler", "tests.handlers:offloaded", "--consumer", "leaky"),
+        *("--shards", "1", "--grace-period", "1"),
+    )
+    (task,) = tasks(queue, 1, input={"sleep": 600})
+    await publish(redis_standalone, [task], shards=1)
+    eventually_sync(lambda: events(log, "started"), within=30)
+
+    worker.proc.send_signal(signal.SIGTERM)
+
+    assert worker.wait(timeout=60) == 0, worker.stderr
+    assert task.task_id in worker.stderr  # named as abandoned
+    assert not events(log, "done")
+    (stream,) = queue_streams([queue], 1)
+    assert await redis_standalone.xlen(stream) == 1  # kept pending for another worker
