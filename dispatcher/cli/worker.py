@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import sys
@@ -12,12 +13,13 @@ from prometheus_client import REGISTRY
 
 from dispatcher.cli.flags import add_options, option_values
 from dispatcher.cli.main import Common, UsageError
-from dispatcher.config import METRICS_PORT, REQUIRE_AOF, STREAM_SHARDS, Settings
+from dispatcher.config import CONNECT_TIMEOUT, METRICS_PORT, REQUIRE_AOF, STREAM_SHARDS, Settings
 from dispatcher.heap import settle_heap
 from dispatcher.lifecycle import run_until_signalled
 from dispatcher.observability import ObservabilityServer
 from dispatcher.options import Option, options
 from dispatcher.redis_client import check_eviction_policy, check_persistence, connect_redis
+from dispatcher.startup import until_up
 from dispatcher.worker import (
     Handler,
     HandlerImportError,
@@ -108,23 +110,46 @@ def _handler(path: str) -> Handler:
 
 async def _serve(settings: Settings, handler: Handler, config: WorkerConfig) -> int:
     client = connect_redis(settings.redis_url.get_secret_value(), cluster=settings.redis_cluster)
-    try:
-        await client.ping()
-        await check_eviction_policy(client)
-        await check_persistence(client, require=settings.require_aof)
-        worker = Worker(client, handler, config, registry=REGISTRY)
-        server = ObservabilityServer(
-            port=settings.metrics_port, live=worker.live, ready=worker.ready
-        )
-        await server.start()
+    worker: Worker | None = None
+    stopping = asyncio.Event()
+
+    async def start() -> Worker:
+        # The client's sockets have no read timeout (XREADGROUP blocks on them): bound the
+        # start-up round trips here, so a Redis that accepts and never answers fails them.
+        async with asyncio.timeout(CONNECT_TIMEOUT):
+            await client.ping()
+            await check_eviction_policy(client)
+            await check_persistence(client, require=settings.require_aof)
+        return Worker(client, handler, config, registry=REGISTRY)
+
+    async def run() -> None:
+        nonlocal worker
+        worker = await until_up(start, what="connecting to Redis", stopping=stopping)
+        if worker is None:
+            return  # stopped before Redis came up
         settle_heap()  # the handler and every module it needs are imported by now
-        try:
-            await run_until_signalled(worker.run, worker.request_stop)
-        finally:
-            if worker.cut_short or worker.abandoned:
-                _exit_now(worker)
-            await server.stop()
+        if stopping.is_set():
+            worker.request_stop()
+        await worker.run()
+
+    def request_stop() -> None:
+        stopping.set()
+        if worker is not None:
+            worker.request_stop()
+
+    # Up before Redis: live (the process works on it), not ready (it runs nothing).
+    server = ObservabilityServer(
+        port=settings.metrics_port,
+        live=lambda: worker is None or worker.live(),
+        ready=lambda: worker is not None and worker.ready(),
+    )
+    await server.start()
+    try:
+        await run_until_signalled(run, request_stop)
     finally:
+        if worker is not None and (worker.cut_short or worker.abandoned):
+            _exit_now(worker)
+        await server.stop()
         await client.aclose()
     return 0
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import signal
 import socket
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -79,6 +81,35 @@ def test_an_enqueuer_started_while_its_database_is_silent_dispatches_once_it_ans
         proxy.heal()
         eventually_sync(lambda: outbox_status(outbox_db_url) == {}, within=60)
         assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_worker_whose_redis_is_silent_retries_serving_healthz(
+    silent_port: int, tmp_path: Path
+) -> None:
+    metrics = free_port()
+    log = tmp_path / "worker.log"
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "dispatcher.cli", "worker"),
+                *("--redis-url", f"redis://127.0.0.1:{silent_port}/0"),
+                *("--queue", "startup", "--handler", "dispatcher._testing.handlers:noop"),
+                *("--metrics-port", str(metrics)),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        eventually_sync(lambda: "trying again" in log.read_text(), within=40)
+        assert status(metrics, "/healthz") == 200
+        assert status(metrics, "/readyz") == 503
+        assert "connecting to Redis failed" in log.read_text()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
     finally:
