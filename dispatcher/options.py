@@ -4,7 +4,7 @@ A config dataclass declares each setting a user can change with ``option()``
 instead of a bare default, and the process settings are ``Option`` values
 (``dispatcher.config``). The ``dispatcher`` flags and their ``--help``
 (``dispatcher.cli.flags``), the CRD model's defaults (``controller.model``) and
-the README's tables (``dispatcher.cli.docs``) are all read from here, so they
+the tables of docs/configuration.md (``dispatcher.cli.docs``) are all read from here, so they
 cannot drift apart.
 
 ``minimum`` is the smallest value a user may give (with ``above``, values must
@@ -74,7 +74,7 @@ class Option:
 
 
 def show(value: Value) -> str:
-    """A default as ``--help`` and the README print it: ``30``, ``0.85``, ``workers``, ``off``."""
+    """A default as ``--help`` and the docs print it: ``30``, ``0.85``, ``workers``, ``off``."""
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, float):

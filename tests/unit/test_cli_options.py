@@ -1,6 +1,6 @@
 """The enqueuer and worker flags come from one definition of each setting.
 
-``--help`` prints every default, README.md's tables are the generated ones,
+``--help`` prints every default, docs/configuration.md's tables are the generated ones,
 a numeric flag out of bounds is the same argparse error line on both
 commands, and the CRD's defaults are the flags' defaults.
 """
@@ -14,7 +14,7 @@ import pytest
 from pydantic import SecretStr
 
 from controller.model import EnqueuerSpec, QueueSpec
-from dispatcher.cli.docs import README_PATH, readme_with_tables
+from dispatcher.cli.docs import CONFIGURATION_PAGE, page_with_tables
 from dispatcher.cli.main import build_parser, main
 from dispatcher.cli.outbox import ENQUEUER_OPTIONS
 from dispatcher.cli.worker import WORKER_OPTIONS
@@ -94,9 +94,9 @@ def test_help_prints_the_env_default_behind_a_flag(capsys: pytest.CaptureFixture
     assert "--concurrency CONCURRENCY handlers running at once (default: 8)" in printed
 
 
-def test_readme_tables_are_the_generated_ones() -> None:
-    readme = README_PATH.read_text()
-    assert readme == readme_with_tables(readme), "run `python -m dispatcher.cli.docs --write`"
+def test_the_configuration_pages_tables_are_the_generated_ones() -> None:
+    page = CONFIGURATION_PAGE.read_text()
+    assert page == page_with_tables(page), "run `python -m dispatcher.cli.docs --write`"
 
 
 @pytest.mark.parametrize(

@@ -162,7 +162,7 @@ def test_each_image_runs_as_the_non_root_uid_the_operator_pods_use(image: str, t
     assert users, f"{target}: no USER (root)"
     uid, _, gid = users[-1].partition(":")
     assert uid.isdigit(), "numeric, so runAsNonRoot can verify it"
-    # The chart's podSecurityContext example and the worker recipe in the README name this UID.
+    # The chart's podSecurityContext example and docs/kubernetes.md's worker recipe name it.
     assert int(uid) == IMAGE_UID
     assert not gid or int(gid) == IMAGE_UID
     last = max(n for n, i in enumerate(instructions) if i["instruction"] == "USER")

@@ -1,4 +1,4 @@
-"""The README's KEDA example: it scales the right Deployment on the sum of every shard."""
+"""The KEDA example of docs/kubernetes.md: it scales the right Deployment on every shard."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import yaml
 from controller.identity import Owner, worker_name
 from dispatcher.stream.naming import task_stream
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"
 
 
 def test_keda_example_sums_every_shard_of_the_queue() -> None:
