@@ -16,17 +16,33 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import psycopg
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["TRANSIENT", "transient", "until_up"]
+from dispatcher.heap import settle_heap
+from dispatcher.lifecycle import run_until_signalled
+from dispatcher.observability import ObservabilityServer
+
+__all__ = ["TRANSIENT", "Component", "run_when_up", "transient", "until_up"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class Component(Protocol):
+    """A long-running part: the enqueuer, a worker."""
+
+    async def run(self) -> None: ...
+    def request_stop(self) -> None: ...
+    def live(self) -> bool: ...
+    def ready(self) -> bool: ...
+
+
+C = TypeVar("C", bound=Component)
 
 # What a backend that is down, unreachable or silent raises (psycopg_pool's PoolTimeout is an
 # OperationalError).
@@ -87,3 +103,42 @@ async def until_up(
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+async def run_when_up(
+    start: Callable[[], Awaitable[C]], *, what: str, metrics_port: int
+) -> C | None:
+    """Serve the probes at once, ``start()`` the component once its backends are up
+    (``until_up``), and run it until SIGTERM/SIGINT; the component (None if stopped first).
+
+    Until it has started the process is live (it is working on it) and not ready.
+    """
+    component: C | None = None
+    stopping = asyncio.Event()
+
+    async def run() -> None:
+        nonlocal component
+        component = await until_up(start, what=what, stopping=stopping)
+        if component is None:
+            return  # stopped before the backends came up
+        settle_heap()  # every module the component needs is imported by now
+        if stopping.is_set():
+            component.request_stop()
+        await component.run()
+
+    def request_stop() -> None:
+        stopping.set()
+        if component is not None:
+            component.request_stop()
+
+    server = ObservabilityServer(
+        port=metrics_port,
+        live=lambda: component is None or component.live(),
+        ready=lambda: component is not None and component.ready(),
+    )
+    await server.start()
+    try:
+        await run_until_signalled(run, request_stop)
+    finally:
+        await server.stop()
+    return component

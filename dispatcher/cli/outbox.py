@@ -15,9 +15,6 @@ from psycopg_pool import AsyncConnectionPool
 from dispatcher.cli.flags import add_options, option_values
 from dispatcher.cli.main import Common, UsageError
 from dispatcher.config import METRICS_PORT, REQUIRE_AOF, STREAM_SHARDS, Settings
-from dispatcher.heap import settle_heap
-from dispatcher.lifecycle import run_until_signalled
-from dispatcher.observability import ObservabilityServer
 from dispatcher.options import Option, options
 from dispatcher.outbox.enqueuer import OutboxEnqueuer
 from dispatcher.outbox.enqueuer_config import EnqueuerConfig
@@ -25,7 +22,7 @@ from dispatcher.outbox.pooler import require_session_pooling
 from dispatcher.outbox.repository import ENQUEUER_SESSION, OutboxRepository, enqueuer_pool
 from dispatcher.outbox.schema import migrate
 from dispatcher.redis_client import check_eviction_policy, check_persistence, connect_redis
-from dispatcher.startup import until_up
+from dispatcher.startup import run_when_up
 from dispatcher.stream.naming import WORKER_GROUP
 from dispatcher.stream.publisher import RedisStreamPublisher
 from dispatcher.stream.shard_count import LiveShardCount, ensure_shard_count
@@ -100,9 +97,7 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
         cluster=settings.redis_cluster,
         socket_timeout=config.publish_timeout + config.wait_timeout_ms / 1000,
     )
-    enqueuer: OutboxEnqueuer | None = None
     pool: AsyncConnectionPool[Any] | None = None
-    stopping = asyncio.Event()
 
     async def start() -> OutboxEnqueuer:
         nonlocal pool
@@ -124,34 +119,11 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
             registry=REGISTRY,
         )
 
-    async def run() -> None:
-        nonlocal enqueuer
-        enqueuer = await until_up(
-            start, what="connecting to PostgreSQL and Redis", stopping=stopping
-        )
-        if enqueuer is None:
-            return  # stopped before the backends came up
-        settle_heap()  # every module the enqueuer needs is imported by now
-        if stopping.is_set():
-            enqueuer.request_stop()
-        await enqueuer.run()
-
-    def request_stop() -> None:
-        stopping.set()
-        if enqueuer is not None:
-            enqueuer.request_stop()
-
-    # Up before the backends: live (the process works on it), not ready (it dispatches nothing).
-    server = ObservabilityServer(
-        port=settings.metrics_port,
-        live=lambda: enqueuer is None or enqueuer.live(),
-        ready=lambda: enqueuer is not None and enqueuer.ready(),
-    )
-    await server.start()
     try:
-        await run_until_signalled(run, request_stop)
+        await run_when_up(
+            start, what="connecting to PostgreSQL and Redis", metrics_port=settings.metrics_port
+        )
     finally:
-        await server.stop()
         if pool is not None:
             await _close(pool)
         await redis.aclose()

@@ -14,12 +14,9 @@ from prometheus_client import REGISTRY
 from dispatcher.cli.flags import add_options, option_values
 from dispatcher.cli.main import Common, UsageError
 from dispatcher.config import CONNECT_TIMEOUT, METRICS_PORT, REQUIRE_AOF, STREAM_SHARDS, Settings
-from dispatcher.heap import settle_heap
-from dispatcher.lifecycle import run_until_signalled
-from dispatcher.observability import ObservabilityServer
 from dispatcher.options import Option, options
 from dispatcher.redis_client import check_eviction_policy, check_persistence, connect_redis
-from dispatcher.startup import until_up
+from dispatcher.startup import run_when_up
 from dispatcher.worker import (
     Handler,
     HandlerImportError,
@@ -110,8 +107,6 @@ def _handler(path: str) -> Handler:
 
 async def _serve(settings: Settings, handler: Handler, config: WorkerConfig) -> int:
     client = connect_redis(settings.redis_url.get_secret_value(), cluster=settings.redis_cluster)
-    worker: Worker | None = None
-    stopping = asyncio.Event()
 
     async def start() -> Worker:
         # The client's sockets have no read timeout (XREADGROUP blocks on them): bound the
@@ -122,34 +117,13 @@ async def _serve(settings: Settings, handler: Handler, config: WorkerConfig) -> 
             await check_persistence(client, require=settings.require_aof)
         return Worker(client, handler, config, registry=REGISTRY)
 
-    async def run() -> None:
-        nonlocal worker
-        worker = await until_up(start, what="connecting to Redis", stopping=stopping)
-        if worker is None:
-            return  # stopped before Redis came up
-        settle_heap()  # the handler and every module it needs are imported by now
-        if stopping.is_set():
-            worker.request_stop()
-        await worker.run()
-
-    def request_stop() -> None:
-        stopping.set()
-        if worker is not None:
-            worker.request_stop()
-
-    # Up before Redis: live (the process works on it), not ready (it runs nothing).
-    server = ObservabilityServer(
-        port=settings.metrics_port,
-        live=lambda: worker is None or worker.live(),
-        ready=lambda: worker is not None and worker.ready(),
-    )
-    await server.start()
     try:
-        await run_until_signalled(run, request_stop)
-    finally:
+        worker = await run_when_up(
+            start, what="connecting to Redis", metrics_port=settings.metrics_port
+        )
         if worker is not None and (worker.cut_short or worker.abandoned):
             _exit_now(worker)
-        await server.stop()
+    finally:
         await client.aclose()
     return 0
 
