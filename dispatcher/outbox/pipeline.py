@@ -195,12 +195,10 @@ class BatchPipeline:
         streams, commands, failed = encoded.streams, encoded.commands, encoded.failed
         started = time.monotonic()
         if not failed:
-            replies = await self._publish_packed(streams, commands)
+            replies = await self._send(streams, commands)
         else:
             todo = [i for i in range(len(batch)) if i not in failed]
-            sent = iter(
-                await self._publish_packed([streams[i] for i in todo], [commands[i] for i in todo])
-            )
+            sent = iter(await self._send([streams[i] for i in todo], [commands[i] for i in todo]))
             replies = [failed[i] if i in failed else next(sent) for i in range(len(batch))]
         elapsed = time.monotonic() - started
         ages = batch.column("age_seconds")
@@ -212,7 +210,7 @@ class BatchPipeline:
         batch.targets = streams
         return replies, sum(map(len, commands))
 
-    async def _publish_packed(self, streams: list[str], commands: list[bytes]) -> list[Any]:
+    async def _send(self, streams: list[str], commands: list[bytes]) -> list[Any]:
         s = self.settings
         started = time.monotonic()
         try:
