@@ -1,4 +1,4 @@
-"""The schema file is what the migrations produce (read it instead of replaying them in your head)."""
+"""The schema file is what the migrations produce (read it, not the migrations in order)."""
 
 from __future__ import annotations
 
