@@ -139,7 +139,7 @@ def _claim_pages(url: str) -> float:
     with psycopg.connect(url) as conn:
         row = conn.execute(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["claim_batch"],
-            {"limit": 100, "min_age": 0.0},
+            {"limit": 100},
         ).fetchone()
         conn.rollback()
     assert row is not None

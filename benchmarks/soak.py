@@ -158,7 +158,7 @@ def _sample(v: Variant, minute: float, committed: int) -> Sample:
         conn.execute("BEGIN")
         plan = conn.execute(
             b"EXPLAIN (ANALYZE, FORMAT JSON) " + QUERIES["claim_batch"].encode(),
-            {"limit": 100, "shards": 4, "keep": [], "min_age": 0.0},  # as the enqueuer claims
+            {"limit": 100},  # as the enqueuer claims
         ).fetchone()
         conn.execute("ROLLBACK")
     claim_ms = float(plan[0][0]["Execution Time"]) if plan else float("nan")

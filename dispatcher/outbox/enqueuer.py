@@ -222,7 +222,7 @@ class OutboxEnqueuer:
         started = time.monotonic()
         chained = 0
 
-        async def more(count: int) -> float | None:
+        async def more(count: int) -> bool:
             """A full batch published whole: claim the next in its settlement, unless held back.
 
             Saying yes reports this claim here (the pipeline reports the last one's size).
@@ -234,11 +234,11 @@ class OutboxEnqueuer:
                 or self.probes.due()
                 or not await self.memory.allows()
             ):
-                return None  # the main loop decides what runs next
+                return False  # the main loop decides what runs next
             chained += 1
             await self._after_claim(count, started)
             started = self._heartbeat = time.monotonic()
-            return 0.0
+            return True
 
         try:
             count = await self.pipeline.run(more=more)

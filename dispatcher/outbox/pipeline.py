@@ -39,8 +39,8 @@ from dispatcher.stream.shard_count import InvalidShardCount, LiveShardCount
 
 __all__ = ["BatchPipeline", "BatchSettings", "More"]
 
-# Asked after a full batch published whole: the next claim's min_age, or None to stop there.
-More = Callable[[int], Awaitable[float | None]]
+# Asked after a full batch published whole: whether to claim the next one in its settlement.
+More = Callable[[int], Awaitable[bool]]
 
 log = logging.getLogger(__name__)
 
@@ -81,18 +81,15 @@ class BatchPipeline:
         self._memory = memory
         self._metrics = metrics
 
-    async def run(
-        self, *, probe: bool = False, min_age: float = 0.0, more: More | None = None
-    ) -> int:
+    async def run(self, *, probe: bool = False, more: More | None = None) -> int:
         """Claim, publish and settle a batch; return how many rows the last one held.
 
         With ``probe``, the batch is one suspect row alone (see the repository).
-        Rows due less than ``min_age`` seconds ago are left for another enqueuer.
 
         With ``more``, a full batch that published whole asks it whether to claim
-        the next batch right away: ``more(rows)`` returns that claim's ``min_age``,
-        or None for no. Yes settles the batch and claims the next in one round trip
-        (``OutboxRepository.claim_next``), on the same connection; ``more`` is then
+        the next batch right away (``more(rows)``). Yes settles the batch and
+        claims the next in one round trip (``OutboxRepository.claim_next``), on
+        the same connection; ``more`` is then
         the report of the batch it was asked about, and the return value is the
         size of the last batch, which it was not asked about.
         """
@@ -102,7 +99,6 @@ class BatchPipeline:
             s.batch_size,
             hold_for=s.hold_for,
             probe=probe,
-            min_age=min_age,
         )
         async with claim as batch:
             while True:
@@ -136,21 +132,20 @@ class BatchPipeline:
                 self._memory.published(packed, size)
                 if outcomes.held:
                     self._memory.refused()
-            min_age = None
+            chain = False
             if more is not None and size >= self.settings.batch_size and len(outcomes.sent) == size:
                 try:
-                    min_age = await more(size)
+                    chain = await more(size)
                 except Exception:  # the batch published: it settles, whatever the answer
                     log.exception("could not decide on claiming the next batch; settling this one")
             try:
-                if min_age is None:
+                if not chain:
                     await batch.settle(outcomes.sent, outcomes.retry, outcomes.dead)
                 else:
                     following = await self._repo.claim_next(
                         batch,
                         self.settings.batch_size,
                         hold_for=self.settings.hold_for,
-                        min_age=min_age,
                     )
             except BaseException:
                 self._metrics.unsettled.inc()

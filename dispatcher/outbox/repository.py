@@ -146,11 +146,8 @@ class OutboxRepository:
         *,
         hold_for: float,
         probe: bool = False,
-        min_age: float = 0.0,
     ) -> AsyncIterator[ClaimedBatch]:
         """Claim up to ``limit`` due rows (lock them) for the body of the ``async with``.
-
-        Rows due less than ``min_age`` seconds ago are left out.
 
         With ``probe``, claim one due suspect alone (``limit`` is ignored) and
         journal the batch as a probe: if it never settles, its row alone is
@@ -164,7 +161,7 @@ class OutboxRepository:
         transaction back.
         """
         async with self._pool.connection() as conn:
-            batch = await self._begin(conn, _claim_params(limit, min_age, hold_for), probe)
+            batch = await self._begin(conn, _claim_params(limit, hold_for), probe)
             try:
                 yield batch
             finally:
@@ -179,7 +176,7 @@ class OutboxRepository:
                     await conn.rollback()
 
     async def claim_next(
-        self, batch: ClaimedBatch, limit: int, *, hold_for: float, min_age: float = 0.0
+        self, batch: ClaimedBatch, limit: int, *, hold_for: float
     ) -> ClaimedBatch | None:
         """Settle ``batch`` (published whole) and claim the next one, in one round trip.
 
@@ -197,7 +194,7 @@ class OutboxRepository:
             await batch.journal  # its row must exist before the commit that deletes it
         conn = batch.conn
         cur = AsyncClientCursor(conn)
-        params = {"token": batch.token, **_claim_params(limit, min_age, hold_for)}
+        params = {"token": batch.token, **_claim_params(limit, hold_for)}
         try:
             await cur.execute(_SETTLE_THEN_BEGIN, params)
         except psycopg.errors.InvalidSqlStatementName:
@@ -317,12 +314,8 @@ class OutboxRepository:
 # EXECUTE them): parsed and planned once, not for every batch (planning the claim costs
 # PostgreSQL 0.2-0.7 ms, 2-7 us per row of a batch of 100).
 _PREPARE = [
-    "PREPARE outbox_claim_batch (int, float8) AS "
-    + QUERIES["claim_batch"]
-    .rstrip()
-    .rstrip(";")
-    .replace("%(limit)s", "$1")
-    .replace("%(min_age)s", "$2"),
+    "PREPARE outbox_claim_batch (int) AS "
+    + QUERIES["claim_batch"].rstrip().rstrip(";").replace("%(limit)s", "$1"),
     "PREPARE outbox_claim_probe AS " + QUERIES["claim_probe"].rstrip().rstrip(";"),
 ]
 
@@ -333,7 +326,7 @@ _PREPARED: weakref.WeakSet[AsyncConnection[Any]] = weakref.WeakSet()
 
 def _begin(claim: str) -> str:
     execute = {
-        "claim_batch": "EXECUTE outbox_claim_batch (%(limit)s, %(min_age)s)",
+        "claim_batch": "EXECUTE outbox_claim_batch (%(limit)s)",
         "claim_probe": "EXECUTE outbox_claim_probe",
     }[claim]
     return "; ".join(
@@ -352,5 +345,5 @@ _BEGIN_PROBE = _begin("claim_probe")
 _SETTLE_THEN_BEGIN = "; ".join([*SETTLE_ALL_STATEMENTS, _BEGIN])
 
 
-def _claim_params(limit: int, min_age: float, hold_for: float) -> dict[str, Any]:
-    return {"limit": limit, "min_age": min_age, "hold_ms": str(max(1, round(hold_for * 1000)))}
+def _claim_params(limit: int, hold_for: float) -> dict[str, Any]:
+    return {"limit": limit, "hold_ms": str(max(1, round(hold_for * 1000)))}

@@ -39,11 +39,9 @@ def claim_plan(db_url: str, *, prepared: bool, limit: int = 100) -> dict[str, An
             for statement in _PREPARE:
                 conn.execute(statement)
             conn.execute("SET plan_cache_mode = force_generic_plan")
-            row = conn.execute(f"{explain}EXECUTE outbox_claim_batch ({limit:d}, 0.0)").fetchone()
+            row = conn.execute(f"{explain}EXECUTE outbox_claim_batch ({limit:d})").fetchone()
         else:
-            row = conn.execute(
-                explain + QUERIES["claim_batch"], {"limit": limit, "min_age": 0.0}
-            ).fetchone()
+            row = conn.execute(explain + QUERIES["claim_batch"], {"limit": limit}).fetchone()
         conn.rollback()
     assert row is not None
     doc = row[0] if isinstance(row[0], list) else json.loads(row[0])

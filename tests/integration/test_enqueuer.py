@@ -259,9 +259,9 @@ async def test_a_backlog_is_claimed_in_the_settlement_of_the_batch_before(
     enqueuer = make_enqueuer(pool, redis_standalone, batch_size=10)
     asked: list[int] = []
 
-    async def more(rows: int) -> float | None:
+    async def more(rows: int) -> bool:
         asked.append(rows)
-        return 0.0
+        return True
 
     last = await enqueuer.pipeline.run(more=more)
     assert (asked, last) == ([10, 10, 10], 5), "the last batch (not full) is not asked about"

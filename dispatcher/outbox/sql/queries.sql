@@ -17,8 +17,6 @@ VALUES (%(id)s, %(task_id)s, %(stream)s, %(payload)s, %(type)s, 'PENDING', %(not
 -- more than n). Rows scheduled for a time that has come go first (they have waited
 -- longest), then rows due at once by age; each part walks its own partial index from the
 -- first due row, so rows not yet due are never read. Suspects are left to claim_probe.
--- Rows due less than "min_age" seconds ago are left too: an enqueuer standing by while
--- another holds the idle flag leaves it the rows it publishes from their notifications.
 -- The payload is made text only for the rows locked: the locking parts are MATERIALIZED
 -- and return it as stored, because an expression in their select list is computed by the
 -- index scan below the row locking, for every row it walks past too. With batches in
@@ -29,7 +27,7 @@ WITH scheduled AS MATERIALIZED (
            task_id
       FROM outbox
      WHERE status IN ('PENDING', 'RETRY') AND next_attempt_at IS NOT NULL AND NOT suspect
-       AND next_attempt_at <= statement_timestamp() - make_interval(secs => %(min_age)s)
+       AND next_attempt_at <= statement_timestamp()
      ORDER BY next_attempt_at
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -38,7 +36,6 @@ WITH scheduled AS MATERIALIZED (
            task_id
       FROM outbox
      WHERE status IN ('PENDING', 'RETRY') AND next_attempt_at IS NULL AND NOT suspect
-       AND created_at <= statement_timestamp() - make_interval(secs => %(min_age)s)
      ORDER BY created_at
      LIMIT greatest(%(limit)s - (SELECT count(*) FROM scheduled), 0)
        FOR UPDATE SKIP LOCKED
