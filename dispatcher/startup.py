@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
 import psycopg
+from redis.exceptions import AuthenticationError, AuthorizationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -69,7 +70,7 @@ _REFUSALS = (
 
 def transient(exc: BaseException) -> bool:
     """Whether ``exc`` says a backend is down, unreachable or silent (worth waiting for)."""
-    if not isinstance(exc, TRANSIENT):
+    if not isinstance(exc, TRANSIENT) or isinstance(exc, AuthenticationError | AuthorizationError):
         return False
     if isinstance(exc, psycopg.OperationalError):
         text = str(exc).lower()

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +27,7 @@ import redis as sync_redis
 from redis.exceptions import NoPermissionError, ResponseError
 
 from dispatcher._testing.servers import PostgresProcess, RedisProcess
-from dispatcher._testing.waiting import eventually
+from dispatcher._testing.waiting import eventually, eventually_sync
 from tests.faults.harness import ROOT, Pipeline
 from tests.faults.load import LoadSpec
 from tests.fix_kube import CR_RESOURCE, NAMESPACE, FakeClock, KubeEmulator, running_operator
@@ -249,25 +251,32 @@ def test_passwords_never_appear_in_logs(
     bad_password = user_url(server.port, "dispatcher-worker", passwords["dispatcher-enqueuer"])
     bad_db = f"postgresql://postgres:{pg_password}@127.0.0.1:{closed_port}/x?connect_timeout=2"
 
-    outputs = [
-        _run("enqueuer", database_url=bad_db, redis_url=enq_ok),
+    refused = [  # a wrong password: one line, exit 1
         _run("enqueuer", database_url=db_with_password, redis_url=bad_password),
+        _run("worker", database_url=db_with_password, redis_url=bad_password),
+    ]
+    for code, text in refused:
+        assert code != 0, text
+        assert "dispatcher " in text, text
+        assert "cannot reach" in text or "invalid" in text, text
+    down = [  # nothing listening: retried with the cause until SIGTERM
+        _run("enqueuer", database_url=bad_db, redis_url=enq_ok),
         _run(
             "enqueuer",
             database_url=db_with_password,
             redis_url=enq_ok.replace(str(server.port), str(closed_port)),
         ),
-        _run("worker", database_url=db_with_password, redis_url=bad_password),
         _run(
             "worker",
             database_url=db_with_password,
             redis_url=wrk_ok.replace(str(server.port), str(closed_port)),
         ),
     ]
-    for code, text in outputs:
-        assert code != 0, text
-        assert "dispatcher " in text, text
-        assert "cannot reach" in text or "invalid" in text, text
+    for code, text in down:
+        assert code == 0, text
+        assert "failed (" in text, text
+        assert "trying again" in text, text
+    outputs = refused + down
 
     p = make_pipeline(server.url)
     debug = {"LOG_LEVEL": "DEBUG", "DATABASE_URL": db_with_password}
@@ -287,6 +296,8 @@ def test_passwords_never_appear_in_logs(
 
 
 def _run(command: str, *, database_url: str, redis_url: str) -> tuple[int, str]:
+    """Run ``dispatcher <command>`` until it exits, or until it says it will try again (then
+    SIGTERM it); its exit code and everything it printed."""
     flags = {
         "enqueuer": ["--no-listen"],
         "worker": ["--queue", "q", "--handler", "tests.faults.handlers:record"],
@@ -297,16 +308,32 @@ def _run(command: str, *, database_url: str, redis_url: str) -> tuple[int, str]:
         "LOG_LEVEL": "DEBUG",
         "PATH": "/usr/bin:/bin",
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "dispatcher.cli", command, *flags],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    return done.returncode, done.stdout + done.stderr
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dispatcher.cli", command, *flags],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+        def printed() -> str:
+            out.seek(0)
+            return out.read()
+
+        try:
+            eventually_sync(
+                lambda: proc.poll() is not None or "trying again" in printed(), within=60
+            )
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return code, printed()
 
 
 def test_a_worker_whose_user_may_not_read_the_clock_stops_at_start_saying_so(
