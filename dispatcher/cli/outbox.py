@@ -23,7 +23,7 @@ from dispatcher.outbox.enqueuer import OutboxEnqueuer
 from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.pooler import require_session_pooling
 from dispatcher.outbox.repository import ENQUEUER_SESSION, OutboxRepository, enqueuer_pool
-from dispatcher.outbox.schema import migrate
+from dispatcher.outbox.schema import migrate, require_schema
 from dispatcher.redis_client import check_eviction_policy, check_persistence, connect_redis
 from dispatcher.startup import until_up
 from dispatcher.stream.naming import WORKER_GROUP
@@ -111,6 +111,8 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
             await _close(pool)
         pool = enqueuer_pool(dsn, max_size=config.concurrency + 2)
         await pool.open(wait=True, timeout=15)
+        async with pool.connection() as conn:  # before any Redis write
+            await require_schema(conn)
         await check_eviction_policy(redis)
         await check_persistence(redis, require=settings.require_aof)
         if await ensure_shard_count(redis, settings.stream_shards):
