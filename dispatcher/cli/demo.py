@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import sys
 from typing import Any
 
 from dispatcher.cli.main import Common
@@ -13,6 +15,8 @@ from dispatcher.demo.servers import demo_servers
 from dispatcher.demo.verdict import Latency
 
 __all__ = ["register"]
+
+log = logging.getLogger(__name__)
 
 
 def register(sub: Any, common: Common) -> None:
@@ -40,7 +44,17 @@ def register(sub: Any, common: Common) -> None:
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
-    from rich.console import Console
+    try:
+        from rich.console import Console
+    except ModuleNotFoundError as exc:
+        if (exc.name or "rich").partition(".")[0] != "rich":
+            raise
+        log.debug("importing rich failed", exc_info=True)
+        print(
+            "dispatcher demo needs the demo extra: pip install 'outbox-dispatcher[demo]'",
+            file=sys.stderr,
+        )
+        return 2
 
     console = Console(stderr=False)
     given = settings.model_fields_set

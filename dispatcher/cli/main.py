@@ -127,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dispatcher {args.command}: interrupted", file=sys.stderr)
         return 130
     except (UsageError, ConfigError, SchemaNotReady) as exc:
+        log.debug("command failed", exc_info=True)
         print(f"dispatcher {args.command}: {exc}", file=sys.stderr)
         return 2
     except pydantic.ValidationError as exc:
