@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import sys
 from typing import Any
 
@@ -56,6 +57,9 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
         )
         return 2
 
+    # SIGTERM (a closed terminal, `kill`, a CI timeout) stops the demo as Ctrl-C does: its
+    # servers stopped and its temp dir removed, not left running.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: signal.raise_signal(signal.SIGINT))
     console = Console(stderr=False)
     given = settings.model_fields_set
     db = settings.database_url.get_secret_value() if settings.database_url else None
