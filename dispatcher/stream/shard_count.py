@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from redis.exceptions import RedisError
 
+from dispatcher.outage import REDIS
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.naming import DEFAULT_SHARDS, SHARDS_KEY
 
@@ -127,8 +128,17 @@ class LiveShardCount:
             return self._value
         self._next_read = now + self.refresh_every
         try:
-            return self.store(await self._client.get(SHARDS_KEY))
-        except (RedisError, OSError, InvalidShardCount) as exc:
+            raw = await self._client.get(SHARDS_KEY)
+        except (RedisError, OSError) as exc:
+            if self._value is None:
+                raise
+            if not REDIS.failed(exc, what="refreshing the shard count"):
+                log.warning("cannot refresh the shard count, keeping %d: %s", self._value, exc)
+            return self._value
+        REDIS.ok()
+        try:
+            return self.store(raw)
+        except InvalidShardCount as exc:
             if self._value is None:
                 raise
             log.warning("cannot refresh the shard count, keeping %d: %s", self._value, exc)
