@@ -155,7 +155,10 @@ class Worker:
             self._watch.start()
             await self._start()
             await self._stopping.wait()
-            log.info("stopping: no new reads; waiting for handlers in hand")
+            log.info(
+                "stopping: no new reads; waiting for handlers in hand",
+                extra={"consumer": self.config.consumer},
+            )
             await self._drain()
             await self._streams.leave_groups()
         finally:

@@ -68,6 +68,11 @@ def test_demo_starts_its_own_servers_and_cleans_up(demo_tmpdir: Path) -> None:
     assert _row(out.stdout, "handled (unique)") == committed
     assert list(demo_tmpdir.iterdir()) == [], "temp dirs left behind"
     assert processes_mentioning(str(demo_tmpdir)) == [], "server processes left behind"
+    # Each lifecycle line once: one per worker, saying which.
+    said = (out.stdout + out.stderr).splitlines()
+    stopping = [line[24:] for line in said if "stopping: no new reads" in line]
+    assert len(stopping) == 2
+    assert len(set(stopping)) == 2, stopping
 
 
 def _row(table: str, label: str) -> str:
