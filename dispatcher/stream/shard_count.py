@@ -69,14 +69,27 @@ async def ensure_shard_count(client: RedisClient, shards: int) -> bool:
     return bool(await client.set(SHARDS_KEY, str(shards), nx=True))
 
 
+def unset_fallback(shards: int, *, in_force: bool = False) -> str:
+    """How every process says which count it uses while the key is not set, and why.
+
+    ``in_force``: the count the process already works with, kept (a worker never
+    stops reading shards because the key vanished); else STREAM_SHARDS.
+    """
+    why = "the count in force, kept" if in_force else f"STREAM_SHARDS, {DEFAULT_SHARDS} by default"
+    return f"{SHARDS_KEY} is not set; using {shards} shards ({why})"
+
+
 _warned_unset = False
 
 
-async def read_shard_count(client: RedisClient, *, fallback: int | None = None) -> int:
+async def read_shard_count(
+    client: RedisClient, *, fallback: int | None = None, fallback_in_force: bool = False
+) -> int:
     """The published shard count; ``fallback`` (STREAM_SHARDS) or the default if unset.
 
-    A key that is set but invalid is an error, not a silent fallback: reading
-    the wrong number of shards would strand messages.
+    ``fallback_in_force``: the fallback is the caller's count in force, not STREAM_SHARDS
+    (the log line says which). A key that is set but invalid is an error, not a silent
+    fallback: reading the wrong number of shards would strand messages.
     """
     global _warned_unset
     raw = await client.get(SHARDS_KEY)
@@ -85,9 +98,8 @@ async def read_shard_count(client: RedisClient, *, fallback: int | None = None) 
         # Read every few seconds by every process: say it once, not on every refresh.
         log.log(
             logging.DEBUG if _warned_unset else logging.WARNING,
-            "%s is not set yet; using %d shards (STREAM_SHARDS or the default)",
-            SHARDS_KEY,
-            shards,
+            "%s",
+            unset_fallback(shards, in_force=fallback_in_force),
         )
         _warned_unset = True
         return shards
@@ -152,7 +164,9 @@ class LiveShardCount:
         """
         value = self._fallback if raw is None else parse_shard_count(raw)
         self._next_read = self._clock() + self.refresh_every
-        if value != self._value:
+        if value != self._value and raw is None:
+            log.warning("%s", unset_fallback(value), extra={"previous": self._value})
+        elif value != self._value:
             log.info("shard count in force: %d", value, extra={"previous": self._value})
         self._value = value
         return value

@@ -71,7 +71,9 @@ class WorkerStreams:
         while not await self._stopped_within(self.config.shard_poll_interval):
             polls += 1
             try:
-                shards = await read_shard_count(self.client, fallback=self.shards)
+                shards = await read_shard_count(
+                    self.client, fallback=self.shards, fallback_in_force=True
+                )
                 if shards != self.shards:
                     log.info("shard count changed from %d to %d", self.shards, shards)
                 dropped = shards < self.shards
