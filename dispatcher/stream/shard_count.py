@@ -164,8 +164,9 @@ class LiveShardCount:
         """
         value = self._fallback if raw is None else parse_shard_count(raw)
         self._next_read = self._clock() + self.refresh_every
-        if value != self._value and raw is None:
-            log.warning("%s", unset_fallback(value), extra={"previous": self._value})
+        if value != self._value and raw is None:  # a warning when the key was lost
+            level = logging.INFO if self._value is None else logging.WARNING
+            log.log(level, "%s", unset_fallback(value), extra={"previous": self._value})
         elif value != self._value:
             log.info("shard count in force: %d", value, extra={"previous": self._value})
         self._value = value
