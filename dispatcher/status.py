@@ -20,6 +20,7 @@ from dispatcher.stream.naming import (
     TASK_STREAM_PREFIX,
     WORKER_GROUP,
 )
+from dispatcher.stream.shard_count import parse_shard_count
 from dispatcher.stream.stats import StreamStats, streams_stats
 
 __all__ = ["StatusReport", "gather_status", "render_text"]
@@ -30,7 +31,8 @@ class StatusReport:
     outbox: dict[str, int]
     oldest_pending_age_seconds: float | None
     dlq: int
-    shard_key: str | None
+    # composer:stream_shards, the count the enqueuers route by; None while it is not set.
+    stream_shards: int | None
     group: str
     streams: list[StreamStats]
     dead_letters: dict[str, int]
@@ -67,14 +69,14 @@ async def gather_status(
         name.removeprefix(DEAD_STREAM_PREFIX): int(await redis.xlen(name))
         for name in await find_streams(redis, DEAD_STREAM_PREFIX)
     }
-    shard_key = await redis.get(SHARDS_KEY)
+    raw_shards = await redis.get(SHARDS_KEY)
     infos = await server_infos(redis, "memory")
     ratios = [memory_ratio(info) for info in infos if int(info.get("maxmemory", 0) or 0)]
     return StatusReport(
         outbox={**{s: counts.by_status.get(s, 0) for s in STATUSES}, "IN_FLIGHT": counts.in_flight},
         oldest_pending_age_seconds=max(waiting) if waiting else None,
         dlq=counts.dlq,
-        shard_key=None if shard_key is None else str(shard_key),
+        stream_shards=None if raw_shards is None else parse_shard_count(raw_shards),
         group=group,
         streams=streams,
         dead_letters=dead,
@@ -106,7 +108,7 @@ def render_text(report: StatusReport) -> str:
         "outbox: " + ", ".join(f"{k} {v}" for k, v in report.outbox.items()),
         f"oldest pending: {'-' if age is None else f'{age:.1f} s'}",
         f"outbox_dlq: {report.dlq}",
-        f"{SHARDS_KEY}: {report.shard_key or '(not set)'}",
+        f"{SHARDS_KEY}: {report.stream_shards or '(not set)'}",
         _memory_line(report),
         _persistence_line(report),
         "",

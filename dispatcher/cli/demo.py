@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import signal
+import sys
 from typing import Any
 
 from dispatcher.cli.main import Common
@@ -13,6 +16,8 @@ from dispatcher.demo.servers import demo_servers
 from dispatcher.demo.verdict import Latency
 
 __all__ = ["register"]
+
+log = logging.getLogger(__name__)
 
 
 def register(sub: Any, common: Common) -> None:
@@ -40,8 +45,21 @@ def register(sub: Any, common: Common) -> None:
 
 
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
-    from rich.console import Console
+    try:
+        from rich.console import Console
+    except ModuleNotFoundError as exc:
+        if (exc.name or "rich").partition(".")[0] != "rich":
+            raise
+        log.debug("importing rich failed", exc_info=True)
+        print(
+            "dispatcher demo needs the demo extra: pip install 'outbox-dispatcher[demo]'",
+            file=sys.stderr,
+        )
+        return 2
 
+    # SIGTERM (a closed terminal, `kill`, a CI timeout) stops the demo as Ctrl-C does: its
+    # servers stopped and its temp dir removed, not left running.
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: signal.raise_signal(signal.SIGINT))
     console = Console(stderr=False)
     given = settings.model_fields_set
     db = settings.database_url.get_secret_value() if settings.database_url else None

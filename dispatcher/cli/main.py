@@ -29,6 +29,7 @@ from dispatcher.config import (
     Settings,
 )
 from dispatcher.logs import configure_logging
+from dispatcher.outbox.schema import SchemaNotReady
 
 __all__ = ["Common", "UsageError", "main"]
 
@@ -125,7 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Ctrl-C, or a second SIGTERM that cancelled the graceful stop.
         print(f"dispatcher {args.command}: interrupted", file=sys.stderr)
         return 130
-    except (UsageError, ConfigError) as exc:
+    except (UsageError, ConfigError, SchemaNotReady) as exc:
+        log.debug("command failed", exc_info=True)
         print(f"dispatcher {args.command}: {exc}", file=sys.stderr)
         return 2
     except pydantic.ValidationError as exc:

@@ -55,8 +55,12 @@ def register_status(sub: Any, common: Common) -> None:
 
 
 async def _status(args: argparse.Namespace, settings: Settings) -> int:
+    dsn = settings.require_database_url()
+    # One plain connection first: a server that is down fails it at once, with its cause (a
+    # pool would retry for its whole timeout, logging each try, and then drop the cause).
+    await (await psycopg.AsyncConnection.connect(dsn)).close()
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
-        settings.require_database_url(),
+        dsn,
         min_size=1,
         max_size=1,
         open=False,

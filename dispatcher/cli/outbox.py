@@ -20,7 +20,7 @@ from dispatcher.outbox.enqueuer import OutboxEnqueuer
 from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.pooler import require_session_pooling
 from dispatcher.outbox.repository import ENQUEUER_SESSION, OutboxRepository, enqueuer_pool
-from dispatcher.outbox.schema import migrate
+from dispatcher.outbox.schema import migrate, require_schema
 from dispatcher.redis_client import check_eviction_policy, check_persistence, connect_redis
 from dispatcher.startup import run_when_up
 from dispatcher.stream.naming import WORKER_GROUP
@@ -48,8 +48,11 @@ async def _migrate(args: argparse.Namespace, settings: Settings) -> int:
         settings.require_database_url(), autocommit=True
     ) as conn:
         applied = await migrate(conn)
-    names = ", ".join(f"{m.version:04d}_{m.name}" for m in applied) or "nothing to do"
-    print(f"migrate: {names}")
+    # Each migration was named as it was applied (INFO): here only the outcome.
+    if applied:
+        print(f"migrate: {len(applied)} applied, the schema is at version {applied[-1].version}")
+    else:
+        print("migrate: nothing to do")
     return 0
 
 
@@ -106,6 +109,8 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
             await _close(pool)
         pool = enqueuer_pool(dsn, max_size=config.concurrency + 2)
         await pool.open(wait=True, timeout=15)
+        async with pool.connection() as conn:  # before any Redis write
+            await require_schema(conn)
         await check_eviction_policy(redis)
         await check_persistence(redis, require=settings.require_aof)
         if await ensure_shard_count(redis, settings.stream_shards):

@@ -102,7 +102,7 @@ def _handler(path: str) -> Handler:
     try:
         return load_handler(path)
     except HandlerImportError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(str(exc)) from exc
 
 
 async def _serve(settings: Settings, handler: Handler, config: WorkerConfig) -> int:

@@ -26,6 +26,7 @@ from psycopg.types.json import Jsonb
 
 from dispatcher.models import TaskDispatch
 from dispatcher.outbox.queries import QUERIES
+from dispatcher.outbox.schema import OutboxMissing
 from dispatcher.stream.naming import queue_stream
 from dispatcher.tracing import current_trace_fields
 
@@ -82,6 +83,11 @@ def enqueue_dispatch(
     The enqueuer publishes the row no earlier than ``not_before``, to the
     queue's shard under the count in force then. ``shards`` is deprecated and
     ignored (a warning says so).
+
+    Without the outbox table (``dispatcher migrate`` never ran) it raises
+    ``OutboxMissing``, an ``UndefinedTable`` naming the command, with the
+    original as its cause; the caller's transaction is then aborted, as with
+    any failed statement, and must be rolled back.
     """
     query, params = _statement(
         dispatch,
@@ -90,7 +96,10 @@ def enqueue_dispatch(
         max_retries=max_retries,
         backoff_seconds=backoff_seconds,
     )
-    target.execute(query, params)
+    try:
+        target.execute(query, params)
+    except psycopg.errors.UndefinedTable as exc:
+        raise OutboxMissing() from exc
     return str(params["id"])
 
 
@@ -103,7 +112,10 @@ async def enqueue_dispatch_async(
     max_retries: int = 5,
     backoff_seconds: int = 5,
 ) -> str:
-    """The async twin of ``enqueue_dispatch`` for ``AsyncConnection``/``AsyncCursor``."""
+    """The async twin of ``enqueue_dispatch`` for ``AsyncConnection``/``AsyncCursor``.
+
+    Raises ``OutboxMissing`` as it does, the caller's transaction then aborted.
+    """
     query, params = _statement(
         dispatch,
         not_before=not_before,
@@ -111,5 +123,8 @@ async def enqueue_dispatch_async(
         max_retries=max_retries,
         backoff_seconds=backoff_seconds,
     )
-    await target.execute(query, params)
+    try:
+        await target.execute(query, params)
+    except psycopg.errors.UndefinedTable as exc:
+        raise OutboxMissing() from exc
     return str(params["id"])

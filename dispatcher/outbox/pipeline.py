@@ -27,6 +27,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from dispatcher.outage import REDIS, is_outage
 from dispatcher.outbox.backpressure import RedisMemoryGate
 from dispatcher.outbox.claim import ClaimedBatch
 from dispatcher.outbox.encoding import encode_batch
@@ -158,7 +159,7 @@ class BatchPipeline:
                 raise
         finally:
             self._metrics.in_flight.dec(size)
-        _report(batch, outcomes, metrics=self._metrics)
+        _report(batch, outcomes, metrics=self._metrics, outage=_outage_only(replies))
         self._metrics.batches.inc()
         return following
 
@@ -171,6 +172,7 @@ class BatchPipeline:
             async with asyncio.timeout(self.settings.publish_timeout):
                 return await self._shards.current(), None
         except (TimeoutError, RedisError, OSError, InvalidShardCount) as exc:
+            REDIS.failed(exc, what="reading the shard count")
             return 1, exc  # retried
 
     async def _publish(
@@ -219,6 +221,12 @@ class BatchPipeline:
                 )
         except (TimeoutError, RedisError, OSError) as exc:
             replies = [exc] * len(commands)
+        # A reply that is an error may be a connection's (the pipeline returns, not raises).
+        lost = next((r for r in replies if isinstance(r, BaseException) and is_outage(r)), None)
+        if lost is None:
+            REDIS.ok()
+        else:
+            REDIS.failed(lost, what="publishing")
         self._metrics.publish_latency.observe(time.monotonic() - started)
         return replies
 
@@ -235,7 +243,15 @@ def _outcomes(batch: ClaimedBatch, replies: list[Any]) -> Outcomes:
     return plan_outcomes(batch.rows, results)
 
 
-def _report(batch: ClaimedBatch, outcomes: Outcomes, *, metrics: EnqueuerMetrics) -> None:
+def _outage_only(replies: list[Any]) -> bool:
+    """Every row that failed, failed as Redis was unreachable (``REDIS`` said so once)."""
+    errors = [r for r in replies if isinstance(r, BaseException)]
+    return bool(errors) and all(map(is_outage, errors))
+
+
+def _report(
+    batch: ClaimedBatch, outcomes: Outcomes, *, metrics: EnqueuerMetrics, outage: bool = False
+) -> None:
     if len(outcomes.sent) == len(batch):
         _count(metrics.processed, collections.Counter(batch.column("stream")))
     else:
@@ -251,7 +267,8 @@ def _report(batch: ClaimedBatch, outcomes: Outcomes, *, metrics: EnqueuerMetrics
             "Redis is full (OOM): %d rows stay PENDING, no attempt counted", len(outcomes.held)
         )
     if outcomes.retry:
-        log.warning(
+        log.log(
+            logging.DEBUG if outage else logging.WARNING,
             "publish failed for %d rows; retrying with backoff: %s",
             len(outcomes.retry),
             outcomes.retry[0].error,

@@ -9,6 +9,9 @@ A migration that locks ``outbox`` bounds its wait with ``SET LOCAL lock_timeout`
 (application INSERTs queue behind its lock request meanwhile). When a long
 transaction outlasts it, the whole run rolls back and is tried again a few
 times, with a growing pause, each retry logged; the last failure is raised.
+
+``require_schema`` is what a process checks at start: the schema present and at
+least at the version this code expects (newer is a rolling upgrade: a warning).
 """
 
 from __future__ import annotations
@@ -21,7 +24,16 @@ from typing import Any
 
 import psycopg
 
-__all__ = ["MIGRATE_LOCK_KEY", "Migration", "applied_versions", "available_migrations", "migrate"]
+__all__ = [
+    "MIGRATE_LOCK_KEY",
+    "Migration",
+    "OutboxMissing",
+    "SchemaNotReady",
+    "applied_versions",
+    "available_migrations",
+    "migrate",
+    "require_schema",
+]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +49,19 @@ CREATE TABLE IF NOT EXISTS outbox_schema_version (
 
 
 _LONGEST_PAUSE = 30.0  # seconds between two runs, at most
+
+_RUN_MIGRATE = "run `dispatcher migrate` first"
+
+
+class SchemaNotReady(Exception):
+    """The database lacks the outbox schema, or holds an older one: the message names the fix."""
+
+
+class OutboxMissing(psycopg.errors.UndefinedTable):
+    """``enqueue_dispatch`` found no outbox table; the ``UndefinedTable`` is the cause."""
+
+    def __init__(self) -> None:
+        super().__init__(f"the outbox table is missing in this database: {_RUN_MIGRATE}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +88,31 @@ async def applied_versions(conn: psycopg.AsyncConnection[Any]) -> list[int]:
         return []
     cur = await conn.execute("SELECT version FROM outbox_schema_version ORDER BY version")
     return [int(r[0]) for r in await cur.fetchall()]
+
+
+async def require_schema(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Raise ``SchemaNotReady`` unless every migration of this code is applied.
+
+    A schema newer than the code (the next version's migrations already applied
+    while this one still runs) is logged once as a warning and accepted.
+    """
+    applied = set(await applied_versions(conn))
+    expected = max(m.version for m in available_migrations())
+    if not applied:
+        raise SchemaNotReady(f"the outbox schema is missing in this database: {_RUN_MIGRATE}")
+    missing = {m.version for m in available_migrations()} - applied
+    if missing:
+        raise SchemaNotReady(
+            f"the outbox schema is at version {max(applied - missing, default=0)}, "
+            f"this code needs {expected}: {_RUN_MIGRATE}"
+        )
+    if max(applied) > expected:
+        log.warning(
+            "the outbox schema is at version %d, newer than this code's %d: "
+            "running on (a rolling upgrade); upgrade this process",
+            max(applied),
+            expected,
+        )
 
 
 async def migrate(

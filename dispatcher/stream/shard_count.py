@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from redis.exceptions import RedisError
 
+from dispatcher.outage import REDIS
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.naming import DEFAULT_SHARDS, SHARDS_KEY
 
@@ -68,14 +69,27 @@ async def ensure_shard_count(client: RedisClient, shards: int) -> bool:
     return bool(await client.set(SHARDS_KEY, str(shards), nx=True))
 
 
+def unset_fallback(shards: int, *, in_force: bool = False) -> str:
+    """How every process says which count it uses while the key is not set, and why.
+
+    ``in_force``: the count the process already works with, kept (a worker never
+    stops reading shards because the key vanished); else STREAM_SHARDS.
+    """
+    why = "the count in force, kept" if in_force else f"STREAM_SHARDS, {DEFAULT_SHARDS} by default"
+    return f"{SHARDS_KEY} is not set; using {shards} shards ({why})"
+
+
 _warned_unset = False
 
 
-async def read_shard_count(client: RedisClient, *, fallback: int | None = None) -> int:
+async def read_shard_count(
+    client: RedisClient, *, fallback: int | None = None, fallback_in_force: bool = False
+) -> int:
     """The published shard count; ``fallback`` (STREAM_SHARDS) or the default if unset.
 
-    A key that is set but invalid is an error, not a silent fallback: reading
-    the wrong number of shards would strand messages.
+    ``fallback_in_force``: the fallback is the caller's count in force, not STREAM_SHARDS
+    (the log line says which). A key that is set but invalid is an error, not a silent
+    fallback: reading the wrong number of shards would strand messages.
     """
     global _warned_unset
     raw = await client.get(SHARDS_KEY)
@@ -84,9 +98,8 @@ async def read_shard_count(client: RedisClient, *, fallback: int | None = None) 
         # Read every few seconds by every process: say it once, not on every refresh.
         log.log(
             logging.DEBUG if _warned_unset else logging.WARNING,
-            "%s is not set yet; using %d shards (STREAM_SHARDS or the default)",
-            SHARDS_KEY,
-            shards,
+            "%s",
+            unset_fallback(shards, in_force=fallback_in_force),
         )
         _warned_unset = True
         return shards
@@ -127,8 +140,17 @@ class LiveShardCount:
             return self._value
         self._next_read = now + self.refresh_every
         try:
-            return self.store(await self._client.get(SHARDS_KEY))
-        except (RedisError, OSError, InvalidShardCount) as exc:
+            raw = await self._client.get(SHARDS_KEY)
+        except (RedisError, OSError) as exc:
+            if self._value is None:
+                raise
+            if not REDIS.failed(exc, what="refreshing the shard count"):
+                log.warning("cannot refresh the shard count, keeping %d: %s", self._value, exc)
+            return self._value
+        REDIS.ok()
+        try:
+            return self.store(raw)
+        except InvalidShardCount as exc:
             if self._value is None:
                 raise
             log.warning("cannot refresh the shard count, keeping %d: %s", self._value, exc)
@@ -142,7 +164,10 @@ class LiveShardCount:
         """
         value = self._fallback if raw is None else parse_shard_count(raw)
         self._next_read = self._clock() + self.refresh_every
-        if value != self._value:
+        if value != self._value and raw is None:  # a warning when the key was lost
+            level = logging.INFO if self._value is None else logging.WARNING
+            log.log(level, "%s", unset_fallback(value), extra={"previous": self._value})
+        elif value != self._value:
             log.info("shard count in force: %d", value, extra={"previous": self._value})
         self._value = value
         return value

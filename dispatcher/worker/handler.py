@@ -51,7 +51,7 @@ def load_handler(path: str) -> Handler:
     except Exception as exc:
         raise HandlerImportError(
             f"cannot import handler module {module_name!r}: {type(exc).__name__}: {exc}"
-        ) from None
+        ) from exc  # its traceback (file and line) at DEBUG
     for part in attr_path.split("."):
         try:
             target = getattr(target, part)

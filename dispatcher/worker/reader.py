@@ -12,6 +12,8 @@ while the handlers of its stream all finish in their first step (they hold a
 slot for no time at all), up to ``READ_AHEAD`` entries, so a batch of quick
 handlers costs the same round trips as one entry. Redis errors are logged
 and retried with a capped backoff; a loop never dies of a transient failure.
+Redis being unreachable is reported to ``dispatcher.outage`` (one warning per
+outage for the process, not one per shard per retry).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
+from dispatcher.outage import REDIS
 from dispatcher.stream.consumer import RedisStreamConsumer
 from dispatcher.stream.entries import Message
 from dispatcher.stream.publisher import error_code
@@ -105,7 +108,8 @@ class StreamReader:
 
     async def _recover(self, exc: BaseException, backoff: float, what: str) -> float:
         """Log, wait ``backoff`` (or until stopping), re-create a lost group; next backoff."""
-        log.warning("%s failed: %s; retrying", what, exc, extra={"stream": self.stream})
+        if not REDIS.failed(exc, what=what):
+            log.warning("%s failed: %s; retrying", what, exc, extra={"stream": self.stream})
         await self._stopped_within(backoff)
         if error_code(exc) == "NOGROUP":
             with contextlib.suppress(RedisError, OSError):

@@ -30,6 +30,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
+from dispatcher.outage import REDIS
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.entries import Message
 from dispatcher.stream.stats import stream_stats
@@ -154,7 +155,10 @@ class Worker:
             self._watch.start()
             await self._start()
             await self._stopping.wait()
-            log.info("stopping: no new reads; waiting for handlers in hand")
+            log.info(
+                "stopping: no new reads; waiting for handlers in hand",
+                extra={"consumer": self.config.consumer},
+            )
             await self._drain()
             await self._streams.leave_groups()
         finally:
@@ -227,7 +231,8 @@ class Worker:
                 try:
                     stats = await stream_stats(self.client, stream, self.config.group)
                 except (RedisError, OSError) as exc:
-                    log.warning("cannot read stream stats: %s", exc, extra={"stream": stream})
+                    if not REDIS.failed(exc, what="reading stream stats"):
+                        log.warning("cannot read stream stats: %s", exc, extra={"stream": stream})
                     break
                 self.metrics.observe_stream(reader.queue, stats)
                 self._redis_ok()
@@ -291,6 +296,7 @@ class Worker:
 
     def _redis_ok(self) -> None:
         self._last_redis_ok = self._clock()
+        REDIS.ok()
 
     async def _stopped_within(self, seconds: float) -> bool:
         with contextlib.suppress(TimeoutError):

@@ -22,6 +22,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from dispatcher.outage import REDIS
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.consumer import RedisStreamConsumer
 from dispatcher.stream.discovery import existing_shards
@@ -70,7 +71,9 @@ class WorkerStreams:
         while not await self._stopped_within(self.config.shard_poll_interval):
             polls += 1
             try:
-                shards = await read_shard_count(self.client, fallback=self.shards)
+                shards = await read_shard_count(
+                    self.client, fallback=self.shards, fallback_in_force=True
+                )
                 if shards != self.shards:
                     log.info("shard count changed from %d to %d", self.shards, shards)
                 dropped = shards < self.shards
@@ -78,7 +81,8 @@ class WorkerStreams:
                 if dropped or polls % DISCOVER_EVERY_POLLS == 0:
                     await self.discover()
             except (RedisError, OSError, ValueError) as exc:
-                log.warning("cannot refresh the shard count: %s", exc)
+                if not REDIS.failed(exc, what="refreshing the shard count"):
+                    log.warning("cannot refresh the shard count: %s", exc)
 
     async def grow_to(self, shards: int) -> None:
         """Start reading the streams of ``shards`` shards that are not read yet."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -11,6 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from dispatcher._testing.waiting import eventually_sync
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -65,8 +68,45 @@ def test_demo_starts_its_own_servers_and_cleans_up(demo_tmpdir: Path) -> None:
     assert _row(out.stdout, "handled (unique)") == committed
     assert list(demo_tmpdir.iterdir()) == [], "temp dirs left behind"
     assert processes_mentioning(str(demo_tmpdir)) == [], "server processes left behind"
+    # Each lifecycle line once: one per worker, saying which.
+    said = (out.stdout + out.stderr).splitlines()
+    stopping = [line[24:] for line in said if "stopping: no new reads" in line]
+    assert len(stopping) == 2
+    assert len(set(stopping)) == 2, stopping
 
 
 def _row(table: str, label: str) -> str:
     line = next(line for line in table.splitlines() if label in line)
     return line.split("│")[2].strip()
+
+
+def test_demo_stopped_by_sigterm_cleans_up_like_ctrl_c(demo_tmpdir: Path) -> None:
+    env = {
+        **os.environ,
+        "DATABASE_URL": "postgresql://demo@127.0.0.1:1/nowhere",
+        "REDIS_URL": "redis://127.0.0.1:1/0",
+        "TMPDIR": str(demo_tmpdir),
+        "PYTHONUNBUFFERED": "1",
+    }
+    log = demo_tmpdir.parent / f"{demo_tmpdir.name}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dispatcher.cli", "demo", "--tasks", "1000000", "--seed", "7"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        eventually_sync(lambda: "outbox-dispatcher demo" in log.read_text(), within=120)
+        assert [p.name for p in demo_tmpdir.iterdir()] != []
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 130, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        text = log.read_text()
+        log.unlink()
+    assert text.splitlines()[-1] == "dispatcher demo: interrupted"
+    assert list(demo_tmpdir.iterdir()) == [], "temp dirs left behind"
+    assert processes_mentioning(str(demo_tmpdir)) == [], "server processes left behind"

@@ -65,3 +65,14 @@ def test_cli_migrate_reports_what_it_did(empty_db_url: str) -> None:
         check=True,
     )
     assert out.stdout.startswith("migrate: ")
+    said = (out.stdout + out.stderr).splitlines()
+    for migration in available_migrations():
+        name = f"{migration.version:04d}_{migration.name}"
+        assert len([line for line in said if name in line]) == 1, said  # each named once
+    again = subprocess.run(
+        [sys.executable, "-m", "dispatcher.cli", "migrate", "--database-url", empty_db_url],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert again.stdout == "migrate: nothing to do\n"
