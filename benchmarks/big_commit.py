@@ -81,7 +81,7 @@ def main() -> None:
     for arm, runs in results.items():
         seconds = statistics.median(s for s, _ in runs)
         peak = max(p for _, p in runs) / 1024
-        print(f"  {arm:18} commit {seconds * 1000:8.1f} ms (median)  backend peak RSS {peak:.0f} MB")
+        print(f"  {arm:18} commit {seconds * 1000:8.1f} ms (median), backend peak {peak:.0f} MB")
 
 
 if __name__ == "__main__":

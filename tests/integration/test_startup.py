@@ -43,6 +43,19 @@ def status(port: int, path: str) -> int:
         return exc.code
 
 
+def sigterm(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM, then the exit code once the process has gone."""
+    proc.send_signal(signal.SIGTERM)
+    return proc.wait(timeout=15)
+
+
+def reap(proc: subprocess.Popen[bytes]) -> None:
+    """Kill what a failed test left running."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
 def test_an_enqueuer_whose_database_is_silent_retries_serving_healthz(
     silent_port: int, outbox_db_url: str, redis_url: str, tmp_path: Path
 ) -> None:
@@ -58,12 +71,9 @@ def test_an_enqueuer_whose_database_is_silent_retries_serving_healthz(
         text = log.read_text()
         assert "connecting to PostgreSQL and Redis failed" in text
         assert "timeout" in text, text
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=15) == 0
+        assert sigterm(proc) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
 
 def test_an_enqueuer_started_while_its_database_is_silent_dispatches_once_it_answers(
@@ -81,12 +91,9 @@ def test_an_enqueuer_started_while_its_database_is_silent_dispatches_once_it_ans
         proxy.heal()
         eventually_sync(lambda: outbox_status(outbox_db_url) == {}, within=60)
         assert proc.poll() is None
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=15) == 0
+        assert sigterm(proc) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
 
 
 def test_a_worker_whose_redis_is_silent_retries_serving_healthz(
@@ -110,9 +117,6 @@ def test_a_worker_whose_redis_is_silent_retries_serving_healthz(
         assert status(metrics, "/healthz") == 200
         assert status(metrics, "/readyz") == 503
         assert "connecting to Redis failed" in log.read_text()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=15) == 0
+        assert sigterm(proc) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        reap(proc)
