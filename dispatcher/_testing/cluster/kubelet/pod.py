@@ -1,0 +1,312 @@
+"""One Pod on the process kubelet: its network, its containers as processes, its status.
+
+``PodRunner.run`` sets the Pod up, starts every container (``command`` and
+``args`` from this Python environment's bin directory first on PATH, inside
+the Pod's network namespace), restarts them as ``restartPolicy`` says, probes
+readiness, and writes the status whenever it changes. ``terminate`` is the
+deletion: SIGTERM, SIGKILL after the grace period, then the Pod is removed.
+Init containers, liveness probes and volumes are not handled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from dispatcher._testing.cluster.kubelet import env as envs
+from dispatcher._testing.cluster.kubelet.api import ApiClient, ApiError
+from dispatcher._testing.cluster.kubelet.images import image_stage
+from dispatcher._testing.cluster.kubelet.probes import probe_once
+from dispatcher._testing.cluster.kubelet.status import ContainerState, now, pod_status
+from dispatcher._testing.cluster.network import HOST_IP, PodNetwork
+
+__all__ = ["PodRunner"]
+
+log = logging.getLogger("kubelet")
+_TOKEN_SECONDS = 86_400
+_BACKOFF_MAX = 30.0
+
+
+class PodRunner:
+    """Runs one Pod bound to this node until it ends or is deleted."""
+
+    def __init__(
+        self,
+        *,
+        api: ApiClient,
+        pod: dict[str, Any],
+        node_name: str,
+        pods_dir: Path,
+        entrypoints: dict[str, list[str]],
+    ) -> None:
+        meta = pod["metadata"]
+        self.api, self.pod, self.node_name = api, pod, node_name
+        self.namespace, self.name, self.uid = meta["namespace"], meta["name"], meta["uid"]
+        self.dir = pods_dir / f"{self.namespace}_{self.name}_{self.uid[:8]}"
+        self.entrypoints = entrypoints
+        self.path = f"/api/v1/namespaces/{self.namespace}/pods/{self.name}"
+        spec = pod["spec"]
+        self.restart_policy: str = spec.get("restartPolicy", "Always")
+        self.containers = [
+            ContainerState(name=c["name"], image=c.get("image", "")) for c in spec["containers"]
+        ]
+        self.processes: dict[str, asyncio.subprocess.Process] = {}
+        self.network: PodNetwork | None = None
+        self.stopping = False
+        self.changed = asyncio.Event()
+        self.start_time = now()
+        self.transitions: dict[str, tuple[str, str]] = {}
+        self.tasks: list[asyncio.Task[None]] = []
+
+    # -- the life of the Pod ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        writer = asyncio.create_task(self._write_status())
+        try:
+            self.network = await asyncio.to_thread(PodNetwork.create, self.uid)
+            (self.dir / "netns").write_text(self.network.netns)
+            self.changed.set()
+            kubeconfig = await self._kubeconfig()
+            self.tasks = [
+                asyncio.create_task(self._container(i, c, kubeconfig))
+                for i, c in enumerate(self.pod["spec"]["containers"])
+            ]
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("pod %s/%s failed to start", self.namespace, self.name)
+        finally:
+            await self._flush()
+            writer.cancel()
+            if self.network is not None and not self.processes:
+                await asyncio.to_thread(self.network.remove)
+
+    def _set(self, index: int, **changes: Any) -> None:
+        self.containers[index] = dataclasses.replace(self.containers[index], **changes)
+        self.changed.set()
+
+    async def _container(self, index: int, spec: dict[str, Any], kubeconfig: Path | None) -> None:
+        """Start, supervise and restart one container as ``restartPolicy`` says."""
+        backoff = 1.0
+        while not self.stopping:
+            try:
+                env = await self._env(spec, kubeconfig)
+                stage = image_stage(spec.get("image", ""))
+                argv = envs.command_line(spec, env, entrypoint=self.entrypoints.get(stage or ""))
+            except (LookupError, ValueError, ApiError) as exc:
+                self._set(index, waiting="CreateContainerConfigError", message=str(exc))
+                await asyncio.sleep(2)
+                continue
+            assert self.network is not None
+            with (self.dir / f"{spec['name']}.log").open("ab") as output:
+                process = await asyncio.create_subprocess_exec(
+                    *self.network.prefix(),
+                    *argv,
+                    env=env,
+                    cwd=self.dir,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            self.processes[spec["name"]] = process
+            self._set(index, pid=process.pid, started_at=now(), exit_code=None, waiting=None)
+            self._set(index, message=None)
+            prober = asyncio.create_task(self._probe(index, spec, env))
+            code = await process.wait()
+            prober.cancel()
+            del self.processes[spec["name"]]
+            self._set(index, pid=None, exit_code=code, finished_at=now(), ready=False)
+            log.info("%s/%s %s exited %s", self.namespace, self.name, spec["name"], code)
+            restart = self.restart_policy == "Always" or (
+                self.restart_policy == "OnFailure" and code != 0
+            )
+            if not restart or self.stopping:
+                return
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, _BACKOFF_MAX)
+            self._set(index, restarts=self.containers[index].restarts + 1)
+
+    async def _probe(self, index: int, spec: dict[str, Any], env: dict[str, str]) -> None:
+        """Readiness: after the startupProbe (if any) passed, the readinessProbe's verdicts."""
+        assert self.network is not None
+        network = self.network
+
+        async def passes(probe: dict[str, Any]) -> bool:
+            return await probe_once(
+                probe, spec, pod_ip=network.ip, exec_prefix=network.prefix(), env=env
+            )
+
+        if startup := spec.get("startupProbe"):
+            await asyncio.sleep(float(startup.get("initialDelaySeconds", 0)))
+            while True:
+                if await passes(startup):
+                    break
+                await asyncio.sleep(float(startup.get("periodSeconds", 10)))
+        readiness = spec.get("readinessProbe")
+        if readiness is None:
+            self._set(index, ready=True)
+            return
+        await asyncio.sleep(float(readiness.get("initialDelaySeconds", 0)))
+        failures = successes = 0
+        while True:
+            if await passes(readiness):
+                successes, failures = successes + 1, 0
+                if successes >= int(readiness.get("successThreshold", 1)):
+                    self._set(index, ready=True)
+            else:
+                failures, successes = failures + 1, 0
+                if failures >= int(readiness.get("failureThreshold", 3)):
+                    self._set(index, ready=False)
+            await asyncio.sleep(float(readiness.get("periodSeconds", 10)))
+
+    async def terminate(self, grace: float) -> None:
+        """SIGTERM every container, SIGKILL after ``grace`` seconds, then remove the Pod."""
+        self.stopping = True
+        running = list(self.processes.values())
+        for process in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*(p.wait() for p in running)), timeout=max(grace, 0.1)
+            )
+        for process in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        await asyncio.gather(*(p.wait() for p in running))
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        if self.network is not None:
+            await asyncio.to_thread(self.network.remove)
+
+    async def remove(self) -> None:
+        """Delete the Pod from the API now that nothing of it runs (grace 0, this uid only)."""
+        body = {"gracePeriodSeconds": 0, "preconditions": {"uid": self.uid}}
+        with contextlib.suppress(ApiError):
+            await self.api.delete(self.path, body)
+
+    # -- what a container gets -------------------------------------------------------------
+
+    async def _env(self, spec: dict[str, Any], kubeconfig: Path | None) -> dict[str, str]:
+        secret_names, configmap_names = envs.references(spec)
+        base = f"/api/v1/namespaces/{self.namespace}"
+        secrets, configmaps = {}, {}
+        for name in secret_names:
+            with contextlib.suppress(ApiError):
+                found = await self.api.get(f"{base}/secrets/{name}")
+                secrets[name] = envs.Refs.secret_data(found)
+        for name in configmap_names:
+            with contextlib.suppress(ApiError):
+                found = await self.api.get(f"{base}/configmaps/{name}")
+                configmaps[name] = dict(found.get("data") or {})
+        assert self.network is not None
+        resolved = envs.resolve_env(
+            self.pod,
+            spec,
+            refs=envs.Refs(secrets=secrets, configmaps=configmaps),
+            pod_ip=self.network.ip,
+            host_ip=HOST_IP,
+            node_name=self.node_name,
+        )
+        bin_dir = str(Path(sys.executable).parent)
+        system = {
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "HOME": str(self.dir),
+            "HOSTNAME": self.name,
+            "TMPDIR": str(self.dir),
+        }
+        if kubeconfig is not None:
+            system["KUBECONFIG"] = str(kubeconfig)
+        return {**system, **resolved}
+
+    async def _kubeconfig(self) -> Path | None:
+        """A kubeconfig with a TokenRequest token of the Pod's ServiceAccount."""
+        spec = self.pod["spec"]
+        if spec.get("automountServiceAccountToken") is False:
+            return None
+        account = spec.get("serviceAccountName") or "default"
+        request = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "expirationSeconds": _TOKEN_SECONDS,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": self.name,
+                    "uid": self.uid,
+                },
+            },
+        }
+        path = f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{account}/token"
+        while True:  # a new namespace's default account appears a moment after it
+            try:
+                token = (await self.api.post(path, request))["status"]["token"]
+                break
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                await asyncio.sleep(1)
+        ca = base64.b64encode(self.api.ca_file.read_bytes()).decode()
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "local",
+                    "cluster": {"server": self.api.server, "certificate-authority-data": ca},
+                }
+            ],
+            "users": [{"name": account, "user": {"token": token}}],
+            "contexts": [
+                {
+                    "name": "pod",
+                    "context": {"cluster": "local", "user": account, "namespace": self.namespace},
+                }
+            ],
+            "current-context": "pod",
+        }
+        kubeconfig = self.dir / "kubeconfig"
+        kubeconfig.touch(mode=0o600)
+        kubeconfig.write_text(json.dumps(config))
+        return kubeconfig
+
+    # -- status ----------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        return pod_status(
+            self.containers,
+            restart_policy=self.restart_policy,
+            pod_ip=self.network.ip if self.network else None,
+            host_ip=HOST_IP,
+            start_time=self.start_time,
+            transitions=self.transitions,
+        )
+
+    def finished(self) -> bool:
+        return self.status()["phase"] in ("Succeeded", "Failed")
+
+    async def _write_status(self) -> None:
+        while True:
+            await self.changed.wait()
+            await asyncio.sleep(0.2)  # coalesce a burst of changes into one write
+            await self._flush()
+
+    async def _flush(self) -> None:
+        self.changed.clear()
+        try:
+            await self.api.merge_patch(f"{self.path}/status", {"status": self.status()})
+        except ApiError as exc:
+            if exc.status not in (404, 409, 422):
+                log.warning("status of %s/%s: %s", self.namespace, self.name, exc)
