@@ -23,7 +23,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: $(STAMP)
+test: $(STAMP) cluster-build
 	$(PY) -m pytest tests
 
 test-quick: $(STAMP)
