@@ -152,7 +152,11 @@ def test_a_pod_that_exits_non_zero_fails_with_its_exit_code(
         "spec": {
             "restartPolicy": "Never",
             "containers": [
-                {"name": "main", "image": "x", "command": ["python", "-c", "raise SystemExit(3)"]}
+                {
+                    "name": "main",
+                    "image": "x",
+                    "command": ["python", "-c", "print('exiting with 3'); raise SystemExit(3)"],
+                }
             ],
         },
     }
@@ -165,6 +169,8 @@ def test_a_pod_that_exits_non_zero_fails_with_its_exit_code(
     )
     (container,) = _pod(cluster, "fails")["status"]["containerStatuses"]
     assert container["state"]["terminated"]["exitCode"] == 3
+    # kubectl logs: the API server asks the kubelet, as it would a real one.
+    assert cluster.run("kubectl", "-n", NS, "logs", "fails") == "exiting with 3\n"
 
 
 def test_readiness_and_graceful_deletion(cluster: Cluster, namespace: str) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from dispatcher._testing.cluster import network
 from dispatcher._testing.cluster.binaries import binaries
+from dispatcher._testing.cluster.kubelet.logs import container_log_path
 from dispatcher._testing.cluster.pki import Pki, make_pki
 from dispatcher._testing.waiting import eventually_sync
 
@@ -74,11 +75,8 @@ class Cluster:
 
     def container_log(self, namespace: str, pod: str, container: str) -> str:
         """What a container of a Pod printed (the kubelet keeps it in the Pod's directory)."""
-        found = sorted(
-            (self.state_dir / "pods").glob(f"{namespace}_{pod}_*/{container}.log"),
-            key=lambda path: path.stat().st_mtime,
-        )
-        return found[-1].read_text(errors="replace") if found else ""
+        path = container_log_path(self.state_dir / "pods", namespace, pod, container)
+        return path.read_text(errors="replace") if path else ""
 
 
 def _free_port(host: str) -> int:
@@ -147,6 +145,10 @@ def _apiserver_argv(bin_dir: Path, *, pki: Pki, port: int, etcd: str) -> list[st
         f"--service-account-key-file={pki.sa_pub}",
         f"--service-account-signing-key-file={pki.sa_key}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
+        # kubectl logs: the API server calls the kubelet as the admin (the kubelet checks the CA)
+        f"--kubelet-client-certificate={pki.admin_cert}",
+        f"--kubelet-client-key={pki.admin_key}",
+        "--kubelet-preferred-address-types=InternalIP",
         "--allow-privileged=true",
         "--profiling=false",
         "--endpoint-reconciler-type=none",
@@ -202,7 +204,7 @@ def start(state_dir: Path, *, bin_dir: Path | None = None) -> Cluster:
     )
     etcd_port, peer_port = _free_port("127.0.0.1"), _free_port("127.0.0.1")
     etcd = f"http://127.0.0.1:{etcd_port}"
-    api_port = _free_port(network.HOST_IP)
+    api_port, kubelet_port = _free_port(network.HOST_IP), _free_port(network.HOST_IP)
     server = f"https://{network.HOST_IP}:{api_port}"
     kubeconfig = state_dir / "kubeconfig"
     _write_kubeconfig(kubeconfig, server=server, pki=pki)
@@ -243,7 +245,9 @@ def start(state_dir: Path, *, bin_dir: Path | None = None) -> Cluster:
                 sys.executable,
                 *("-m", "dispatcher._testing.cluster.kubelet"),
                 *("--kubeconfig", str(kubeconfig), "--state-dir", str(state_dir / "pods")),
-                *("--node-name", NODE_NAME),
+                *("--node-name", NODE_NAME, "--port", str(kubelet_port)),
+                *("--tls-cert", str(pki.serving_cert), "--tls-key", str(pki.serving_key)),
+                *("--client-ca", str(pki.ca_cert)),
             ],
             state_dir,
         )

@@ -3,8 +3,8 @@
 It registers its Node (Ready, its Lease renewed), binds every unscheduled Pod to
 itself, and runs each Pod's containers in a network namespace of the Pod's own
 with the env a kubelet resolves, a kubeconfig holding a token of the Pod's
-ServiceAccount, readiness from the readinessProbe, and the status written
-back. The container's image is not pulled: its command runs from this
-Python environment (``images.py`` gives our images' entrypoints). Liveness
-probes, volumes and resource limits are not enforced.
+ServiceAccount, readiness from the readinessProbe, and the status written back;
+it serves ``kubectl logs`` (``logs.py``). The container's image is not pulled:
+its command runs from this Python environment (``images.py`` gives our images'
+entrypoints). Liveness probes, volumes and resource limits are not enforced.
 """

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 from dispatcher._testing.cluster.binaries import ROOT
-from dispatcher._testing.cluster.kubelet.kubelet import Kubelet
+from dispatcher._testing.cluster.kubelet.kubelet import Kubelet, Serving
 
 
 def main() -> None:
@@ -17,6 +17,10 @@ def main() -> None:
     parser.add_argument("--state-dir", type=Path, required=True, help="the Pods' directories")
     parser.add_argument("--node-name", default="local")
     parser.add_argument("--dockerfile", type=Path, default=ROOT / "Dockerfile")
+    parser.add_argument("--port", type=int, required=True, help="for kubectl logs (HTTPS)")
+    parser.add_argument("--tls-cert", type=Path, required=True)
+    parser.add_argument("--tls-key", type=Path, required=True)
+    parser.add_argument("--client-ca", type=Path, required=True, help="the API server's CA")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     kubelet = Kubelet(
@@ -24,6 +28,9 @@ def main() -> None:
         pods_dir=args.state_dir,
         node_name=args.node_name,
         dockerfile=args.dockerfile,
+        serving=Serving(
+            port=args.port, cert=args.tls_cert, key=args.tls_key, client_ca=args.client_ca
+        ),
     )
     asyncio.run(kubelet.run())
 

@@ -7,26 +7,46 @@ import asyncio
 import contextlib
 import logging
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dispatcher._testing.cluster.kubelet import node
 from dispatcher._testing.cluster.kubelet.api import ApiClient, ApiError
 from dispatcher._testing.cluster.kubelet.images import entrypoints
+from dispatcher._testing.cluster.kubelet.logs import serve_logs
 from dispatcher._testing.cluster.kubelet.pod import PodRunner
+from dispatcher._testing.cluster.network import HOST_IP
 
-__all__ = ["Kubelet"]
+__all__ = ["Kubelet", "Serving"]
 
 log = logging.getLogger("kubelet")
 _PODS = "/api/v1/pods"
 _SHUTDOWN_GRACE = 30.0  # at most this per Pod when the kubelet itself is stopped
 
 
+@dataclass(frozen=True)
+class Serving:
+    """Where the kubelet serves ``kubectl logs`` to the API server, and with which keys."""
+
+    port: int
+    cert: Path
+    key: Path
+    client_ca: Path
+
+
 class Kubelet:
     def __init__(
-        self, *, kubeconfig: Path, pods_dir: Path, node_name: str, dockerfile: Path
+        self,
+        *,
+        kubeconfig: Path,
+        pods_dir: Path,
+        node_name: str,
+        dockerfile: Path,
+        serving: Serving,
     ) -> None:
         self.api = ApiClient(kubeconfig)
+        self.serving = serving
         self.pods_dir = pods_dir
         self.node_name = node_name
         self.entrypoints = entrypoints(dockerfile)
@@ -39,7 +59,16 @@ class Kubelet:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await node.register(self.api, self.node_name)
+        logs = await serve_logs(
+            pods_dir=self.pods_dir,
+            running=self._running,
+            host=HOST_IP,
+            port=self.serving.port,
+            cert=self.serving.cert,
+            key=self.serving.key,
+            client_ca=self.serving.client_ca,
+        )
+        await node.register(self.api, self.node_name, logs_port=self.serving.port)
         log.info("node %s registered", self.node_name)
         background = [
             asyncio.create_task(node.heartbeat(self.api, self.node_name)),
@@ -52,7 +81,14 @@ class Kubelet:
         await asyncio.gather(
             *(self._stop(r, min(_grace(r.pod), _SHUTDOWN_GRACE)) for r in self.runners.values())
         )
+        await logs.cleanup()
         await self.api.close()
+
+    def _running(self, namespace: str, name: str) -> bool:
+        return any(
+            r.namespace == namespace and r.name == name and r.processes
+            for r in self.runners.values()
+        )
 
     async def _watch_forever(self) -> None:
         while True:

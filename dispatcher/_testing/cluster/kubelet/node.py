@@ -23,13 +23,14 @@ def _micro_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def node_status() -> dict[str, Any]:
+def node_status(logs_port: int) -> dict[str, Any]:
     capacity = {"cpu": "16", "memory": "64Gi", "pods": "250", "ephemeral-storage": "100Gi"}
     stamp = now()
     return {
         "capacity": capacity,
         "allocatable": capacity,
         "addresses": [{"type": "InternalIP", "address": HOST_IP}],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": logs_port}},
         "conditions": [
             {
                 "type": "Ready",
@@ -55,7 +56,7 @@ def node_status() -> dict[str, Any]:
     }
 
 
-async def register(api: ApiClient, name: str) -> None:
+async def register(api: ApiClient, name: str, *, logs_port: int) -> None:
     """Create the Node (or find it from an earlier run) and mark it Ready."""
     node = {
         "apiVersion": "v1",
@@ -74,7 +75,7 @@ async def register(api: ApiClient, name: str) -> None:
     except ApiError as exc:
         if exc.status != 409:
             raise
-    await api.merge_patch(f"/api/v1/nodes/{name}/status", {"status": node_status()})
+    await api.merge_patch(f"/api/v1/nodes/{name}/status", {"status": node_status(logs_port)})
 
 
 async def heartbeat(api: ApiClient, name: str) -> None:
