@@ -218,3 +218,44 @@ def test_readiness_and_graceful_deletion(cluster: Cluster, namespace: str) -> No
     cluster.run("kubectl", "-n", NS, "delete", "pod", names[0], "--wait=true", "--timeout=60s")
     assert "got SIGTERM" in cluster.container_log(NS, names[0], "web")
     assert _pod(cluster, names[1])["status"]["phase"] == "Running"
+
+
+def test_a_failed_liveness_probe_restarts_the_container(cluster: Cluster, namespace: str) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "unlive", "namespace": NS},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "x",
+                    "command": [
+                        "python",
+                        "-c",
+                        "import time; print('up', flush=True); time.sleep(600)",
+                    ],
+                    # Nothing listens on 9 in the Pod's namespace: the probe fails.
+                    "livenessProbe": {
+                        "tcpSocket": {"port": 9},
+                        "periodSeconds": 1,
+                        "failureThreshold": 2,
+                    },
+                }
+            ],
+        },
+    }
+    _apply(cluster, pod)
+
+    def restarted() -> bool:
+        statuses = _pod(cluster, "unlive")["status"].get("containerStatuses") or []
+        return (
+            bool(statuses)
+            and statuses[0]["restartCount"] >= 1
+            and "running" in statuses[0]["state"]
+        )
+
+    eventually_sync(restarted, within=120, interval=0.5, what="restarted after its liveness probe")
+    assert cluster.container_log(NS, "unlive", "main").count("up") >= 2
+    cluster.run("kubectl", "-n", NS, "delete", "pod", "unlive", "--wait=true", "--timeout=60s")

@@ -312,4 +312,4 @@ def stop(state_dir: Path) -> None:
                 # The kubelet gives each Pod its grace period; the rest stop at once.
                 _terminate(cluster.pids[name], grace=60 if name == "kubelet" else 15)
         (state_dir / "state.json").unlink()
-    network.remove_all_pod_networks()
+    network.remove_pod_networks(state_dir / "pods")

@@ -13,6 +13,7 @@ import ipaddress
 import random
 import subprocess
 from dataclasses import dataclass
+from pathlib import Path
 
 __all__ = [
     "BRIDGE",
@@ -20,8 +21,7 @@ __all__ = [
     "POD_CIDR",
     "PodNetwork",
     "ensure_bridge",
-    "remove_all_pod_networks",
-    "remove_bridge",
+    "remove_pod_networks",
 ]
 
 BRIDGE = "odk8s0"
@@ -40,15 +40,12 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 def ensure_bridge() -> None:
     """Create the bridge with ``HOST_IP`` unless it is there already (idempotent)."""
+    # Another cluster starting at the same moment may win either step: then it is there.
     if _ip("link", "show", BRIDGE, check=False).returncode:
-        _ip("link", "add", BRIDGE, "type", "bridge")
+        _ip("link", "add", BRIDGE, "type", "bridge", check=False)
     if HOST_IP not in _ip("-o", "addr", "show", "dev", BRIDGE).stdout:
-        _ip("addr", "add", f"{HOST_IP}/{_PREFIX}", "dev", BRIDGE)
+        _ip("addr", "add", f"{HOST_IP}/{_PREFIX}", "dev", BRIDGE, check=False)
     _ip("link", "set", BRIDGE, "up")
-
-
-def remove_bridge() -> None:
-    _ip("link", "del", BRIDGE, check=False)
 
 
 def _used_addresses() -> set[str]:
@@ -94,8 +91,10 @@ class PodNetwork:
         _ip("netns", "del", self.netns, check=False)
 
 
-def remove_all_pod_networks() -> None:
-    """Remove every Pod namespace of ours (a kubelet that was killed leaves them)."""
-    for name in _ip("-o", "netns", "list", check=False).stdout.split():
+def remove_pod_networks(pods_dir: Path) -> None:
+    """Remove the Pod namespaces a kubelet made (each Pod's directory names its own): a
+    kubelet that was killed leaves them. Another cluster's, sharing the bridge, stay."""
+    for recorded in pods_dir.glob("*/netns"):
+        name = recorded.read_text().strip()
         if name.startswith(_NETNS_PREFIX):
             _ip("netns", "del", name, check=False)

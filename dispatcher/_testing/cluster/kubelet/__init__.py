@@ -6,5 +6,6 @@ with the env a kubelet resolves, a kubeconfig holding a token of the Pod's
 ServiceAccount, readiness from the readinessProbe, and the status written back;
 it serves ``kubectl logs`` (``logs.py``). The container's image is not pulled:
 its command runs from this Python environment (``images.py`` gives our images'
-entrypoints). Liveness probes, volumes and resource limits are not enforced.
+entrypoints). A failed livenessProbe restarts the container; volumes and
+resource limits are not enforced.
 """

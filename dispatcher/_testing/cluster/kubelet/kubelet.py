@@ -15,7 +15,7 @@ from dispatcher._testing.cluster.kubelet import node
 from dispatcher._testing.cluster.kubelet.api import ApiClient, ApiError
 from dispatcher._testing.cluster.kubelet.images import entrypoints
 from dispatcher._testing.cluster.kubelet.logs import serve_logs
-from dispatcher._testing.cluster.kubelet.pod import PodRunner
+from dispatcher._testing.cluster.kubelet.pod import PodRunner, grace_of
 from dispatcher._testing.cluster.network import HOST_IP
 
 __all__ = ["Kubelet", "Serving"]
@@ -79,7 +79,7 @@ class Kubelet:
         for task in background:
             task.cancel()
         await asyncio.gather(
-            *(self._stop(r, min(_grace(r.pod), _SHUTDOWN_GRACE)) for r in self.runners.values())
+            *(self._stop(r, min(grace_of(r.pod), _SHUTDOWN_GRACE)) for r in self.runners.values())
         )
         await logs.cleanup()
         await self.api.close()
@@ -104,6 +104,9 @@ class Kubelet:
                         await self._handle(event["type"], event["object"])
             except (TimeoutError, ApiError, OSError) as exc:
                 log.warning("watch of pods: %s; listing again", exc)
+                await asyncio.sleep(1)
+            except Exception:  # a bug of ours on one Pod must not stop every other Pod's care
+                log.exception("handling a pod failed; listing again")
                 await asyncio.sleep(1)
 
     async def _handle(self, kind: str, pod: dict[str, Any]) -> None:
@@ -131,7 +134,7 @@ class Kubelet:
                         {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}},
                     )
                 return
-            grace = float(meta.get("deletionGracePeriodSeconds", _grace(pod)))
+            grace = float(meta.get("deletionGracePeriodSeconds", grace_of(pod)))
             self.terminating[uid] = asyncio.create_task(self._stop(runner, grace, remove=True))
             return
         if runner is None and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
@@ -173,7 +176,3 @@ class Kubelet:
             await runner.remove()
         self.runners.pop(runner.uid, None)
         self.terminating.pop(runner.uid, None)
-
-
-def _grace(pod: dict[str, Any]) -> float:
-    return float(pod["spec"].get("terminationGracePeriodSeconds", 30))

@@ -5,7 +5,7 @@
 the Pod's network namespace), restarts them as ``restartPolicy`` says, probes
 readiness, and writes the status whenever it changes. ``terminate`` is the
 deletion: SIGTERM, SIGKILL after the grace period, then the Pod is removed.
-Init containers, liveness probes and volumes are not handled.
+A failed livenessProbe restarts the container. Init containers and volumes are not handled.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +30,33 @@ from dispatcher._testing.cluster.kubelet.probes import probe_once
 from dispatcher._testing.cluster.kubelet.status import ContainerState, now, pod_status
 from dispatcher._testing.cluster.network import HOST_IP, PodNetwork
 
-__all__ = ["PodRunner"]
+__all__ = ["PodRunner", "grace_of"]
 
 log = logging.getLogger("kubelet")
 _TOKEN_SECONDS = 86_400
 _BACKOFF_MAX = 30.0
+
+
+_Check = Callable[[dict[str, Any]], Awaitable[bool]]
+
+
+def grace_of(pod: dict[str, Any]) -> float:
+    return float(pod["spec"].get("terminationGracePeriodSeconds", 30))
+
+
+async def _stop_processes(processes: list[asyncio.subprocess.Process], *, grace: float) -> None:
+    """SIGTERM to each process group, SIGKILL to those still there after ``grace`` seconds."""
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(
+            asyncio.gather(*(p.wait() for p in processes)), timeout=max(grace, 0.1)
+        )
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    await asyncio.gather(*(p.wait() for p in processes))
 
 
 class PodRunner:
@@ -154,38 +177,49 @@ class PodRunner:
                 if await passes(startup):
                     break
                 await asyncio.sleep(float(startup.get("periodSeconds", 10)))
-        readiness = spec.get("readinessProbe")
-        if readiness is None:
+        await asyncio.gather(
+            self._readiness(index, spec.get("readinessProbe"), passes),
+            self._liveness(spec, spec.get("livenessProbe"), passes),
+        )
+
+    async def _readiness(self, index: int, probe: dict[str, Any] | None, passes: _Check) -> None:
+        if probe is None:
             self._set(index, ready=True)
             return
-        await asyncio.sleep(float(readiness.get("initialDelaySeconds", 0)))
+        await asyncio.sleep(float(probe.get("initialDelaySeconds", 0)))
         failures = successes = 0
         while True:
-            if await passes(readiness):
+            if await passes(probe):
                 successes, failures = successes + 1, 0
-                if successes >= int(readiness.get("successThreshold", 1)):
+                if successes >= int(probe.get("successThreshold", 1)):
                     self._set(index, ready=True)
             else:
                 failures, successes = failures + 1, 0
-                if failures >= int(readiness.get("failureThreshold", 3)):
+                if failures >= int(probe.get("failureThreshold", 3)):
                     self._set(index, ready=False)
-            await asyncio.sleep(float(readiness.get("periodSeconds", 10)))
+            await asyncio.sleep(float(probe.get("periodSeconds", 10)))
+
+    async def _liveness(
+        self, spec: dict[str, Any], probe: dict[str, Any] | None, passes: _Check
+    ) -> None:
+        """failureThreshold failures in a row: the container is stopped (and restarted as
+        ``restartPolicy`` says), as a kubelet does."""
+        if probe is None:
+            return
+        await asyncio.sleep(float(probe.get("initialDelaySeconds", 0)))
+        failures = 0
+        while failures < int(probe.get("failureThreshold", 3)):
+            await asyncio.sleep(float(probe.get("periodSeconds", 10)))
+            failures = 0 if await passes(probe) else failures + 1
+        process = self.processes.get(spec["name"])
+        if process is not None:
+            log.info("%s/%s %s failed its liveness probe", self.namespace, self.name, spec["name"])
+            await _stop_processes([process], grace=grace_of(self.pod))
 
     async def terminate(self, grace: float) -> None:
-        """SIGTERM every container, SIGKILL after ``grace`` seconds, then remove the Pod."""
+        """SIGTERM every container, SIGKILL after ``grace`` seconds; the network goes."""
         self.stopping = True
-        running = list(self.processes.values())
-        for process in running:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(
-                asyncio.gather(*(p.wait() for p in running)), timeout=max(grace, 0.1)
-            )
-        for process in running:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-        await asyncio.gather(*(p.wait() for p in running))
+        await _stop_processes(list(self.processes.values()), grace=grace)
         await asyncio.gather(*self.tasks, return_exceptions=True)
         if self.network is not None:
             await asyncio.to_thread(self.network.remove)
