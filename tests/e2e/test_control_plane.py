@@ -127,6 +127,12 @@ def test_helm_install_runs_the_operator_as_its_service_account(cluster: Cluster)
     assert condition(operator, "Ready") == "True"
     # Its token is the ServiceAccount's, and the chart's Role is all it may do.
     account = f"system:serviceaccount:{NS}:{RELEASE}-operator"
+    token = cluster.pod_kubeconfig(NS, operator["metadata"]["name"])
+    assert token is not None
+    whoami = json.loads(
+        kubectl(cluster, "--kubeconfig", str(token), "auth", "whoami", "-o", "json")
+    )
+    assert whoami["status"]["userInfo"]["username"] == account
     assert kubectl(cluster, "auth", "can-i", "patch", "outboxdispatchers/status", "-n", NS,
                    "--as", account).strip() == "yes"  # fmt: skip
     denied = cluster.run_status("kubectl", "auth", "can-i", "list", "secrets", "-n", "default",

@@ -258,4 +258,6 @@ def test_a_failed_liveness_probe_restarts_the_container(cluster: Cluster, namesp
 
     eventually_sync(restarted, within=120, interval=0.5, what="restarted after its liveness probe")
     assert cluster.container_log(NS, "unlive", "main").count("up") >= 2
+    (status,) = _pod(cluster, "unlive")["status"]["containerStatuses"]
+    assert status["lastState"]["terminated"]["exitCode"] == 143  # 128 + SIGTERM
     cluster.run("kubectl", "-n", NS, "delete", "pod", "unlive", "--wait=true", "--timeout=60s")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from dispatcher._testing.cluster import network
 from dispatcher._testing.cluster.binaries import binaries
-from dispatcher._testing.cluster.kubelet.logs import container_log_path
+from dispatcher._testing.cluster.kubelet.logs import container_log_path, pod_file
 from dispatcher._testing.cluster.pki import Pki, make_pki
 from dispatcher._testing.waiting import eventually_sync
 
@@ -72,6 +72,10 @@ class Cluster:
         return subprocess.run(
             [str(self.bin_dir / tool), *args], capture_output=True, env=self.env(), check=False
         ).returncode
+
+    def pod_kubeconfig(self, namespace: str, pod: str) -> Path | None:
+        """The kubeconfig the kubelet gave a Pod (its ServiceAccount's token)."""
+        return pod_file(self.state_dir / "pods", namespace, pod, "kubeconfig")
 
     def container_log(self, namespace: str, pod: str, container: str) -> str:
         """What a container of a Pod printed (the kubelet keeps it in the Pod's directory)."""

@@ -12,17 +12,20 @@ from pathlib import Path
 
 from aiohttp import web
 
-__all__ = ["container_log_path", "serve_logs"]
+__all__ = ["container_log_path", "pod_file", "serve_logs"]
 
 _FOLLOW_POLL = 0.5
 
 
-def container_log_path(pods_dir: Path, namespace: str, pod: str, container: str) -> Path | None:
-    """The file of what a container printed (of the Pod's newest run under that name)."""
-    found = sorted(
-        pods_dir.glob(f"{namespace}_{pod}_*/{container}.log"), key=lambda p: p.stat().st_mtime
-    )
+def pod_file(pods_dir: Path, namespace: str, pod: str, name: str) -> Path | None:
+    """A file the kubelet keeps for a Pod (of its newest run under that name)."""
+    found = sorted(pods_dir.glob(f"{namespace}_{pod}_*/{name}"), key=lambda p: p.stat().st_mtime)
     return found[-1] if found else None
+
+
+def container_log_path(pods_dir: Path, namespace: str, pod: str, container: str) -> Path | None:
+    """The file of what a container printed."""
+    return pod_file(pods_dir, namespace, pod, f"{container}.log")
 
 
 def _tail(data: bytes, lines: int) -> bytes:

@@ -148,6 +148,7 @@ class PodRunner:
             self._set(index, message=None)
             prober = asyncio.create_task(self._probe(index, spec, env))
             code = await process.wait()
+            code = 128 - code if code < 0 else code  # killed by signal N: 128 + N, as runtimes say
             prober.cancel()
             del self.processes[spec["name"]]
             self._set(index, pid=None, exit_code=code, finished_at=now(), ready=False)
@@ -159,7 +160,8 @@ class PodRunner:
                 return
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, _BACKOFF_MAX)
-            self._set(index, restarts=self.containers[index].restarts + 1)
+            ended = self.containers[index]
+            self._set(index, restarts=ended.restarts + 1, last=ended.terminated())
 
     async def _probe(self, index: int, spec: dict[str, Any], env: dict[str, str]) -> None:
         """Readiness: after the startupProbe (if any) passed, the readinessProbe's verdicts."""

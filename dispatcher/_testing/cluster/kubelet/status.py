@@ -28,16 +28,19 @@ class ContainerState:
     restarts: int = 0
     waiting: str | None = None  # a reason while it waits to (re)start
     message: str | None = None
+    last: dict[str, Any] | None = None  # the terminated state of the run before a restart
+
+    def terminated(self) -> dict[str, Any]:
+        return {
+            "exitCode": self.exit_code,
+            "reason": "Completed" if self.exit_code == 0 else "Error",
+            "startedAt": self.started_at,
+            "finishedAt": self.finished_at,
+        }
 
     def state(self) -> dict[str, Any]:
         if self.exit_code is not None:
-            reason = "Completed" if self.exit_code == 0 else "Error"
-            terminated: dict[str, Any] = {
-                "exitCode": self.exit_code,
-                "reason": reason,
-                "startedAt": self.started_at,
-                "finishedAt": self.finished_at,
-            }
+            terminated = self.terminated()
             if self.message:
                 terminated["message"] = self.message
             return {"terminated": terminated}
@@ -56,6 +59,7 @@ class ContainerState:
             "started": self.pid is not None,
             "restartCount": self.restarts,
             "state": self.state(),
+            "lastState": {"terminated": self.last} if self.last else {},
         }
 
 
