@@ -7,8 +7,10 @@ as a user would: the CRD applied client-side and server-side; the chart installe
 chart's RBAC); the Secrets and ``deploy/example`` applied with ``kubectl``; the migration
 Job, the enqueuer and the worker run as Pods; 1,000 dispatches committed on the host are
 handled by the worker Pods (each one's done mark in Redis, none lost); a spec change
-reaches the Pods; deleting the dispatcher removes what it owned; ``helm uninstall`` leaves
-nothing of the release. The tests of this module share that one installation, in order.
+reaches the Pods; a backlog scales the workers; the shard count follows the spec; deleting
+the dispatcher removes what it owned; ``helm uninstall`` leaves nothing of the release; then
+the kustomize install (``deploy/base``: Pod Security "restricted" enforced) runs the same
+dispatcher and is deleted as the README says. The tests share that one installation, in order.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dispatcher._testing.cluster import HOST_IP, Cluster
 from dispatcher._testing.cluster.binaries import ROOT
 from dispatcher._testing.servers import PostgresProcess, RedisProcess
 from dispatcher._testing.waiting import eventually_sync
+from dispatcher.stream.naming import SHARDS_KEY
 from dispatcher.worker import attempt_key
 
 pytestmark = pytest.mark.timeout(900)
@@ -207,6 +210,54 @@ def test_a_spec_change_reaches_the_pods(cluster: Cluster, backends: Backends) ->
     wait_handled(backends.redis_url, ids)
 
 
+def test_a_backlog_scales_the_workers_and_the_shard_count_follows_the_spec(
+    cluster: Cluster, backends: Backends
+) -> None:
+    # A queue whose handler always fails (int(TaskMessage)): its entries stay, so its backlog
+    # holds while the autoscaler adds workers (50 per replica).
+    burst = {
+        "name": "burst",
+        "handler": "builtins:int",
+        "minReplicas": 1,
+        "maxReplicas": 3,
+        "targetBacklogPerReplica": 50,
+        "maxRuns": 1000,
+        "reclaimIdleSeconds": 3600,
+    }
+    queues = get(cluster, "obd", NAME)["spec"]["queues"]
+    patch = {"spec": {"queues": [*queues, burst]}}
+    kubectl(cluster, "-n", NS, "patch", "obd", NAME, "--type=merge", "-p", json.dumps(patch))
+    eventually_sync(
+        lambda: (
+            cluster.run_status("kubectl", "-n", NS, "get", "deployment", f"{NAME}-worker-burst")
+            == 0
+        ),
+        within=120,
+        interval=1,
+        what="the burst queue's workers",
+    )
+    commit(backends.database_url, 400, queue="burst")
+
+    def scaled() -> bool:
+        found = get(cluster, "deployment", f"{NAME}-worker-burst")
+        return int(found["spec"].get("replicas") or 0) > 1
+
+    eventually_sync(scaled, within=300, interval=2, what="burst workers scaled up")
+    kubectl(
+        cluster, "-n", NS, "patch", "obd", NAME, "--type=merge", "-p", '{"spec": {"shards": 8}}'
+    )
+    client = redis.Redis.from_url(backends.redis_url, decode_responses=True)
+    eventually_sync(
+        lambda: client.get(SHARDS_KEY) == "8", within=120, interval=1, what="8 shards in Redis"
+    )
+    eventually_sync(
+        lambda: (get(cluster, "obd", NAME).get("status") or {}).get("shards") == 8,
+        within=120,
+        interval=1,
+        what="status.shards = 8",
+    )
+
+
 def test_deleting_the_dispatcher_removes_what_it_owned(cluster: Cluster) -> None:
     kubectl(cluster, "delete", "-k", str(ROOT / "deploy" / "example"), "--wait=true")
     selector = f"app.kubernetes.io/instance={NAME}"
@@ -236,3 +287,36 @@ def test_helm_uninstall_leaves_nothing_of_ours(cluster: Cluster) -> None:
         return [] if left else ["nothing"]
 
     eventually_sync(nothing_left, within=180, interval=2, what="nothing of the release left")
+
+
+def test_the_kustomize_install_meets_pod_security_restricted(
+    cluster: Cluster, backends: Backends
+) -> None:
+    # deploy/base labels the namespace Pod Security "restricted" (enforced by the API server's
+    # admission): the operator's Pod and every Pod it renders must be admitted.
+    kubectl(cluster, "apply", "-k", str(ROOT / "deploy" / "base"))
+    labels = json.loads(kubectl(cluster, "get", "namespace", NS, "-o", "json"))["metadata"][
+        "labels"
+    ]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    kubectl(
+        cluster, "-n", NS, "rollout", "status", f"deployment/{RELEASE}-operator", "--timeout=180s"
+    )
+    for secret, url in (("dispatcher-postgres", backends.database_url),
+                        ("dispatcher-redis", backends.redis_url)):  # fmt: skip
+        kubectl(cluster, "-n", NS, "create", "secret", "generic", secret,
+                f"--from-literal=url={backends.for_pods(url)}")  # fmt: skip
+    kubectl(cluster, "apply", "-k", str(ROOT / "deploy" / "example"))
+    eventually_sync(
+        lambda: condition(get(cluster, "obd", NAME), "Ready") == "True",
+        within=300,
+        interval=2,
+        what="the OutboxDispatcher Ready under restricted Pod Security",
+    )
+    ids = commit(backends.database_url, 100)
+    wait_handled(backends.redis_url, ids)
+    # As the README's uninstall says: the namespace, the CRD and all in them go.
+    kubectl(cluster, "delete", "-k", str(ROOT / "deploy" / "example"), "--wait=true")
+    kubectl(cluster, "delete", "-k", str(ROOT / "deploy" / "base"), "--wait=true", "--timeout=300s")
+    assert cluster.run_status("kubectl", "get", "namespace", NS) != 0
+    assert cluster.run_status("kubectl", "get", "crd", CRD_NAME) != 0
