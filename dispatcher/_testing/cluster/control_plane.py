@@ -8,19 +8,15 @@ bridge's host address, which the Pods reach too; etcd on loopback.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dispatcher._testing.cluster import network
+from dispatcher._testing.cluster import network, processes
 from dispatcher._testing.cluster.binaries import binaries
 from dispatcher._testing.cluster.kubelet.logs import container_log_path, pod_file
 from dispatcher._testing.cluster.pki import Pki, make_pki
@@ -81,32 +77,6 @@ class Cluster:
         """What a container of a Pod printed (the kubelet keeps it in the Pod's directory)."""
         path = container_log_path(self.state_dir / "pods", namespace, pod, container)
         return path.read_text(errors="replace") if path else ""
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _spawn(name: str, argv: list[str], state_dir: Path) -> int:
-    log = (state_dir / "logs" / f"{name}.log").open("ab")
-    process = subprocess.Popen(
-        argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
-    )
-    return process.pid
-
-
-def _alive(pid: int) -> bool:
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:  # not our child: ask the kernel whether it exists
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    return waited == 0
 
 
 def _write_kubeconfig(path: Path, *, server: str, pki: Pki) -> None:
@@ -188,7 +158,7 @@ def _kubectl_ok(bin_dir: Path, kubeconfig: Path, *args: str) -> bool:
 
 def _check(pids: dict[str, int], state_dir: Path) -> None:
     for name, pid in pids.items():
-        if not _alive(pid):
+        if not processes.alive(pid):
             tail = (state_dir / "logs" / f"{name}.log").read_text(errors="replace")[-2000:]
             raise RuntimeError(f"{name} exited at start; the end of its log:\n{tail}")
 
@@ -199,23 +169,27 @@ def start(state_dir: Path, *, bin_dir: Path | None = None) -> Cluster:
         stop(state_dir)
     bin_dir = bin_dir or binaries()
     shutil.rmtree(state_dir, ignore_errors=True)
-    (state_dir / "logs").mkdir(parents=True)
+    logs = state_dir / "logs"
+    logs.mkdir(parents=True)
     network.ensure_bridge()
     pki = make_pki(
         state_dir / "pki",
         ips=[network.HOST_IP, "127.0.0.1", "10.0.0.1"],
         dns=["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"],
     )
-    etcd_port, peer_port = _free_port("127.0.0.1"), _free_port("127.0.0.1")
+    etcd_port, peer_port = processes.free_port("127.0.0.1"), processes.free_port("127.0.0.1")
     etcd = f"http://127.0.0.1:{etcd_port}"
-    api_port, kubelet_port = _free_port(network.HOST_IP), _free_port(network.HOST_IP)
+    api_port, kubelet_port = (
+        processes.free_port(network.HOST_IP),
+        processes.free_port(network.HOST_IP),
+    )
     server = f"https://{network.HOST_IP}:{api_port}"
     kubeconfig = state_dir / "kubeconfig"
     _write_kubeconfig(kubeconfig, server=server, pki=pki)
     pids: dict[str, int] = {}
     cluster = Cluster(state_dir=state_dir, bin_dir=bin_dir, server=server, pids=pids)
     try:
-        pids["etcd"] = _spawn(
+        pids["etcd"] = processes.spawn(
             "etcd",
             [
                 str(bin_dir / "etcd"),
@@ -226,10 +200,10 @@ def start(state_dir: Path, *, bin_dir: Path | None = None) -> Cluster:
                 "--unsafe-no-fsync",
                 "--log-level=warn",
             ],
-            state_dir,
+            logs,
         )
-        pids["kube-apiserver"] = _spawn(
-            "kube-apiserver", _apiserver_argv(bin_dir, pki=pki, port=api_port, etcd=etcd), state_dir
+        pids["kube-apiserver"] = processes.spawn(
+            "kube-apiserver", _apiserver_argv(bin_dir, pki=pki, port=api_port, etcd=etcd), logs
         )
         _save(cluster)
 
@@ -238,12 +212,12 @@ def start(state_dir: Path, *, bin_dir: Path | None = None) -> Cluster:
             return _kubectl_ok(bin_dir, kubeconfig, "get", "--raw", "/readyz")
 
         eventually_sync(api_ready, within=120, interval=0.5, what="kube-apiserver /readyz")
-        pids["kube-controller-manager"] = _spawn(
+        pids["kube-controller-manager"] = processes.spawn(
             "kube-controller-manager",
             _controller_manager_argv(bin_dir, pki=pki, kubeconfig=kubeconfig),
-            state_dir,
+            logs,
         )
-        pids["kubelet"] = _spawn(
+        pids["kubelet"] = processes.spawn(
             "kubelet",
             [
                 sys.executable,
@@ -253,7 +227,7 @@ def start(state_dir: Path, *, bin_dir: Path | None = None) -> Cluster:
                 *("--tls-cert", str(pki.serving_cert), "--tls-key", str(pki.serving_key)),
                 *("--client-ca", str(pki.ca_cert)),
             ],
-            state_dir,
+            logs,
         )
         _save(cluster)
 
@@ -269,6 +243,13 @@ def start(state_dir: Path, *, bin_dir: Path | None = None) -> Cluster:
             )
 
         eventually_sync(node_ready, within=120, interval=1, what=f"node {NODE_NAME} Ready")
+        # Pods are refused until the service account controller made a namespace's account.
+        eventually_sync(
+            lambda: _kubectl_ok(bin_dir, kubeconfig, "get", "serviceaccount", "default"),
+            within=60,
+            interval=0.5,
+            what="the default ServiceAccount",
+        )
     except BaseException:
         stop(state_dir)
         raise
@@ -294,19 +275,6 @@ def load(state_dir: Path) -> Cluster | None:
     )
 
 
-def _terminate(pid: int, *, grace: float) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if _alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-        while _alive(pid):
-            time.sleep(0.05)
-
-
 def stop(state_dir: Path) -> None:
     """Stop the cluster of ``state_dir`` (the kubelet stops its Pods first); keep its files."""
     cluster = load(state_dir)
@@ -314,6 +282,7 @@ def stop(state_dir: Path) -> None:
         for name in _ORDER:
             if name in cluster.pids:
                 # The kubelet gives each Pod its grace period; the rest stop at once.
-                _terminate(cluster.pids[name], grace=60 if name == "kubelet" else 15)
+                processes.terminate(cluster.pids[name], grace=60 if name == "kubelet" else 15)
         (state_dir / "state.json").unlink()
+    processes.kill_leftover_containers(state_dir / "pods")
     network.remove_pod_networks(state_dir / "pods")

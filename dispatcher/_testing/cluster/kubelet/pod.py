@@ -11,14 +11,11 @@ A failed livenessProbe restarts the container. Init containers and volumes are n
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import signal
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +23,7 @@ from typing import Any
 from dispatcher._testing.cluster.kubelet import env as envs
 from dispatcher._testing.cluster.kubelet.api import ApiClient, ApiError
 from dispatcher._testing.cluster.kubelet.images import image_stage
+from dispatcher._testing.cluster.kubelet.inputs import container_env, token_kubeconfig
 from dispatcher._testing.cluster.kubelet.probes import probe_once
 from dispatcher._testing.cluster.kubelet.status import ContainerState, now, pod_status
 from dispatcher._testing.cluster.network import HOST_IP, PodNetwork
@@ -33,7 +31,6 @@ from dispatcher._testing.cluster.network import HOST_IP, PodNetwork
 __all__ = ["PodRunner", "grace_of"]
 
 log = logging.getLogger("kubelet")
-_TOKEN_SECONDS = 86_400
 _BACKOFF_MAX = 30.0
 
 
@@ -57,6 +54,14 @@ async def _stop_processes(processes: list[asyncio.subprocess.Process], *, grace:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
     await asyncio.gather(*(p.wait() for p in processes))
+
+
+def _record_pid(path: Path, pid: int | None) -> None:
+    """A running container's pid, for ``cluster down`` after a kubelet that was killed."""
+    if pid is None:
+        path.unlink(missing_ok=True)
+    else:
+        path.write_text(str(pid))
 
 
 class PodRunner:
@@ -99,7 +104,7 @@ class PodRunner:
             self.network = await asyncio.to_thread(PodNetwork.create, self.uid)
             (self.dir / "netns").write_text(self.network.netns)
             self.changed.set()
-            kubeconfig = await self._kubeconfig()
+            kubeconfig = await token_kubeconfig(self.api, self.pod, self.dir / "kubeconfig")
             self.tasks = [
                 asyncio.create_task(self._container(i, c, kubeconfig))
                 for i, c in enumerate(self.pod["spec"]["containers"])
@@ -124,7 +129,16 @@ class PodRunner:
         backoff = 1.0
         while not self.stopping:
             try:
-                env = await self._env(spec, kubeconfig)
+                assert self.network is not None
+                env = await container_env(
+                    self.api,
+                    self.pod,
+                    spec,
+                    pod_ip=self.network.ip,
+                    node_name=self.node_name,
+                    home=self.dir,
+                    kubeconfig=kubeconfig,
+                )
                 stage = image_stage(spec.get("image", ""))
                 argv = envs.command_line(spec, env, entrypoint=self.entrypoints.get(stage or ""))
             except (LookupError, ValueError, ApiError) as exc:
@@ -144,6 +158,8 @@ class PodRunner:
                     start_new_session=True,
                 )
             self.processes[spec["name"]] = process
+            pid_file = self.dir / f"{spec['name']}.pid"
+            _record_pid(pid_file, process.pid)
             self._set(index, pid=process.pid, started_at=now(), exit_code=None, waiting=None)
             self._set(index, message=None)
             prober = asyncio.create_task(self._probe(index, spec, env))
@@ -151,6 +167,7 @@ class PodRunner:
             code = 128 - code if code < 0 else code  # killed by signal N: 128 + N, as runtimes say
             prober.cancel()
             del self.processes[spec["name"]]
+            _record_pid(pid_file, None)
             self._set(index, pid=None, exit_code=code, finished_at=now(), ready=False)
             log.info("%s/%s %s exited %s", self.namespace, self.name, spec["name"], code)
             restart = self.restart_policy == "Always" or (
@@ -231,92 +248,6 @@ class PodRunner:
         body = {"gracePeriodSeconds": 0, "preconditions": {"uid": self.uid}}
         with contextlib.suppress(ApiError):
             await self.api.delete(self.path, body)
-
-    # -- what a container gets -------------------------------------------------------------
-
-    async def _env(self, spec: dict[str, Any], kubeconfig: Path | None) -> dict[str, str]:
-        secret_names, configmap_names = envs.references(spec)
-        base = f"/api/v1/namespaces/{self.namespace}"
-        secrets, configmaps = {}, {}
-        for name in secret_names:
-            with contextlib.suppress(ApiError):
-                found = await self.api.get(f"{base}/secrets/{name}")
-                secrets[name] = envs.Refs.secret_data(found)
-        for name in configmap_names:
-            with contextlib.suppress(ApiError):
-                found = await self.api.get(f"{base}/configmaps/{name}")
-                configmaps[name] = dict(found.get("data") or {})
-        assert self.network is not None
-        resolved = envs.resolve_env(
-            self.pod,
-            spec,
-            refs=envs.Refs(secrets=secrets, configmaps=configmaps),
-            pod_ip=self.network.ip,
-            host_ip=HOST_IP,
-            node_name=self.node_name,
-        )
-        bin_dir = str(Path(sys.executable).parent)
-        system = {
-            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
-            "HOME": str(self.dir),
-            "HOSTNAME": self.name,
-            "TMPDIR": str(self.dir),
-        }
-        if kubeconfig is not None:
-            system["KUBECONFIG"] = str(kubeconfig)
-        return {**system, **resolved}
-
-    async def _kubeconfig(self) -> Path | None:
-        """A kubeconfig with a TokenRequest token of the Pod's ServiceAccount."""
-        spec = self.pod["spec"]
-        if spec.get("automountServiceAccountToken") is False:
-            return None
-        account = spec.get("serviceAccountName") or "default"
-        request = {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {
-                "expirationSeconds": _TOKEN_SECONDS,
-                "boundObjectRef": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "name": self.name,
-                    "uid": self.uid,
-                },
-            },
-        }
-        path = f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{account}/token"
-        while True:  # a new namespace's default account appears a moment after it
-            try:
-                token = (await self.api.post(path, request))["status"]["token"]
-                break
-            except ApiError as exc:
-                if exc.status != 404:
-                    raise
-                await asyncio.sleep(1)
-        ca = base64.b64encode(self.api.ca_file.read_bytes()).decode()
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "local",
-                    "cluster": {"server": self.api.server, "certificate-authority-data": ca},
-                }
-            ],
-            "users": [{"name": account, "user": {"token": token}}],
-            "contexts": [
-                {
-                    "name": "pod",
-                    "context": {"cluster": "local", "user": account, "namespace": self.namespace},
-                }
-            ],
-            "current-context": "pod",
-        }
-        kubeconfig = self.dir / "kubeconfig"
-        kubeconfig.touch(mode=0o600)
-        kubeconfig.write_text(json.dumps(config))
-        return kubeconfig
 
     # -- status ----------------------------------------------------------------------------
 
