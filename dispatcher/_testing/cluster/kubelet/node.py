@@ -16,14 +16,13 @@ __all__ = ["heartbeat", "register"]
 
 _LEASE_SECONDS = 40
 _RENEW_EVERY = 10.0
-_VERSION = "v1.37.2"
 
 
 def _micro_now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def node_status(logs_port: int) -> dict[str, Any]:
+def node_status(*, logs_port: int, version: str) -> dict[str, Any]:
     capacity = {"cpu": "16", "memory": "64Gi", "pods": "250", "ephemeral-storage": "100Gi"}
     stamp = now()
     return {
@@ -48,7 +47,7 @@ def node_status(logs_port: int) -> dict[str, Any]:
             "kernelVersion": platform.release(),
             "osImage": "process kubelet",
             "containerRuntimeVersion": "process://1",
-            "kubeletVersion": _VERSION,
+            "kubeletVersion": version,  # the control plane's: one release
             "kubeProxyVersion": "",
             "operatingSystem": "linux",
             "architecture": "amd64",
@@ -75,7 +74,9 @@ async def register(api: ApiClient, name: str, *, logs_port: int) -> None:
     except ApiError as exc:
         if exc.status != 409:
             raise
-    await api.merge_patch(f"/api/v1/nodes/{name}/status", {"status": node_status(logs_port)})
+    version = str((await api.get("/version"))["gitVersion"])
+    status = node_status(logs_port=logs_port, version=version)
+    await api.merge_patch(f"/api/v1/nodes/{name}/status", {"status": status})
 
 
 async def heartbeat(api: ApiClient, name: str) -> None:
