@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -28,7 +29,7 @@ def field(path: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def namespace(cluster: Cluster) -> str:
+def namespace(cluster: Cluster) -> Iterator[str]:
     cluster.run("kubectl", "create", "namespace", NS)
     # Pods are refused until the service account controller made the namespace's default one.
     eventually_sync(
@@ -37,7 +38,9 @@ def namespace(cluster: Cluster) -> str:
         interval=0.2,
         what="the default ServiceAccount",
     )
-    return NS
+    yield NS
+    # The cluster lives as long as the session: leave no Pod running in it.
+    cluster.run("kubectl", "delete", "namespace", NS, "--wait=true", "--timeout=120s")
 
 
 def _pod(cluster: Cluster, name: str) -> dict[str, Any]:
