@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: services install lint test test-quick demo faults bench soak e2e clean
+.PHONY: services install lint test test-quick demo faults bench soak e2e cluster-build cluster cluster-down clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -23,7 +23,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: $(STAMP)
+test: $(STAMP) cluster-build
 	$(PY) -m pytest tests
 
 test-quick: $(STAMP)
@@ -35,10 +35,22 @@ demo: $(STAMP)
 faults: $(STAMP)
 	FAULTS_LONG=1 $(PY) -m pytest tests/faults -v
 
-# kind end to end (needs docker, kind, helm, kubectl; skips with the reason otherwise).
-# E2E_KEEP_CLUSTER=1 keeps the cluster for a look afterwards.
-e2e: $(STAMP)
+# End to end: on the local control plane (always), and on kind (needs docker, kind, helm,
+# kubectl; skips with the reason otherwise). E2E_KEEP_CLUSTER=1 keeps the kind cluster.
+e2e: $(STAMP) cluster-build
 	$(PY) -m pytest tests/e2e -v -rs
+
+# The local control plane: etcd, kube-apiserver, kube-controller-manager, kubectl and helm
+# built from Go modules (tools/k8s) into ~/.cache/outbox-dispatcher (a cold build takes many
+# minutes), started with a process kubelet; state, logs and kubeconfig in .cluster/.
+cluster-build:
+	bash tools/cluster/build.sh
+
+cluster: $(STAMP) cluster-build
+	$(PY) -m dispatcher._testing.cluster up
+
+cluster-down: $(STAMP)
+	$(PY) -m dispatcher._testing.cluster down
 
 # The benchmark venv: the project plus procrastinate, the baseline of one figure (never a
 # dependency of the project itself). BENCH_ARGS="--quick" or "--only idle_latency" for a part.

@@ -7,6 +7,7 @@ pytest_plugins = [
     "tests.fix_kube",
     "tests.fix_proxy",
     "tests.fix_pgbouncer",
+    "tests.fix_cluster",
 ]
 
 

@@ -26,6 +26,9 @@ command -v redis-server >/dev/null || need+=(redis-server)
 [ -x /usr/bin/pg_ctlcluster ] && ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 [ -x /usr/sbin/pgbouncer ] || command -v pgbouncer >/dev/null || need+=(pgbouncer)
 command -v make >/dev/null || need+=(make)
+# The local control plane (make cluster, tests/e2e): certificates and the Pods' network namespaces.
+command -v openssl >/dev/null || need+=(openssl)
+command -v ip >/dev/null || need+=(iproute2)
 if ((${#need[@]})); then
   say "installing ${need[*]} from Debian"
   "${sudo[@]}" apt-get update -qq

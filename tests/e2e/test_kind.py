@@ -293,7 +293,7 @@ def test_kind_end_to_end(cluster: str) -> None:
     import redis
 
     from dispatcher.stream.naming import SHARDS_KEY
-    from dispatcher.worker import done_key
+    from dispatcher.worker import attempt_key
 
     _install()
     # The operator migrated first (its Job), then started the enqueuer.
@@ -319,7 +319,7 @@ def test_kind_end_to_end(cluster: str) -> None:
         client = redis.Redis(port=port, decode_responses=True)
 
         def handled() -> bool:
-            return sum(client.exists(done_key(f"{t}:1")) for t in ids) == TASKS
+            return sum(client.exists(attempt_key(f"e2e:{t}:1")) for t in ids) == TASKS
 
         eventually_sync(handled, within=600, interval=2, what=f"{TASKS} dispatches handled")
 

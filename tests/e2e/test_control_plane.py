@@ -1,0 +1,322 @@
+"""End to end on the local control plane: the CRD, the chart, a dispatcher, 1,000 dispatches.
+
+Runs wherever the suite runs (no Docker: the cluster of ``tests/fix_cluster.py``, whose
+kubelet runs each Pod's containers as local processes from this environment). In order,
+as a user would: the CRD applied client-side and server-side; the chart installed with
+``helm install`` as the README says (the operator runs as its ServiceAccount under the
+chart's RBAC); the Secrets and ``deploy/example`` applied with ``kubectl``; the migration
+Job, the enqueuer and the worker run as Pods; 1,000 dispatches committed on the host are
+handled by the worker Pods (each one's done mark in Redis, none lost); a spec change
+reaches the Pods; a backlog scales the workers; the shard count follows the spec; deleting
+the dispatcher removes what it owned; ``helm uninstall`` leaves nothing of the release; then
+the kustomize install (``deploy/base``: Pod Security "restricted" enforced) runs the same
+dispatcher and is deleted as the README says. The tests share that one installation, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+
+from dispatcher import TaskDispatch, enqueue_dispatch
+from dispatcher._testing.cluster import HOST_IP, Cluster
+from dispatcher._testing.cluster.binaries import ROOT
+from dispatcher._testing.servers import PostgresProcess, RedisProcess
+from dispatcher._testing.waiting import eventually_sync
+from dispatcher.stream.naming import SHARDS_KEY
+from dispatcher.worker import attempt_key
+
+pytestmark = pytest.mark.timeout(900)
+
+NS = RELEASE = "outbox-dispatcher"
+NAME = "example"  # deploy/example's OutboxDispatcher
+CRD = ROOT / "crds" / "outboxdispatchers.yaml"
+CRD_NAME = "outboxdispatchers.dispatch.composer.dev"
+RUN_ID = "e2e"
+
+
+@dataclass(frozen=True)
+class Backends:
+    """The dispatcher's database and Redis: URLs from the host and from the Pods."""
+
+    database_url: str
+    redis_url: str
+
+    def for_pods(self, url: str) -> str:
+        return url.replace("127.0.0.1", HOST_IP)
+
+
+@pytest.fixture(scope="module")
+def backends(cluster_postgres: PostgresProcess, cluster_redis: RedisProcess) -> Backends:
+    return Backends(
+        database_url=cluster_postgres.create_database("e2e"), redis_url=cluster_redis.url
+    )
+
+
+def kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
+    return cluster.run("kubectl", *args, stdin=stdin)
+
+
+def get(cluster: Cluster, kind: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(kubectl(cluster, "-n", NS, "get", kind, name, "-o", "json"))
+    return found
+
+
+def condition(obj: dict[str, Any], type_: str) -> str | None:
+    for found in (obj.get("status") or {}).get("conditions") or []:
+        if found["type"] == type_:
+            return str(found["status"])
+    return None
+
+
+def commit(url: str, tasks: int, *, queue: str = "default") -> list[str]:
+    """Commit ``tasks`` dispatches in one transaction on the host; return their task ids."""
+    ids = [f"e2e-{uuid.uuid4().hex[:12]}" for _ in range(tasks)]
+    with psycopg.connect(url) as conn:
+        for task_id in ids:
+            dispatch = TaskDispatch(
+                task_id=task_id,
+                run_id=RUN_ID,
+                workflow_id="wf",
+                workflow_version=1,
+                node_id="n",
+                node_type="t",
+                queue=queue,
+            )
+            enqueue_dispatch(conn, dispatch)
+    return ids
+
+
+def wait_handled(url: str, ids: list[str], *, within: float = 300) -> None:
+    """Every task's done mark (written by a worker after its handler returned) is in Redis."""
+    client = redis.Redis.from_url(url)
+    keys = [attempt_key(f"{RUN_ID}:{task_id}:1") for task_id in ids]
+
+    def lost() -> int:
+        return len(keys) - sum(client.exists(*keys[i : i + 500]) for i in range(0, len(keys), 500))
+
+    eventually_sync(lambda: lost() == 0, within=within, interval=1, what=f"{len(ids)} handled")
+
+
+def test_the_crd_applies_client_side_and_server_side(cluster: Cluster) -> None:
+    kubectl(cluster, "apply", "-f", str(CRD))
+    kubectl(cluster, "apply", "--server-side", "-f", str(CRD))
+    kubectl(cluster, "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    managers = json.loads(
+        kubectl(cluster, "get", "crd", CRD_NAME, "-o", "json", "--show-managed-fields")
+    )
+    fields = {m["manager"] for m in managers["metadata"]["managedFields"]}
+    assert "kubectl" in fields  # the server-side apply's manager
+
+
+def test_helm_install_runs_the_operator_as_its_service_account(cluster: Cluster) -> None:
+    # As the README says it.
+    cluster.run(
+        "helm", "install", RELEASE, str(ROOT / "charts" / "outbox-dispatcher"),
+        "--namespace", NS, "--create-namespace",
+    )  # fmt: skip
+    kubectl(
+        cluster, "-n", NS, "rollout", "status", f"deployment/{RELEASE}-operator", "--timeout=180s"
+    )
+    pods = json.loads(kubectl(cluster, "-n", NS, "get", "pods", "-o", "json"))["items"]
+    (operator,) = [p for p in pods if p["metadata"]["name"].startswith(f"{RELEASE}-operator-")]
+    assert operator["spec"]["serviceAccountName"] == f"{RELEASE}-operator"
+    assert condition(operator, "Ready") == "True"
+    # Its token is the ServiceAccount's, and the chart's Role is all it may do.
+    account = f"system:serviceaccount:{NS}:{RELEASE}-operator"
+    token = cluster.pod_kubeconfig(NS, operator["metadata"]["name"])
+    assert token is not None
+    whoami = json.loads(
+        kubectl(cluster, "--kubeconfig", str(token), "auth", "whoami", "-o", "json")
+    )
+    assert whoami["status"]["userInfo"]["username"] == account
+    assert kubectl(cluster, "auth", "can-i", "patch", "outboxdispatchers/status", "-n", NS,
+                   "--as", account).strip() == "yes"  # fmt: skip
+    denied = cluster.run_status("kubectl", "auth", "can-i", "list", "secrets", "-n", "default",
+                                "--as", account)  # fmt: skip
+    assert denied != 0
+
+
+def test_the_example_dispatcher_becomes_ready(cluster: Cluster, backends: Backends) -> None:
+    for secret, url in (("dispatcher-postgres", backends.database_url),
+                        ("dispatcher-redis", backends.redis_url)):  # fmt: skip
+        kubectl(cluster, "-n", NS, "create", "secret", "generic", secret,
+                f"--from-literal=url={backends.for_pods(url)}")  # fmt: skip
+    kubectl(cluster, "apply", "-k", str(ROOT / "deploy" / "example"))
+
+    def ready() -> bool:
+        return condition(get(cluster, "obd", NAME), "Ready") == "True"
+
+    eventually_sync(ready, within=300, interval=2, what="the OutboxDispatcher Ready")
+    listing = kubectl(cluster, "-n", NS, "get", "obd", "--no-headers")
+    assert listing.split()[:4] == [NAME, "4", "default", "True"], listing
+    assert condition(get(cluster, "obd", NAME), "Migrated") == "True"
+    # The migration ran as a Job's Pod: `dispatcher migrate`, to completion.
+    jobs = json.loads(kubectl(cluster, "-n", NS, "get", "jobs", "-o", "json"))["items"]
+    (job,) = [j for j in jobs if j["metadata"]["name"].startswith(f"{NAME}-migrate")]
+    assert job["status"].get("succeeded") == 1
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["migrate"]
+    with psycopg.connect(backends.database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM outbox_schema_version").fetchone()[0] >= 10  # type: ignore[index]
+    for deployment in (f"{NAME}-enqueuer", f"{NAME}-worker-default"):
+        kubectl(
+            cluster, "-n", NS, "rollout", "status", f"deployment/{deployment}", "--timeout=180s"
+        )
+
+
+def test_the_api_server_enforces_the_crds_cel_rules(cluster: Cluster) -> None:
+    bad = {
+        "apiVersion": "dispatch.composer.dev/v1alpha1",
+        "kind": "OutboxDispatcher",
+        "metadata": {"name": "bad", "namespace": NS},
+        "spec": {
+            "postgres": {"secretRef": {"name": "dispatcher-postgres", "key": "url"}},
+            "redis": {"secretRef": {"name": "dispatcher-redis", "key": "url"}},
+            "queues": [{"name": "q", "handler": "m:f", "minReplicas": 3, "maxReplicas": 1}],
+        },
+    }
+    with pytest.raises(RuntimeError, match="minReplicas"):
+        kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(bad))
+
+
+def test_1000_dispatches_are_handled_by_the_worker_pods(
+    cluster: Cluster, backends: Backends
+) -> None:
+    ids = commit(backends.database_url, 1000)
+    wait_handled(backends.redis_url, ids)
+
+
+def test_a_spec_change_reaches_the_pods(cluster: Cluster, backends: Backends) -> None:
+    handler = "dispatcher._testing.handlers:noop"
+    queues = get(cluster, "obd", NAME)["spec"]["queues"]
+    patch = {"spec": {"queues": [{**queues[0], "handler": handler, "concurrency": 4}]}}
+    kubectl(cluster, "-n", NS, "patch", "obd", NAME, "--type=merge", "-p", json.dumps(patch))
+    deployment = f"deployment/{NAME}-worker-default"
+
+    def rolled_out() -> bool:
+        found = get(cluster, "deployment", f"{NAME}-worker-default")
+        args = found["spec"]["template"]["spec"]["containers"][0]["args"]
+        return any(handler in arg for arg in args)
+
+    eventually_sync(rolled_out, within=120, interval=1, what="the worker template changed")
+    kubectl(cluster, "-n", NS, "rollout", "status", deployment, "--timeout=180s")
+    ids = commit(backends.database_url, 100)
+    wait_handled(backends.redis_url, ids)
+
+
+def test_a_backlog_scales_the_workers_and_the_shard_count_follows_the_spec(
+    cluster: Cluster, backends: Backends
+) -> None:
+    # A queue whose handler always fails (int(TaskMessage)): its entries stay, so its backlog
+    # holds while the autoscaler adds workers (50 per replica).
+    burst = {
+        "name": "burst",
+        "handler": "builtins:int",
+        "minReplicas": 1,
+        "maxReplicas": 3,
+        "targetBacklogPerReplica": 50,
+        "maxRuns": 1000,
+        "reclaimIdleSeconds": 3600,
+    }
+    queues = get(cluster, "obd", NAME)["spec"]["queues"]
+    patch = {"spec": {"queues": [*queues, burst]}}
+    kubectl(cluster, "-n", NS, "patch", "obd", NAME, "--type=merge", "-p", json.dumps(patch))
+    eventually_sync(
+        lambda: (
+            cluster.run_status("kubectl", "-n", NS, "get", "deployment", f"{NAME}-worker-burst")
+            == 0
+        ),
+        within=120,
+        interval=1,
+        what="the burst queue's workers",
+    )
+    commit(backends.database_url, 400, queue="burst")
+
+    def scaled() -> bool:
+        found = get(cluster, "deployment", f"{NAME}-worker-burst")
+        return int(found["spec"].get("replicas") or 0) > 1
+
+    eventually_sync(scaled, within=300, interval=2, what="burst workers scaled up")
+    kubectl(
+        cluster, "-n", NS, "patch", "obd", NAME, "--type=merge", "-p", '{"spec": {"shards": 8}}'
+    )
+    client = redis.Redis.from_url(backends.redis_url, decode_responses=True)
+    eventually_sync(
+        lambda: client.get(SHARDS_KEY) == "8", within=120, interval=1, what="8 shards in Redis"
+    )
+    eventually_sync(
+        lambda: (get(cluster, "obd", NAME).get("status") or {}).get("shards") == 8,
+        within=120,
+        interval=1,
+        what="status.shards = 8",
+    )
+
+
+def test_deleting_the_dispatcher_removes_what_it_owned(cluster: Cluster) -> None:
+    kubectl(cluster, "delete", "-k", str(ROOT / "deploy" / "example"), "--wait=true")
+    selector = f"app.kubernetes.io/instance={NAME}"
+
+    def gone() -> bool:
+        owned = kubectl(cluster, "-n", NS, "get", "deployments,replicasets,pods", "-l", selector,
+                        "-o", "name")  # fmt: skip
+        return not owned.strip()
+
+    eventually_sync(gone, within=180, interval=2, what="the dispatcher's objects collected")
+
+
+def test_helm_uninstall_leaves_nothing_of_ours(cluster: Cluster) -> None:
+    kubectl(cluster, "-n", NS, "delete", "secret", "dispatcher-postgres", "dispatcher-redis")
+    cluster.run("helm", "-n", NS, "uninstall", RELEASE, "--wait")
+    kinds = (
+        "deployments,replicasets,pods,jobs,poddisruptionbudgets,services,serviceaccounts,"
+        "roles,rolebindings,secrets,configmaps,outboxdispatchers"
+    )
+    # What Kubernetes itself keeps in every namespace: the default account, the root CA.
+    own = {("ServiceAccount", "default"), ("ConfigMap", "kube-root-ca.crt")}
+
+    def nothing_left() -> list[str]:
+        listing = json.loads(kubectl(cluster, "-n", NS, "get", kinds, "-o", "json"))["items"]
+        left = [f"{o['kind']}/{o['metadata']['name']}" for o in listing
+                if (o["kind"], o["metadata"]["name"]) not in own]  # fmt: skip
+        return [] if left else ["nothing"]
+
+    eventually_sync(nothing_left, within=180, interval=2, what="nothing of the release left")
+
+
+def test_the_kustomize_install_meets_pod_security_restricted(
+    cluster: Cluster, backends: Backends
+) -> None:
+    # deploy/base labels the namespace Pod Security "restricted" (enforced by the API server's
+    # admission): the operator's Pod and every Pod it renders must be admitted.
+    kubectl(cluster, "apply", "-k", str(ROOT / "deploy" / "base"))
+    labels = json.loads(kubectl(cluster, "get", "namespace", NS, "-o", "json"))["metadata"][
+        "labels"
+    ]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    kubectl(
+        cluster, "-n", NS, "rollout", "status", f"deployment/{RELEASE}-operator", "--timeout=180s"
+    )
+    for secret, url in (("dispatcher-postgres", backends.database_url),
+                        ("dispatcher-redis", backends.redis_url)):  # fmt: skip
+        kubectl(cluster, "-n", NS, "create", "secret", "generic", secret,
+                f"--from-literal=url={backends.for_pods(url)}")  # fmt: skip
+    kubectl(cluster, "apply", "-k", str(ROOT / "deploy" / "example"))
+    eventually_sync(
+        lambda: condition(get(cluster, "obd", NAME), "Ready") == "True",
+        within=300,
+        interval=2,
+        what="the OutboxDispatcher Ready under restricted Pod Security",
+    )
+    ids = commit(backends.database_url, 100)
+    wait_handled(backends.redis_url, ids)
+    # As the README's uninstall says: the namespace, the CRD and all in them go.
+    kubectl(cluster, "delete", "-k", str(ROOT / "deploy" / "example"), "--wait=true")
+    kubectl(cluster, "delete", "-k", str(ROOT / "deploy" / "base"), "--wait=true", "--timeout=300s")
+    assert cluster.run_status("kubectl", "get", "namespace", NS) != 0
+    assert cluster.run_status("kubectl", "get", "crd", CRD_NAME) != 0

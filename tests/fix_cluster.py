@@ -1,0 +1,70 @@
+"""The local Kubernetes cluster (``dispatcher._testing.cluster``): the only place tests start it.
+
+``cluster`` is session-scoped: etcd, kube-apiserver, kube-controller-manager
+and the process kubelet start once (the binaries come from the cache that
+``tools/cluster/build.sh`` fills; ``make e2e`` and ``.ci/run`` build it first)
+and stop when the session ends. Its files stay in the temp directory it names,
+for a look at the logs after a failure. ``cluster_postgres`` and
+``cluster_redis`` are servers of the suite's kind that also listen on the
+bridge's host address, where the Pods reach them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from dispatcher._testing.cluster import HOST_IP, Cluster, start, stop
+from dispatcher._testing.servers import PostgresProcess, RedisProcess
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    state_dir = Path(tempfile.mkdtemp(prefix="od-cluster-"))
+    try:
+        running = start(state_dir)
+    except RuntimeError as exc:
+        pytest.fail(f"the local cluster did not start: {exc}")
+    print(f"\nlocal cluster: {running.server}, files in {state_dir}")
+    try:
+        yield running
+    finally:
+        stop(state_dir)
+        shutil.rmtree(state_dir / "etcd", ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster_postgres(cluster: Cluster) -> Iterator[PostgresProcess]:
+    """A PostgreSQL on loopback and on the bridge, trusting the Pods' addresses."""
+    workdir = Path(tempfile.mkdtemp(prefix="od-cluster-pg-"))
+    server = PostgresProcess(workdir, f"listen_addresses = '127.0.0.1,{HOST_IP}'")
+    server.start()
+    try:
+        with (server.data / "pg_hba.conf").open("a") as hba:
+            hba.write(f"host all all {HOST_IP}/16 trust\n")
+        with psycopg.connect(server.url(), autocommit=True) as admin:
+            admin.execute("SELECT pg_reload_conf()")
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def cluster_redis(cluster: Cluster) -> Iterator[RedisProcess]:
+    """A Redis (AOF on) on loopback and on the bridge."""
+    workdir = Path(tempfile.mkdtemp(prefix="od-cluster-redis-"))
+    server = RedisProcess(
+        workdir, "--bind", "127.0.0.1", HOST_IP, "--protected-mode", "no", "--appendonly", "yes"
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
