@@ -7,6 +7,7 @@ created for the run on the machine's server (or ``BENCH_DATABASE_URL``'s).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import platform
@@ -22,7 +23,7 @@ from pathlib import Path
 import psycopg
 
 from dispatcher._testing.servers import RedisProcess
-from dispatcher.outbox.schema import available_migrations
+from dispatcher.outbox.schema import migrate
 
 __all__ = ["ADMIN_URL", "BenchEnv", "RedisProcess", "bench_env", "machine_facts"]
 
@@ -44,9 +45,7 @@ def bench_env() -> Iterator[BenchEnv]:
     with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
     db_url = psycopg.conninfo.make_conninfo(ADMIN_URL, dbname=name)
-    with psycopg.connect(db_url, autocommit=True) as conn:
-        for migration in available_migrations():
-            conn.execute(migration.sql.encode())
+    asyncio.run(_migrate(db_url))  # as `dispatcher migrate` does: versions recorded
     try:
         yield BenchEnv(db_url=db_url, redis_url=redis.url, redis_pid=redis.proc.pid)
     finally:
@@ -54,6 +53,11 @@ def bench_env() -> Iterator[BenchEnv]:
         with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def _migrate(db_url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(db_url, autocommit=True) as conn:
+        await migrate(conn)
 
 
 def machine_facts() -> dict[str, str]:
