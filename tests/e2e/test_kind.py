@@ -289,6 +289,7 @@ def _commit(tasks: int, *, queue: str, shards: int) -> list[str]:
     return ids
 
 
+@pytest.mark.kind
 def test_kind_end_to_end(cluster: str) -> None:
     import redis
 
