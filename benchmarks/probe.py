@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import contextlib
 import queue as queues
+import random
 import statistics
 import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -135,6 +136,7 @@ def probe(
     pids: list[int],
     tiny: bool = False,
     around: Around | None = None,
+    prelude: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """``samples`` dispatches, one at a time; latencies to the stream or to the notification.
 
@@ -144,6 +146,7 @@ def probe(
     backend (the probe's and the receivers' included, alike in every variant).
     ``tiny``: the earlier harness's ~150-byte payload instead of the realistic one.
     ``around`` (a profiler) is entered with ``pids`` over the measured dispatches.
+    ``prelude`` runs once the relay is up, before the first dispatch measured.
     """
     from_insert: list[float] = []
     from_commit: list[float] = []
@@ -152,6 +155,8 @@ def probe(
     with psycopg.connect(env.db_url) as conn, contextlib.ExitStack() as stack:
         # Until the relay is up: its first poll publishes what was committed before it listened.
         r.seen(_send(conn, queue)[0], 60.0)
+        if prelude:
+            prelude()
         for i in range(WARMUP + samples):
             if i == WARMUP:
                 if around:
@@ -211,8 +216,13 @@ def idle_enqueuer(
     clock: str = "stream",
     tiny: bool = False,
     around: Around | None = None,
+    garbage: int = 0,
 ) -> dict[str, float]:
-    """The enqueuer process (defaults); ``clock`` "notify" times the plain LISTEN session."""
+    """The enqueuer process (defaults); ``clock`` "notify" times the plain LISTEN session.
+
+    ``garbage``: that many notifications on the channel with payloads nobody should trust
+    (``null``, JSON that names rows and streams, random text), sent once the enqueuer is up.
+    """
     queue = _fresh_queue(env)
     with (
         processes([enqueuer_command(env.db_url, env.redis_url)]) as procs,
@@ -220,8 +230,29 @@ def idle_enqueuer(
     ):
         pids = [p.pid for p in procs]
         return probe(
-            env, queue, r, samples=samples, clock=clock, pids=pids, tiny=tiny, around=around
+            env,
+            queue,
+            r,
+            samples=samples,
+            clock=clock,
+            pids=pids,
+            tiny=tiny,
+            around=around,
+            prelude=(lambda: forge_notifications(env.db_url, garbage)) if garbage else None,
         )
+
+
+def forge_notifications(db_url: str, count: int) -> None:
+    """``count`` notifications on the channel that are not the trigger's (empty) one."""
+    rng = random.Random(count)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for i in range(count):
+            payload = (
+                "null",
+                f'["forged-{i}", "workflow.tasks.bench.{i % 4}", "t"]\n{{"input": "{{}}"}}',
+                "".join(chr(rng.randint(1, 0x2FF)) for _ in range(rng.randint(1, 300))),
+            )[i % 3]
+            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))
 
 
 def idle_relay(env: BenchEnv, samples: int = SAMPLES) -> dict[str, float]:

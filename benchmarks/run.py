@@ -38,6 +38,7 @@ Figures = dict[str, tuple[str, dict[str, Variant]]]
 _DEFAULTS = EnqueuerConfig()
 ENQUEUER = "enqueuer"
 FLOOR = "NOTIFY receipt floor"
+FORGED = "enqueuer, after 1,000 forged notifications"
 RELAY = "pipelined relay"
 SQL_ONLY = "spec SQL-only claim->delete"
 BARE = "bare XREADGROUP + XACK/XDEL"
@@ -81,6 +82,7 @@ def figures(scale: Scale) -> Figures:
             "a reader blocked on XREAD, the relay its own process (ms)",
             {
                 ENQUEUER: partial(probe.idle_enqueuer, samples=scale.samples),
+                FORGED: partial(probe.idle_enqueuer, samples=scale.samples, garbage=1000),
                 FLOOR: partial(probe.idle_enqueuer, samples=scale.samples, clock="notify"),
                 RELAY: partial(probe.idle_relay, samples=scale.samples),
             },
