@@ -105,13 +105,28 @@ class RedisProcess:
             "logfile": str(self.dir / "redis.log"),
         }
         args = [f for key, value in settings.items() for f in (f"--{key}", value)]
-        self.proc = subprocess.Popen(
-            [_redis_binary("redis-server"), *args, *self.extra],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        eventually_sync(self._answers, within=10, ignoring=(redis.RedisError, OSError))
+        with (self.dir / "redis.out").open("ab") as out:  # what it says before its log is set
+            self.proc = subprocess.Popen(
+                [_redis_binary("redis-server"), *args, *self.extra],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            eventually_sync(self._answers, within=10, ignoring=(redis.RedisError, OSError))
+        except (AssertionError, ServerUnavailable) as exc:
+            raise ServerUnavailable(
+                f"redis-server did not come up ({exc}):\n{self.log_tail()}"
+            ) from exc
         return self
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines it printed and logged: why it did not start, if it did not."""
+        text = "".join(
+            path.read_text(errors="replace")
+            for path in (self.dir / "redis.out", self.dir / "redis.log")
+            if path.exists()
+        )
+        return "\n".join(text.splitlines()[-lines:]) or "(nothing printed or logged)"
 
     def _answers(self) -> bool:
         assert self.proc is not None
@@ -273,7 +288,10 @@ class PostgresProcess:
                 conf.write(f"{key} = {value}\n")
             for line in self.settings:
                 conf.write(line + "\n")
-        self._ctl("start", "-w", "-l", str(self.data / "server.log"))
+        try:
+            self._ctl("start", "-w", "-l", str(self.data / "server.log"))
+        except ServerUnavailable as exc:
+            raise ServerUnavailable(f"{exc}\n{self.log_tail()}") from None
         return self
 
     def _ctl(self, *args: str) -> None:
@@ -303,4 +321,6 @@ class PostgresProcess:
 
     def log_tail(self, lines: int = 30) -> str:
         path = self.data / "server.log"
+        if not path.exists():
+            return "(no log written)"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
