@@ -8,6 +8,7 @@ created for the run on the machine's server (or ``BENCH_DATABASE_URL``'s).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import os
 import platform
@@ -45,7 +46,10 @@ def bench_env() -> Iterator[BenchEnv]:
     with psycopg.connect(ADMIN_URL, autocommit=True) as admin:
         admin.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
     db_url = psycopg.conninfo.make_conninfo(ADMIN_URL, dbname=name)
-    asyncio.run(_migrate(db_url))  # as `dispatcher migrate` does: versions recorded
+    # As `dispatcher migrate` does (versions recorded), in a thread of its own: the caller may
+    # be on an event loop already.
+    with concurrent.futures.ThreadPoolExecutor(1) as one:
+        one.submit(asyncio.run, _migrate(db_url)).result()
     try:
         yield BenchEnv(db_url=db_url, redis_url=redis.url, redis_pid=redis.proc.pid)
     finally:
