@@ -1,7 +1,8 @@
 """The enqueuer's settings, one frozen value: validated once, split for each part.
 
-``batch_settings`` is what a claim batch (and a publish from notifications)
-needs, ``idle_policy`` what the idle flag decides by.
+``batch_settings`` is what a claim batch needs, ``idle_policy`` what the idle
+flag decides by. Their defaults are theirs (``BatchSettings``, ``IdlePolicy``):
+the fields here that they share start from them, so each default is written once.
 """
 
 from __future__ import annotations
@@ -15,16 +16,19 @@ from dispatcher.outbox.pipeline import BatchSettings
 
 __all__ = ["EnqueuerConfig"]
 
+_BATCH = BatchSettings()
+_IDLE = IdlePolicy()
+
 
 @dataclass(frozen=True, slots=True)
 class EnqueuerConfig:
-    batch_size: int = option(100, minimum=1, help="rows per claim (one transaction)")
+    batch_size: int = option(_BATCH.batch_size, minimum=1, help="rows per claim (one transaction)")
     concurrency: int = option(4, minimum=1, help="batches in flight at once")
     poll_interval: float = option(
         1.0, minimum=0.01, help="seconds between polls when no NOTIFY wakes the enqueuer"
     )
     recover_in_flight_after: float = option(
-        30.0,
+        _BATCH.hold_for,
         minimum=1,
         help="seconds a batch may hang before PostgreSQL ends its transaction and its rows "
         "are due again (must exceed --publish-timeout)",
@@ -35,22 +39,24 @@ class EnqueuerConfig:
         help="seconds between runs that count the attempts of batches that never settled",
     )
     wait_replicas: int = option(
-        0,
+        _BATCH.wait_replicas,
         minimum=0,
         help="Redis replicas that must acknowledge a batch (WAIT) before its rows are deleted",
     )
-    wait_timeout_ms: int = 1000
-    publish_timeout: float = option(10.0, minimum=0.1, help="seconds to publish one batch")
+    wait_timeout_ms: int = _BATCH.wait_timeout_ms
+    publish_timeout: float = option(
+        _BATCH.publish_timeout, minimum=0.1, help="seconds to publish one batch"
+    )
     shutdown_timeout: float = option(
         30.0, minimum=0, help="seconds to finish in-flight batches after SIGTERM"
     )
     listener_rotate_after: float = 600.0
     # The idle flag's policy (see IdlePolicy for each).
-    busy_at_rows: int = 2
-    idle_confirm_after: float = 0.005
-    linger: float = 0.002
-    blocked_claim_every: float = 0.005
-    blocked_backoff_after: float = 2.0
+    busy_at_rows: int = _IDLE.busy_at_rows
+    idle_confirm_after: float = _IDLE.idle_confirm_after
+    linger: float = _IDLE.linger
+    blocked_claim_every: float = _IDLE.blocked_claim_every
+    blocked_backoff_after: float = _IDLE.blocked_backoff_after
     redis_memory_high: float = option(
         0.85,
         minimum=0,
