@@ -26,7 +26,7 @@ from controller.podsettings import DNS_SUBDOMAIN_PATTERN, PodSettings
 from controller.resource import ResourceModel
 from dispatcher.config import STREAM_SHARDS
 from dispatcher.options import default_of, option_of, pydantic_field
-from dispatcher.outbox.enqueuer import EnqueuerConfig
+from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.worker.config import WorkerConfig
 
 __all__ = [
