@@ -10,6 +10,8 @@ registers a default one, so ``kopf run -m controller.handlers`` works too.
 
 from __future__ import annotations
 
+import os
+import socket
 from typing import Any
 
 import kopf
@@ -26,12 +28,15 @@ OWNED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
-    """Operator-wide kopf settings: our own annotation prefix, events only when we say so."""
+    """Operator-wide kopf settings: our own annotation prefix, events only when we say so,
+    and the pod's name (``POD_NAME``, from the downward API) as the Events' reporting
+    instance, so a Warning says which replica posted it."""
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=API_GROUP, key="last-handled-configuration"
     )
     settings.posting.loggers = False
+    settings.posting.reporting_instance = os.environ.get("POD_NAME") or socket.gethostname()
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:

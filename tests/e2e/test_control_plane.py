@@ -168,6 +168,17 @@ def test_the_example_dispatcher_becomes_ready(cluster: Cluster, backends: Backen
         kubectl(
             cluster, "-n", NS, "rollout", "status", f"deployment/{deployment}", "--timeout=180s"
         )
+    # The Events it posted (the shard count written, at least) name the pod that posted them.
+    pods = json.loads(kubectl(cluster, "-n", NS, "get", "pods", "-o", "json"))["items"]
+    (operator,) = [
+        p["metadata"]["name"]
+        for p in pods
+        if p["metadata"]["name"].startswith(f"{RELEASE}-operator-")
+    ]
+    events = json.loads(kubectl(cluster, "-n", NS, "get", "events", "-o", "json"))["items"]
+    ours = [e for e in events if e.get("reportingComponent") == "outbox-dispatcher-operator"]
+    assert "ShardsPublished" in {e["reason"] for e in ours}, [e["reason"] for e in ours]
+    assert {e.get("reportingInstance") for e in ours} == {operator}
 
 
 def test_the_api_server_enforces_the_crds_cel_rules(cluster: Cluster) -> None:
