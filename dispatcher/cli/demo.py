@@ -7,7 +7,7 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import Any
+from typing import Any, cast
 
 from dispatcher.cli.main import Common
 from dispatcher.config import Settings
@@ -44,6 +44,10 @@ def register(sub: Any, common: Common) -> None:
     p.set_defaults(handler=_demo)
 
 
+def _sigterm_as_sigint(_signum: int, _frame: Any) -> None:
+    signal.raise_signal(signal.SIGINT)
+
+
 def _demo(args: argparse.Namespace, settings: Settings) -> int:
     try:
         from rich.console import Console
@@ -59,7 +63,7 @@ def _demo(args: argparse.Namespace, settings: Settings) -> int:
 
     # SIGTERM (a closed terminal, `kill`, a CI timeout) stops the demo as Ctrl-C does: its
     # servers stopped and its temp dir removed, not left running.
-    signal.signal(signal.SIGTERM, lambda _signum, _frame: signal.raise_signal(signal.SIGINT))
+    signal.signal(signal.SIGTERM, _sigterm_as_sigint)
     console = Console(stderr=False)
     given = settings.model_fields_set
     db = settings.database_url.get_secret_value() if settings.database_url else None
@@ -93,18 +97,33 @@ def _with_progress(
             bar.update(rows["published"], completed=len(p.published_at), total=expected)
             bar.update(rows["handled"], completed=len(p.handled_runs), total=expected)
 
-        return asyncio.run(
-            run_demo(
-                database_url=db,
-                redis_url=rd,
-                tasks=args.tasks,
-                servers=notes,
-                workers=args.workers,
-                give_up_after=args.timeout,
-                on_tick=tick,
-                seed=args.seed,
-            )
+        demo = run_demo(
+            database_url=db,
+            redis_url=rd,
+            tasks=args.tasks,
+            servers=notes,
+            workers=args.workers,
+            give_up_after=args.timeout,
+            on_tick=tick,
+            seed=args.seed,
         )
+        try:
+            return asyncio.run(_cancelled_by_sigterm(demo))
+        except asyncio.CancelledError:
+            raise KeyboardInterrupt from None  # stopped as Ctrl-C stops it
+
+
+async def _cancelled_by_sigterm(demo: Any) -> DemoResult:
+    """Run ``demo``; SIGTERM cancels it (its parts stop, as on Ctrl-C) through the loop."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return cast(DemoResult, await demo)
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _sigterm_as_sigint)
 
 
 def _ms(lat: Latency | None) -> tuple[str, str, str]:
