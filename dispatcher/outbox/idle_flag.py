@@ -152,9 +152,7 @@ class IdleFlag:
         self._session: AsyncConnection[Any] | None = None
         self._lock = asyncio.Lock()
         self._decider = IdleDecider(policy, clock())
-        self._clock = clock
         self.held = False  # False again whenever the session is lost
-        self._lost_at = clock()  # when this enqueuer last dropped or lost the flag
         # Another enqueuer holds the flag, as far as this one knows: it stands by.
         self.elsewhere = False
 
@@ -214,7 +212,7 @@ class IdleFlag:
     async def aclose(self) -> None:
         """Close the session, which drops the flag."""
         async with self._lock:
-            self._lose()
+            self.held = False
             if self._session is not None:
                 await self._session.close()
                 self._session = None
@@ -229,22 +227,17 @@ class IdleFlag:
     async def _drop(self) -> None:
         self.elsewhere = False
         if self.held:
-            self._lose()
-            await self._run("drop_idle_flag")
-
-    def _lose(self) -> None:
-        if self.held:
             self.held = False
-            self._lost_at = self._clock()
+            await self._run("drop_idle_flag")
 
     async def _run(self, name: str, params: dict[str, Any] | None = None) -> Any:
         if self._session is None or self._session.closed:
-            self._lose()  # it died with the old session
+            self.held = False  # it died with the old session
             self._session = await AsyncConnection.connect(self._conninfo, **self._kwargs)
         try:
             cur = await self._session.execute(QUERIES[name], params or {})
             return await cur.fetchone() if cur.description else None
         except psycopg.OperationalError:
-            self._lose()
+            self.held = False
             await self._session.close()  # reconnect next time
             raise
