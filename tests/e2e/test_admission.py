@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from controller.crd import CRD_PATH, cel_rules
+from controller.crd import cel_rules
 from controller.model import MAX_NAME, MAX_RUNS_CONFLICT
 from controller.podsettings import (
     ENV_RULE,
@@ -25,12 +25,10 @@ from controller.podsettings import (
     TMP_VOLUME_RULE,
 )
 from dispatcher._testing.cluster import Cluster
-from dispatcher._testing.waiting import eventually_sync
 
 pytestmark = pytest.mark.timeout(300)
 
 NS = "admission"
-CRD_NAME = "outboxdispatchers.dispatch.composer.dev"
 
 
 def kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
@@ -38,15 +36,7 @@ def kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
 
 
 @pytest.fixture(scope="module")
-def namespace(cluster: Cluster) -> Iterator[str]:
-    kubectl(cluster, "apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
-
-    def established() -> bool:
-        crd = json.loads(kubectl(cluster, "get", "crd", CRD_NAME, "-o", "json"))
-        conditions = (crd.get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
-
-    eventually_sync(established, within=60, interval=0.5, what="the CRD Established")
+def namespace(cluster: Cluster, crd: str) -> Iterator[str]:
     kubectl(cluster, "create", "namespace", NS)
     yield NS
     kubectl(cluster, "delete", "namespace", NS, "--wait=false")

@@ -127,6 +127,10 @@ def test_helm_install_runs_the_operator_as_its_service_account(cluster: Cluster)
     pods = json.loads(kubectl(cluster, "-n", NS, "get", "pods", "-o", "json"))["items"]
     (operator,) = [p for p in pods if p["metadata"]["name"].startswith(f"{RELEASE}-operator-")]
     assert operator["spec"]["serviceAccountName"] == f"{RELEASE}-operator"
+    # Ready by its readiness probe: kopf started and the CRD served (Operator.ready).
+    (container,) = operator["spec"]["containers"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics",
+                                                      "scheme": "HTTP"}  # fmt: skip
     assert condition(operator, "Ready") == "True"
     # Its token is the ServiceAccount's, and the chart's Role is all it may do.
     account = f"system:serviceaccount:{NS}:{RELEASE}-operator"
