@@ -5,8 +5,9 @@ This is the source of truth of the CRD: ``controller.crd`` renders the CRD's
 ``controller.podsettings`` and the status of ``controller.conditions`` (bounds,
 enums, defaults and the CEL rules in ``x-kubernetes-validations``), and a test
 fails if ``crds/outboxdispatchers.yaml`` drifts from it. Every CEL rule has a
-pydantic twin here, so a spec that slips past the API server (an old CRD, a
-mock API) is still refused by the operator with the same message.
+pydantic twin (here, or in ``controller.podsettings`` for the pod settings'), so a
+spec that slips past the API server (an old CRD, a mock API) is still refused by
+the operator with the same message.
 
 No credentials live in the spec: PostgreSQL and Redis are reached through
 ``secretRef: {name, key}`` to a Secret in the resource's namespace.
