@@ -136,11 +136,16 @@ def _array_errors(value: Sequence[Any], schema: Mapping[str, Any], *, path: str)
         for i, item in enumerate(value)
         for e in validate(item, schema["items"], path=f"{path}[{i}]")
     ]
-    keys = schema.get("x-kubernetes-list-map-keys", ())
-    seen: set[tuple[Any, ...]] = set()
-    for i, item in enumerate(value if not errors else ()):
+    keys = schema.get("x-kubernetes-list-map-keys")
+    return errors or (_duplicates(value, keys, path=path) if keys else [])
+
+
+def _duplicates(value: Sequence[Mapping[str, Any]], keys: Sequence[str], *, path: str) -> list[str]:
+    """A list-map's items whose keys an earlier item has (the API server's "Duplicate value")."""
+    errors, seen = [], set()
+    for i, item in enumerate(value):
         key = tuple(item.get(k) for k in keys)
-        if keys and key in seen:
+        if key in seen:
             named = ", ".join(f"{k}={v!r}" for k, v in zip(keys, key, strict=True))
             errors.append(f"{path}[{i}]: duplicate {named}")
         seen.add(key)

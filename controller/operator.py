@@ -178,9 +178,7 @@ class Operator:
 
     async def close(self) -> None:
         self._closing = True
-        if self._first_probe is not None:
-            self._first_probe.cancel()
-        tasks = list(self._tasks.values())
+        tasks = [*self._tasks.values(), *([self._first_probe] if self._first_probe else [])]
         self._tasks.clear()
         for task in tasks:
             task.cancel()
