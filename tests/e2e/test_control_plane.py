@@ -185,21 +185,6 @@ def test_the_example_dispatcher_becomes_ready(cluster: Cluster, backends: Backen
     assert {e.get("reportingInstance") for e in ours} == {operator}
 
 
-def test_the_api_server_enforces_the_crds_cel_rules(cluster: Cluster) -> None:
-    bad = {
-        "apiVersion": "dispatch.composer.dev/v1alpha1",
-        "kind": "OutboxDispatcher",
-        "metadata": {"name": "bad", "namespace": NS},
-        "spec": {
-            "postgres": {"secretRef": {"name": "dispatcher-postgres", "key": "url"}},
-            "redis": {"secretRef": {"name": "dispatcher-redis", "key": "url"}},
-            "queues": [{"name": "q", "handler": "m:f", "minReplicas": 3, "maxReplicas": 1}],
-        },
-    }
-    with pytest.raises(RuntimeError, match="minReplicas"):
-        kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(bad))
-
-
 def test_1000_dispatches_are_handled_by_the_worker_pods(
     cluster: Cluster, backends: Backends
 ) -> None:
