@@ -103,7 +103,11 @@ class OutboxDispatcherStatus(ResourceModel):
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    queues: list[QueueStatus] = Field(default_factory=list, max_length=MAX_QUEUES)
+    queues: list[QueueStatus] = Field(
+        default_factory=list,
+        max_length=MAX_QUEUES,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
 
     def queue(self, name: str) -> QueueStatus | None:
         return next((q for q in self.queues if q.name == name), None)

@@ -55,7 +55,7 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> Operator:
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
-        operator.settings = settings
+        operator.starting(settings)
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:

@@ -85,6 +85,9 @@ class Operator:
     # Where the operator's metrics go (the process registry in `dispatcher operator`).
     registry: CollectorRegistry | None = None
     crd: CrdProbe = field(default_factory=CrdProbe)
+    # Raised by kopf once its start-up activities finished (``kopf.operator(ready_flag=...)``).
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    _first_probe: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         self.redis = RedisPool(timeout=self.config.redis_timeout)
@@ -102,6 +105,29 @@ class Operator:
     async def crd_probe(self, logger: logging.Logger | logging.LoggerAdapter[Any]) -> str:
         """kopf's liveness probe (``controller.probes.CrdProbe``)."""
         return await self.crd.check(self.api(logger))
+
+    def starting(self, settings: kopf.OperatorSettings) -> None:
+        """From kopf's start-up handler: its settings, and the CRD asked once kopf started."""
+        self.settings = settings
+        # Created here, so it runs in kopf's context, where its API client has credentials.
+        self._first_probe = asyncio.create_task(self._probe_crd_once(), name="first CRD probe")
+
+    async def _probe_crd_once(self) -> None:
+        await self.started.wait()
+        while self.crd.served_at_start is None and not self._closing:
+            try:
+                await self.crd_probe(log)
+            except Exception as exc:  # not served, or no answer: say so, and ask again
+                log.warning("the CRD probe failed: %s", exc)
+                await asyncio.sleep(self.config.retry_base)
+
+    def ready(self) -> bool:
+        """Readiness: kopf's start-up finished (its watches and liveness endpoint start then),
+        the CRD was served then, and the operator is not shutting down.
+
+        Leading is no part of it: a standby replica waiting for the lease is ready too.
+        """
+        return self.started.is_set() and not self._closing and self.crd.served_at_start is True
 
     # -- what the watches report ------------------------------------------------------------
 
@@ -152,7 +178,7 @@ class Operator:
 
     async def close(self) -> None:
         self._closing = True
-        tasks = list(self._tasks.values())
+        tasks = [*self._tasks.values(), *([self._first_probe] if self._first_probe else [])]
         self._tasks.clear()
         for task in tasks:
             task.cancel()

@@ -4,7 +4,8 @@ The same handlers as ``kopf run -m controller.handlers``, with the scope
 (``--namespace`` or ``--all-namespaces``), kopf's liveness endpoint and the
 autoscaler interval as flags. kopf handles SIGTERM/SIGINT itself. With
 ``--metrics-port`` (env ``METRICS_PORT``) the operator's own Prometheus
-metrics are served on ``/metrics`` there.
+metrics are served on ``/metrics`` there, and its readiness on ``/readyz``
+(``Operator.ready``: kopf's start-up finished and the CRD served).
 
 The command layer of ``controller.operator`` (its twin by name): this module
 parses flags and starts kopf; that one is the operator's loop.
@@ -13,6 +14,7 @@ parses flags and starts kopf; that one is the operator's loop.
 from __future__ import annotations
 
 import argparse
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -107,19 +109,22 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
         enqueuer_image=args.enqueuer_image,
         worker_image=args.worker_image,
     )
-    register_handlers(registry, Operator(config, registry=REGISTRY))
-    # Liveness stays kopf's (--liveness); this server is for /metrics.
-    server = ObservabilityServer(port=settings.metrics_port)
+    operator = register_handlers(registry, Operator(config, registry=REGISTRY))
+    # Liveness stays kopf's (--liveness); this server has /metrics and the readiness, /readyz.
+    server = ObservabilityServer(port=settings.metrics_port, ready=operator.ready)
     await server.start()
     try:
-        return await _operate(kopf, registry, args)
+        return await _operate(kopf, registry, args, started=operator.started)
     finally:
         await server.stop()
 
 
-async def _operate(kopf: Any, registry: Any, args: argparse.Namespace) -> int:
+async def _operate(
+    kopf: Any, registry: Any, args: argparse.Namespace, *, started: asyncio.Event
+) -> int:
     await kopf.operator(
         registry=registry,
+        ready_flag=started,
         settings=operator_settings(args.namespaces or (), all_namespaces=args.all_namespaces),
         clusterwide=bool(args.all_namespaces),
         namespaces=args.namespaces or (),
