@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import threading
 from typing import Any
 
@@ -23,6 +24,7 @@ from dispatcher.stream.cancels import CANCEL_SIGNAL, CANCELLED_RUNS
 from dispatcher.stream.naming import dead_letter_stream
 from dispatcher.worker import Worker
 from tests import enqueuers, workers
+from tests.integration.test_ops import cli
 
 SLOTS = 4  # per worker; two workers
 
@@ -216,3 +218,30 @@ async def test_garbage_in_the_cancel_keys_and_channel_stops_nothing(
             await cancel_run_async(conn, "run-late")
         await eventually(lambda: run.saw_cancel == ["t-late-0"], within=30)
         await eventually(lambda: _cancelled_is(worker, queue=queue, n=1), within=30)
+
+
+async def test_the_cancel_command_commits_and_status_counts_cancels(
+    pool: AsyncConnectionPool[Any],
+    redis_standalone: RedisClient,
+    outbox_db_url: str,
+    redis_url: str,
+    queue: str,
+) -> None:
+    await _commit(pool, tasks(queue, 4, prefix="cli"))
+    done = cli("cancel", "--run", "run-cli", db_url=outbox_db_url, redis_url=redis_url)
+    assert done.returncode == 0, done.stderr
+    assert "4 outbox rows removed" in done.stdout
+    assert _outbox_runs(outbox_db_url) == []
+    status = json.loads(cli("status", "--json", db_url=outbox_db_url, redis_url=redis_url).stdout)
+    assert (status["cancelled_runs"], status["cancels_waiting"]) == (0, 1)
+
+    enqueuer = enqueuers.make_enqueuer(pool, redis_standalone, listen=outbox_db_url)
+    async with enqueuers.running(enqueuer):
+        await eventually(lambda: _cancel_rows(outbox_db_url) == [], within=30)
+    status = json.loads(cli("status", "--json", db_url=outbox_db_url, redis_url=redis_url).stdout)
+    assert (status["cancelled_runs"], status["cancels_waiting"]) == (1, 0)
+
+    empty = cli("cancel", "--run", "", db_url=outbox_db_url, redis_url=redis_url)
+    assert empty.returncode == 2
+    why = "run_id must not be empty (it would name every task without a run)"
+    assert empty.stderr.strip().splitlines() == [f"dispatcher cancel: --run: {why}"]
