@@ -20,7 +20,14 @@ from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.outbox import InvalidRunId
 from dispatcher.redis_client import RedisClient
-from dispatcher.stream.cancels import CANCEL_SIGNAL, CANCELLED_RUNS
+from dispatcher.stream.cancels import (
+    CANCEL_SIGNAL,
+    CANCELLED_RUNS,
+    cancelled_runs,
+    count_cancelled,
+    record_cancels,
+    wait_for_signal,
+)
 from dispatcher.stream.naming import dead_letter_stream
 from dispatcher.worker import Worker
 from tests import enqueuers, workers
@@ -245,3 +252,19 @@ async def test_the_cancel_command_commits_and_status_counts_cancels(
     assert empty.returncode == 2
     why = "run_id must not be empty (it would name every task without a run)"
     assert empty.stderr.strip().splitlines() == [f"dispatcher cancel: --run: {why}"]
+
+
+async def test_the_cancel_record_on_standalone_and_cluster(any_redis: RedisClient) -> None:
+    assert await wait_for_signal(any_redis, after="0-0", block_ms=1) is None
+    await record_cancels(any_redis, ["run-a", "run-b"], ttl_ms=60_000)
+    await record_cancels(any_redis, ["run-short"], ttl_ms=1)
+    signalled = await wait_for_signal(any_redis, after="0-0", block_ms=1)
+    assert signalled is not None
+    assert await wait_for_signal(any_redis, after=signalled, block_ms=1) is None
+    await eventually(lambda: _runs_are(any_redis, ["run-a", "run-b"]))
+    assert await count_cancelled(any_redis) == 2
+    assert await cancelled_runs(any_redis, limit=1) in (["run-a"], ["run-b"])
+
+
+async def _runs_are(redis: RedisClient, runs: list[str]) -> bool:
+    return sorted(await cancelled_runs(redis, limit=10)) == runs
