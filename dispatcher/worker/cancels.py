@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Iterable, Sequence
 from contextvars import ContextVar
 
 from prometheus_client import CollectorRegistry
-from redis.exceptions import NoPermissionError, RedisError
+from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from dispatcher.config import ConfigError
 from dispatcher.models import MalformedMessage, TaskMessage
@@ -105,7 +105,11 @@ class RunCancels:
     # -- the set ----------------------------------------------------------------
 
     async def check(self) -> None:
-        """Read the set once at start; ``ConfigError`` if the worker's ACL forbids it."""
+        """Read the set once at start; ``ConfigError`` if the worker's ACL forbids it.
+
+        Any other refusal (the key is not a sorted set, say) is logged and the
+        worker starts: ``watch`` reads it again until it can.
+        """
         try:
             await self.load()
         except NoPermissionError as exc:
@@ -113,6 +117,8 @@ class RunCancels:
                 "the worker's Redis user may not read the cancelled runs: add "
                 f"%R~workflow.cancel.* +zrange +xread to its ACL (see docs/security.md): {exc}"
             ) from None
+        except ResponseError as exc:
+            log.error("cannot read the cancelled runs (no run counts as cancelled yet): %s", exc)
 
     async def load(self) -> None:
         runs = await cancelled_runs(self._client, limit=LOAD_LIMIT)

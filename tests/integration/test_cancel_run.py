@@ -268,3 +268,21 @@ async def test_the_cancel_record_on_standalone_and_cluster(any_redis: RedisClien
 
 async def _runs_are(redis: RedisClient, runs: list[str]) -> bool:
     return sorted(await cancelled_runs(redis, limit=10)) == runs
+
+
+async def test_cancel_keys_of_the_wrong_type_stop_neither_enqueuer_nor_worker(
+    pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, outbox_db_url: str, queue: str
+) -> None:
+    await redis_standalone.set(CANCELLED_RUNS, "not a sorted set")
+    await redis_standalone.set(CANCEL_SIGNAL, "not a stream")
+    seen: list[str] = []
+    enqueuer = enqueuers.make_enqueuer(pool, redis_standalone, listen=outbox_db_url)
+    handler, config = workers.recorder(seen), workers.config(queue)
+    worker = Worker(redis_standalone, handler, config, registry=CollectorRegistry())
+    async with enqueuers.running(enqueuer), workers.running(worker):
+        async with pool.connection() as conn, conn.transaction():
+            await cancel_run_async(conn, "run-stuck")
+        await _commit(pool, tasks(queue, 10, prefix="fine"))
+        await eventually(lambda: len(seen) == 10, within=30)
+        assert worker.live()
+    assert _cancel_rows(outbox_db_url) == ["run-stuck"], "kept until Redis can record it"
