@@ -32,19 +32,16 @@ import time
 from collections.abc import Awaitable, Iterable, Sequence
 from contextvars import ContextVar
 
-from prometheus_client import CollectorRegistry
 from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from dispatcher.config import ConfigError
 from dispatcher.models import MalformedMessage, TaskMessage
 from dispatcher.observability import PrefixedMetrics
 from dispatcher.outage import REDIS
-from dispatcher.redis_client import RedisClient
 from dispatcher.stream.cancels import cancelled_runs, wait_for_signal
 from dispatcher.stream.entries import Message
-from dispatcher.worker.dedup import AttemptGuard
 from dispatcher.worker.reader import StreamReader
-from dispatcher.worker.settle import Settler
+from dispatcher.worker.verdicts import Verdicts
 
 __all__ = ["LOAD_LIMIT", "RELOAD_EVERY", "RunCancelled", "RunCancels", "cancel_requested"]
 
@@ -76,22 +73,16 @@ class RunCancelled(Exception):
 class RunCancels:
     """The cancelled runs of one worker and the async handler runs of each run."""
 
-    def __init__(
-        self,
-        client: RedisClient,
-        *,
-        guard: AttemptGuard,
-        settler: Settler,
-        registry: CollectorRegistry,
-        block_ms: int = 1000,
-    ) -> None:
-        self._client = client
-        self._guard = guard
-        self._settler = settler
+    def __init__(self, verdicts: Verdicts, *, block_ms: int = 1000) -> None:
+        """Writes go through the worker's ``verdicts`` (its client, attempt keys, settler)."""
+        self._client = verdicts.client
+        self._guard = verdicts.guard
+        self._settler = verdicts.settler
         self._block_ms = block_ms
         self.runs: frozenset[str] = frozenset()
         self._running: dict[str, set[asyncio.Task[object]]] = {}
         self._cancelled: set[asyncio.Task[object]] = set()
+        registry = verdicts.metrics.registry
         self.cancelled = PrefixedMetrics(registry, prefix="dispatcher_worker_").counter(
             "cancelled",
             "Entries of cancelled runs acked without a run, or whose run was cancelled.",
@@ -194,10 +185,24 @@ class RunCancels:
             return
         self.cancelled.labels(reader.queue).inc(len(entry_ids))
 
-    async def ended(self, reader: StreamReader, entry_id: str, *, key: str) -> None:
-        """A run cancelled while it ran: let go of its lease (the run counts), ack its entry."""
+    def give_back(self, reader: StreamReader, entry_id: str, task: TaskMessage) -> Awaitable[None]:
+        """Ack the entry of a task whose run was cancelled after its claim; give the claim back."""
+        return self.skip(reader, [entry_id], claimed=[task.dedup_key])
+
+    async def ended(
+        self,
+        reader: StreamReader,
+        message: Message,
+        task: TaskMessage,
+        failure: BaseException | None,
+        *,
+        key: str,
+        run: int,
+    ) -> None:
+        """A run cancelled while it ran (``Verdicts.ended``'s twin for ``RunCancelled``): let go
+        of its lease (the run counts), ack its entry."""
         await self._guard.release(key)
-        await self._settler.settle(reader.consumer, entry_id)
+        await self._settler.settle(reader.consumer, message.id)
         self.cancelled.labels(reader.queue).inc()
 
     async def outcome(

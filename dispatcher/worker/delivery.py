@@ -227,8 +227,7 @@ class Deliveries:
         elif claim == _BUSY:
             batch.busy += 1
         elif task.run_id in self.cancels.runs:  # cancelled since the claim: give it back
-            skip = self.cancels.skip(batch.reader, [message.id], claimed=[batch.keys[index] or ""])
-            batch.later.append(skip)
+            batch.later.append(self.cancels.give_back(batch.reader, message.id, task))
         elif claim > self.max_runs:
             batch.later.append(self.verdicts.exceeded(batch.reader, message, task, runs=claim - 1))
         elif not self._inline or carries_trace(message.fields):
@@ -304,10 +303,8 @@ class Deliveries:
             metrics.latency.observe(time.perf_counter() - started)
             reader.slots.release()
             reader.settled([message.id])
-        if type(failure) is RunCancelled:
-            await self.cancels.ended(reader, message.id, key=key)
-            return
-        await self.verdicts.ended(reader, message, task, failure, key=key, run=run)
+        ended = self.cancels.ended if type(failure) is RunCancelled else self.verdicts.ended
+        await ended(reader, message, task, failure, key=key, run=run)
 
     async def _settle(self, batch: _Batch) -> None:
         """Ack what the batch decided in one grouped write, beside its dead letters and failures."""

@@ -190,26 +190,18 @@ class Worker:
             handler_timeout=self.config.handler_timeout,
             executor=self._executor,
         )
-        settler = Settler(self.client, guard)
         verdicts = Verdicts(
             client=self.client,
             guard=guard,
-            settler=settler,
+            settler=Settler(self.client, guard),
             metrics=self.metrics,
             max_runs=self.config.max_runs,
-        )
-        cancels = RunCancels(
-            self.client,
-            guard=guard,
-            settler=settler,
-            registry=self.metrics.registry,
-            block_ms=self.config.block_ms,
         )
         return Deliveries(
             claims=Coalescer(guard.claim_many, name="claim"),
             calls=calls,
             verdicts=verdicts,
-            cancels=cancels,
+            cancels=RunCancels(verdicts, block_ms=self.config.block_ms),
             metrics=self.metrics,
             max_runs=self.config.max_runs,
             spawn=self._spawn_handling,
