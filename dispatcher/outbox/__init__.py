@@ -2,7 +2,7 @@
 enqueuer."""
 
 from dispatcher.outbox.app_api import enqueue_dispatch, enqueue_dispatch_async
-from dispatcher.outbox.cancel import InvalidRunId, cancel_run, cancel_run_async
+from dispatcher.outbox.cancel import CancelMissing, InvalidRunId, cancel_run, cancel_run_async
 from dispatcher.outbox.enqueuer import OutboxEnqueuer
 from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.listener import NOTIFY_CHANNEL, OutboxListener
@@ -11,6 +11,7 @@ from dispatcher.outbox.schema import migrate
 
 __all__ = [
     "NOTIFY_CHANNEL",
+    "CancelMissing",
     "EnqueuerConfig",
     "InvalidRunId",
     "OutboxEnqueuer",

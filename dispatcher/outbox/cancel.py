@@ -18,13 +18,22 @@ import psycopg
 
 from dispatcher.outbox.app_api import AsyncTarget, SyncTarget
 from dispatcher.outbox.queries import QUERIES
-from dispatcher.outbox.schema import OutboxMissing
 
-__all__ = ["InvalidRunId", "cancel_run", "cancel_run_async"]
+__all__ = ["CancelMissing", "InvalidRunId", "cancel_run", "cancel_run_async"]
 
 
 class InvalidRunId(ValueError):
     """A run id that cannot name a run to cancel; the message says why."""
+
+
+class CancelMissing(psycopg.errors.UndefinedFunction):
+    """The database has no ``outbox_cancel_run`` (migration 0011); the original is the cause."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "outbox_cancel_run is missing in this database (the schema is older than "
+            "cancel_run): run `dispatcher migrate` first"
+        )
 
 
 def _params(run_id: object) -> dict[str, Any]:
@@ -41,14 +50,15 @@ def cancel_run(target: SyncTarget, run_id: str) -> int:
     """Cancel the run ``run_id`` in the transaction of ``target``; return the outbox rows removed.
 
     Raises ``InvalidRunId`` (the transaction untouched) for an empty or
-    non-string id, and ``OutboxMissing`` when ``dispatcher migrate`` has not
-    created the schema (the transaction is then aborted and must be rolled back).
+    non-string id, and ``CancelMissing`` when ``dispatcher migrate`` has not
+    brought the schema that far (the transaction is then aborted and must be
+    rolled back).
     """
     params = _params(run_id)
     try:
         cursor = target.execute(QUERIES["cancel_run"], params)
     except psycopg.errors.UndefinedFunction as exc:
-        raise OutboxMissing() from exc
+        raise CancelMissing() from exc
     return _removed(cursor.fetchone())
 
 
@@ -58,7 +68,7 @@ async def cancel_run_async(target: AsyncTarget, run_id: str) -> int:
     try:
         cursor = await target.execute(QUERIES["cancel_run"], params)
     except psycopg.errors.UndefinedFunction as exc:
-        raise OutboxMissing() from exc
+        raise CancelMissing() from exc
     return _removed(await cursor.fetchone())
 
 

@@ -18,7 +18,7 @@ from dispatcher import cancel_requested, cancel_run, cancel_run_async, enqueue_d
 from dispatcher._testing.data import tasks
 from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskDispatch, TaskMessage
-from dispatcher.outbox import InvalidRunId
+from dispatcher.outbox import CancelMissing, InvalidRunId
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.cancels import (
     CANCEL_SIGNAL,
@@ -173,6 +173,11 @@ def test_a_run_id_that_names_no_run_is_refused_before_any_statement(
         with pytest.raises(InvalidRunId):
             cancel_run(conn, run_id)
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_without_the_schema_cancel_run_says_to_migrate(empty_db_url: str) -> None:
+    with psycopg.connect(empty_db_url) as conn, pytest.raises(CancelMissing, match="migrate"):
+        cancel_run(conn, "run-x")
 
 
 async def test_a_sync_handler_asks_and_its_failure_after_a_cancel_is_no_dead_letter(
