@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from dispatcher.cli.cancel import register as register_cancel
 from dispatcher.cli.demo import register as register_demo
 from dispatcher.cli.operator import register as register_operator
 from dispatcher.cli.ops import register_dlq, register_status
@@ -22,6 +23,7 @@ REGISTRY: list[Register] = [
     register_status,
     register_dlq,
     register_shards,
+    register_cancel,
     register_demo,
     register_operator,
 ]

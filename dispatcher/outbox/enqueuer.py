@@ -14,7 +14,8 @@ wakes a claim, anything else on the channel is counted and ignored
 Above a high mark of Redis memory (``RedisMemoryGate``) it claims nothing and
 rows wait in the outbox, uncharged, until workers have made room.
 
-A maintenance loop (``Maintenance``) reads the journal of batches that never
+Committed cancels of runs go to Redis for the workers in a loop of their own
+(``CancelRelay``). A maintenance loop (``Maintenance``) reads the journal of batches that never
 settled and plans the probes of their rows (``SuspectProbes``), which this
 scheduler runs with every slot held.
 """
@@ -30,6 +31,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from dispatcher.outbox.backpressure import MemoryMarks, RedisMemoryGate
+from dispatcher.outbox.cancel_relay import CancelRelay
 from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.idle_flag import IdleFlag
 from dispatcher.outbox.listener import NotificationHints, OutboxListener
@@ -116,6 +118,15 @@ class OutboxEnqueuer:
         self._stopping = False
         self._backlog = False
         self._heartbeat = time.monotonic()
+        self.cancels = CancelRelay(
+            pool=repository.pool,
+            client=publisher.client,
+            ttl_ms=int(config.dedup_window * 1000),
+            poll_interval=config.poll_interval,
+            publish_timeout=config.publish_timeout,
+            registry=self.metrics.registry,
+            listen_conninfo=listen_conninfo,
+        )
         self.hints = NotificationHints(wake=self._on_hint, metrics=self.metrics)
         self.listener = (
             OutboxListener(
@@ -166,7 +177,8 @@ class OutboxEnqueuer:
         )
         first_pass = asyncio.Event()
         helpers = [
-            asyncio.create_task(self.maintenance.loop(first_pass), name="outbox-maintenance")
+            asyncio.create_task(self.maintenance.loop(first_pass), name="outbox-maintenance"),
+            asyncio.create_task(self.cancels.run(), name="outbox-cancels"),
         ]
         if self.listener:
             helpers.append(asyncio.create_task(self.listener.run(), name="outbox-listener"))

@@ -73,6 +73,14 @@ class EnqueuerConfig:
         "has for a minute (autovacuum off or starved); 0 = leave it to autovacuum",
     )
 
+    dedup_window: float = option(
+        24 * 3600.0,
+        minimum=0,
+        above=True,
+        help="seconds a cancelled run stays cancelled for the workers (give it the workers' "
+        "--dedup-window)",
+    )
+
     def __post_init__(self) -> None:
         MemoryMarks(self.redis_memory_high, self.redis_memory_low)  # validates them
         if self.batch_size < 1 or self.concurrency < 1:

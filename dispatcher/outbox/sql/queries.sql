@@ -263,3 +263,20 @@ SELECT pg_advisory_unlock(%(key)s);
 -- name: vacuum_outbox
 -- Not in a transaction (VACUUM cannot be); SKIP_LOCKED: never wait behind a lock.
 VACUUM (SKIP_LOCKED) outbox, outbox_batches;
+
+-- name: cancel_run
+-- In the caller's transaction: the run is cancelled (outbox_cancel) and its rows still
+-- waiting in the outbox are deleted (how many: "removed"). See migration 0011.
+SELECT outbox_cancel_run(%(run_id)s) AS removed;
+
+-- name: take_cancels
+-- In the relay's transaction, which commits once Redis recorded them: the oldest committed
+-- cancels, locked (SKIP LOCKED: another enqueuer relays the others) and deleted.
+DELETE FROM outbox_cancel
+ WHERE run_id IN (SELECT run_id FROM outbox_cancel ORDER BY cancelled_at
+                   LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+RETURNING run_id;
+
+-- name: cancels_waiting
+-- Committed cancels no enqueuer has recorded in Redis yet.
+SELECT count(*) FROM outbox_cancel;
