@@ -165,6 +165,7 @@ flag_values = st.one_of(
 
 @FAST
 @given(flag=st.sampled_from(ENQUEUER_NUMBERS), value=flag_values)
+@example(flag="--batch-size", value="--")  # argparse drops "--" before type= runs
 def test_enqueuer_flags_are_finite_numbers_or_exit_2_with_one_error_line(
     flag: str, value: str
 ) -> None:
@@ -186,6 +187,7 @@ def test_enqueuer_flags_are_finite_numbers_or_exit_2_with_one_error_line(
 
 @FAST
 @given(flag=st.sampled_from(WORKER_NUMBERS), value=flag_values)
+@example(flag="--concurrency", value="--")
 def test_worker_flags_are_finite_numbers_or_exit_2_with_one_error_line(
     flag: str, value: str
 ) -> None:
