@@ -7,13 +7,14 @@ reconcile passes. ``Leadership`` is the state the operator's loops wait on;
 as client-go's leader election does:
 
 - the Lease lasts ``duration`` (15 s); its holder renews it every ``renew_every``
-  (5 s); a candidate retries every ``retry_every`` (2 s);
+  (5 s); a candidate reads it every ``retry_every`` (1 s);
 - a candidate takes the Lease when it has no holder, or when the record has not
   changed for ``duration`` by the candidate's *own* clock since it saw it change
   (``renewTime`` written by another machine is never compared with ours, so clock
   skew cannot hand the Lease over early). A process that starts counts from its
   start, so a crashed leader's peer, which saw the last renewal earlier, takes over
-  before the crashed one's restarted container can: within ``duration`` + ``retry_every``;
+  before the crashed one's restarted container can: within ``duration`` + twice
+  ``retry_every`` of the last renewal (a read to see it, a read to find it expired);
 - the holder steps down at once when a renewal finds another holder, or when no
   renewal succeeded for ``renew_deadline`` (10 s, less than ``duration``: it stops
   before anyone may take over); a running pass is cancelled then;
@@ -182,7 +183,7 @@ class LeaseConfig:
     duration: float = 15.0
     renew_every: float = 5.0
     renew_deadline: float = 10.0
-    retry_every: float = 2.0
+    retry_every: float = 1.0
     request_timeout: float = 5.0
 
 
