@@ -2,9 +2,9 @@
 
 Several operator replicas may run (the chart's ``operator.replicas``); each watches
 every dispatcher (kopf keeps its caches warm), and only the holder of the Lease runs
-reconcile passes. ``Leadership`` is the state the operator's loops wait on;
-``LeaseElector`` drives it through the Lease, with the official ``kubernetes`` client,
-as client-go's leader election does:
+reconcile passes. ``controller.leadership.Leadership`` is the state the operator's
+loops wait on; ``LeaseElector`` drives it through the Lease, with the official
+``kubernetes`` client, as client-go's leader election does:
 
 - the Lease lasts ``duration`` (15 s); its holder renews it every ``renew_every``
   (5 s); a candidate reads it every ``retry_every`` (1 s);
@@ -33,27 +33,26 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from kubernetes.client import ApiClient, Configuration, CoordinationV1Api
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config import ConfigException, load_incluster_config, load_kube_config
 
+from controller.leadership import Leadership
+
 __all__ = [
-    "Leadership",
     "LeaseConfig",
     "LeaseElector",
     "LeaseRecord",
-    "NotLeading",
     "api_client",
     "decide",
     "identity",
 ]
 
 log = logging.getLogger("controller.leader")
-T = TypeVar("T")
 Action = Literal["create", "renew", "take", "wait"]
 
 
@@ -76,67 +75,6 @@ def api_client(kubeconfig: str | None = None) -> ApiClient:
 def identity() -> str:
     """This replica's name: the pod's (``POD_NAME``, from the downward API), else the host's."""
     return os.environ.get("POD_NAME") or socket.gethostname()
-
-
-class NotLeading(Exception):
-    """This replica does not hold the Lease (any more): the pass did not run, or was stopped."""
-
-
-class Leadership:
-    """Whether this replica leads; what the operator's loops wait on.
-
-    ``term`` counts the times leadership was gained: a loop that sees it change knows
-    another replica may have written in between.
-    """
-
-    def __init__(self, *, leading: bool = False) -> None:
-        self._leading = asyncio.Event()
-        self._lost = asyncio.Event()
-        self.term = 0
-        if leading:
-            self.gain()
-
-    @classmethod
-    def always(cls) -> Leadership:
-        """No election (one replica): always leading."""
-        return cls(leading=True)
-
-    @property
-    def leading(self) -> bool:
-        return self._leading.is_set()
-
-    def gain(self) -> None:
-        if not self.leading:
-            self.term += 1
-            self._lost = asyncio.Event()
-            self._leading.set()
-
-    def lose(self) -> None:
-        if self.leading:
-            self._leading.clear()
-            self._lost.set()
-
-    async def wait(self) -> None:
-        await self._leading.wait()
-
-    async def run(self, work: Awaitable[T]) -> T:
-        """``work`` while leading; cancelled, raising ``NotLeading``, when leadership goes."""
-        if not self.leading:
-            if asyncio.iscoroutine(work):
-                work.close()
-            raise NotLeading
-        task = asyncio.ensure_future(work)
-        lost = asyncio.ensure_future(self._lost.wait())
-        try:
-            await asyncio.wait({task, lost}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            lost.cancel()
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        if task.cancelled():
-            raise NotLeading
-        return task.result()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,25 +146,22 @@ class LeaseElector:
         self._api = CoordinationV1Api(client)
         self._clock = clock
         self._seen: tuple[str, float] | None = None  # resourceVersion, when it changed (ours)
-        self._renewed = 0.0  # when the last renewal succeeded (ours)
+        self._watchdog: asyncio.TimerHandle | None = None  # steps down unless renewed in time
 
     async def run(self) -> None:
         """Acquire, renew; never returns (cancel it, then ``release``)."""
         while True:
+            held = False
             try:
-                await self.step()
+                held = await self.step()
             except (ApiException, OSError) as exc:
                 log.warning("lease %s: %s", self.config.name, _brief(exc))
-            if (
-                self.leadership.leading
-                and self._clock() - self._renewed >= self.config.renew_deadline
-            ):
-                self._step_down(f"not renewed for {self.config.renew_deadline:g} s")
-            leading = self.leadership.leading
-            await asyncio.sleep(self.config.renew_every if leading else self.config.retry_every)
+            # A failed renewal is retried soon: the watchdog ends leadership at the deadline.
+            await asyncio.sleep(self.config.renew_every if held else self.config.retry_every)
 
-    async def step(self) -> None:
-        """Read the Lease once and act on it."""
+    async def step(self) -> bool:
+        """Read the Lease once and act on it; whether this replica holds it (renewed) now."""
+        started = asyncio.get_running_loop().time()
         record = await self._read()
         now = self._clock()
         if record is not None and (self._seen is None or self._seen[0] != record.resource_version):
@@ -239,23 +174,34 @@ class LeaseElector:
         if leading and action != "renew":
             holder = record.holder if record is not None else None
             self._step_down(f"the Lease names {holder or 'no holder'}")
-            return
+            return False
         if action == "wait":
-            return
+            return False
         if not await self._write(action, record):
             if leading:  # the Lease changed since we read it: someone else wrote it
                 self._step_down("the Lease changed under a renewal")
-            return
+            return False
         if not leading:
             log.info("lease %s: leading as %s", self.config.name, self.config.identity)
-        self._renewed = now
+        self._arm(started)
         self.leadership.gain()
+        return True
+
+    def _arm(self, started: float) -> None:
+        """Step down ``renew_deadline`` after ``started`` (before the read that led to this
+        renewal: no peer can have seen it earlier) unless renewed again by then."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        deadline = self.config.renew_deadline
+        self._watchdog = asyncio.get_running_loop().call_at(
+            started + deadline, self._step_down, f"not renewed for {deadline:g} s"
+        )
 
     async def release(self) -> None:
         """Step down and clear the holder, so a peer takes over at its next try."""
         if not self.leadership.leading:
             return
-        self.leadership.lose()
+        self._step_down("shutting down")
         try:
             record = await self._read()
             if record is not None and record.holder == self.config.identity:
@@ -271,8 +217,12 @@ class LeaseElector:
             log.warning("lease %s: not released: %s", self.config.name, _brief(exc))
 
     def _step_down(self, why: str) -> None:
-        log.warning("lease %s: no longer leading: %s", self.config.name, why)
-        self.leadership.lose()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        if self.leadership.leading:
+            log.warning("lease %s: no longer leading: %s", self.config.name, why)
+            self.leadership.lose()
 
     async def _read(self) -> LeaseRecord | None:
         try:

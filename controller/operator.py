@@ -40,7 +40,7 @@ from controller.cache import Cache
 from controller.effects import NotYetKnown
 from controller.identity import Owner
 from controller.k8s import KubeApi
-from controller.leader import Leadership, NotLeading
+from controller.leadership import Leadership, NotLeading
 from controller.metrics import OperatorMetrics
 from controller.operator_config import OperatorConfig
 from controller.probes import CrdProbe, PostgresProbe

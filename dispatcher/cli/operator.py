@@ -21,7 +21,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from controller.leader import Leadership, LeaseConfig, identity
+from controller.leader import LeaseConfig, identity
+from controller.leadership import Leadership
 from controller.operator_config import OperatorConfig
 from dispatcher.cli.flags import add_options
 from dispatcher.cli.main import Common, UsageError

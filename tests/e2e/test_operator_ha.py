@@ -4,7 +4,8 @@ dispatcher, every namespace.
 The chart is installed with ``operator.replicas=2`` and ``operator.watchAllNamespaces=true``
 (a ClusterRole; leader election is on by default). In order, sharing that installation:
 exactly one replica acts, the holder of the Lease (every Event the operator posts names it);
-after ``kill -9`` of its process the other replica holds the Lease within 20 s and acts;
+after ``kill -9`` of its process the other replica holds the Lease within 20 s and acts; a
+leader deleted gracefully (SIGTERM) releases the Lease and the other takes it;
 a second dispatcher on the first one's Redis database is ``Degraded=RedisConflict`` with a
 Warning Event and writes nothing (the shard count stays the owner's), and the owner's deletion
 releases the marker; a dispatcher in a second namespace is reconciled. The dispatchers run no
@@ -192,6 +193,20 @@ def test_after_kill_9_of_the_leader_the_other_replica_takes_over(
     (event,) = [e for e in our_events(cluster, NS, "ShardsPublished") if e["message"].endswith("4")]
     assert event["reportingInstance"] == standby
     assert holder(cluster) == standby  # the restarted container did not take it back
+
+
+def test_a_leader_deleted_gracefully_releases_the_lease_to_the_other(
+    cluster: Cluster, installed: None
+) -> None:
+    leader = holder(cluster)
+    assert leader is not None
+    (standby,) = [p for p in operator_pods(cluster) if p != leader]
+    kubectl(cluster, "-n", NS, "delete", "pod", leader, "--wait=true")  # SIGTERM, then gone
+    assert "released" in cluster.container_log(NS, leader, "operator")
+    eventually_sync(
+        lambda: holder(cluster) == standby, within=30, interval=0.25, what="the other leads"
+    )
+    kubectl(cluster, "-n", NS, "rollout", "status", f"deployment/{OPERATOR}", "--timeout=180s")
 
 
 def test_a_second_dispatcher_on_the_same_redis_database_is_degraded_and_writes_nothing(

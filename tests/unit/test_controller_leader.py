@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from controller.leader import Leadership, LeaseRecord, NotLeading, decide
+from controller.leader import LeaseRecord, decide
+from controller.leadership import Leadership, NotLeading
 
 ME, PEER = "operator-a", "operator-b"
 
