@@ -48,7 +48,7 @@ from controller.reconcile import Context, parse_spec, parse_status, reconcile_on
 from controller.redis_access import RedisPool
 from controller.report import Failure, Pass, degraded_events, status_after
 from controller.resource import KIND
-from controller.shard_owner import release_marker
+from controller.shard_owner import in_conflict, release_marker
 
 __all__ = ["Operator", "WatchEvent"]
 
@@ -175,7 +175,10 @@ class Operator:
         client = self.redis.held(key)
         if body is not None and client is not None and self.leadership.leading:
             uid = str(body.get("metadata", {}).get("uid"))
-            await release_marker(client, me=Owner(name=key[1], namespace=key[0], uid=uid))
+            if await release_marker(client, me=Owner(name=key[1], namespace=key[0], uid=uid)):
+                for other, found in list(self.dispatchers.items()):  # one may own it now
+                    if in_conflict(self._written.get(other, found.get("status") or {})):
+                        self.wake(other)
         await self.redis.drop(key)
 
     def wake(self, key: Key, *, quiet: bool = False) -> None:

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import pydantic
 
-from controller.conditions import Reason
+from controller.conditions import DEGRADED, Reason
 from controller.identity import Owner
 from controller.k8s import APIError, KubeApi
 from controller.redis_access import NOT_TEXT, RedisProblem, redis_message
@@ -35,6 +36,7 @@ __all__ = [
     "SHARDS_OWNER_KEY",
     "ShardKeyOwner",
     "claim",
+    "in_conflict",
     "judge",
     "ownership_problem",
     "release",
@@ -43,6 +45,7 @@ __all__ = [
 ]
 
 log = logging.getLogger("controller")
+REASON = Reason.REDIS_CONFLICT
 Verdict = Literal["mine", "free", "foreign", "unreadable"]
 
 
@@ -114,12 +117,13 @@ async def release(client: RedisClient, *, me: Owner) -> bool:
     return True
 
 
-async def release_marker(client: RedisClient, *, me: Owner) -> None:
+async def release_marker(client: RedisClient, *, me: Owner) -> bool:
     """``release``, logged; a Redis that does not answer leaves a stale marker behind, which
     the next resource on that database takes over once the API says ``me`` is gone."""
     try:
         if await release(client, me=me):
             log.info("%s/%s: released %s", me.namespace, me.name, SHARDS_OWNER_KEY)
+            return True
     except RedisProblem as exc:
         log.warning(
             "%s/%s: %s not released: %s",
@@ -128,6 +132,7 @@ async def release_marker(client: RedisClient, *, me: Owner) -> None:
             SHARDS_OWNER_KEY,
             redis_message(client, exc),
         )
+    return False
 
 
 async def ownership_problem(
@@ -172,3 +177,11 @@ async def _alive(api: KubeApi, holder: ShardKeyOwner) -> bool:
     """Whether the resource the marker names still exists (the same uid)."""
     found = await api.get_object(KIND, namespace=holder.namespace, name=holder.name)
     return found is not None and found.get("metadata", {}).get("uid") == holder.uid
+
+
+def in_conflict(status: Mapping[str, Any]) -> bool:
+    """Whether a dispatcher's status says another one owns its Redis database's shard key."""
+    return any(
+        c.get("type") == DEGRADED and c.get("status") == "True" and c.get("reason") == REASON
+        for c in status.get("conditions") or []
+    )

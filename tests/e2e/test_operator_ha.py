@@ -8,7 +8,7 @@ after ``kill -9`` of its process the other replica holds the Lease within 20 s a
 leader deleted gracefully (SIGTERM) releases the Lease and the other takes it;
 a second dispatcher on the first one's Redis database is ``Degraded=RedisConflict`` with a
 Warning Event and writes nothing (the shard count stays the owner's), and the owner's deletion
-releases the marker; a dispatcher in a second namespace is reconciled. The dispatchers run no
+releases the marker to it; a dispatcher in a second namespace is reconciled. The dispatchers run no
 Pods (no migration, no enqueuer replica, queues scaled from zero): only the operators do.
 """
 
@@ -237,11 +237,21 @@ def test_a_second_dispatcher_on_the_same_redis_database_is_degraded_and_writes_n
     assert two != 0  # nothing rendered for it either
     kubectl(cluster, "-n", NS, "delete", "obd", "one", "--wait=true")
 
-    def released() -> bool:
+    # The owner's deletion releases the marker and wakes the dispatcher it kept out: now it
+    # owns the database and its count is published.
+    def taken() -> bool:
         marker = json.loads(client.get(SHARDS_OWNER_KEY) or "{}")
-        return marker.get("name") != "one"
+        return marker.get("name") == "two" and client.get(SHARDS_KEY) == "7"
 
-    eventually_sync(released, within=60, interval=1, what="the marker released")
+    eventually_sync(taken, within=60, interval=1, what="two owns the database")
+    eventually_sync(
+        lambda: (
+            (condition(get(cluster, NS, "obd", "two"), "Degraded") or {}).get("status") == "False"
+        ),
+        within=60,
+        interval=1,
+        what="two no longer Degraded",
+    )
 
 
 def test_a_dispatcher_in_another_namespace_is_reconciled(
