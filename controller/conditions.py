@@ -8,7 +8,7 @@ older operator still reads what a newer one wrote. The conditions:
 - ``Progressing``: a rollout of an owned Deployment is under way.
 - ``Degraded``: something needs a human (an invalid spec, a missing Secret, an
   unreachable Redis or PostgreSQL, a Deployment name taken by another
-  dispatcher).
+  dispatcher, a Redis database whose shard key another dispatcher owns).
 - ``ShardsDraining``: the shard count was lowered (in force at once) and
   removed shards still hold entries or pending entries; workers read them
   until they are empty.
@@ -128,6 +128,7 @@ class Reason:
     AS_EXPECTED = "AsExpected"
     POSTGRES_UNAVAILABLE = "PostgresUnavailable"
     NAME_CONFLICT = "NameConflict"
+    REDIS_CONFLICT = "RedisConflict"
     DEPLOYMENTS_UNAVAILABLE = "DeploymentsUnavailable"
     ROLLING_OUT = "RollingOut"
     ROLLOUT_COMPLETE = "RolloutComplete"

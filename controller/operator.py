@@ -16,6 +16,10 @@ dispatcher needs no operator at all.
 The status is written whole after each pass, only when it changed, always with
 ``observedGeneration``. A failing pass is retried with exponential backoff.
 
+With several replicas, passes run only while ``leadership`` says this replica leads
+(``controller.leader``): the loops wait until then, and a pass is cancelled when the
+Lease is lost. The watches keep running on every replica.
+
 Its twin by name, ``dispatcher.cli.operator``, is the command layer that
 starts this (``dispatcher operator``).
 """
@@ -36,6 +40,7 @@ from controller.cache import Cache
 from controller.effects import NotYetKnown
 from controller.identity import Owner
 from controller.k8s import KubeApi
+from controller.leadership import Leadership, NotLeading
 from controller.metrics import OperatorMetrics
 from controller.operator_config import OperatorConfig
 from controller.probes import CrdProbe, PostgresProbe
@@ -43,6 +48,7 @@ from controller.reconcile import Context, parse_spec, parse_status, reconcile_on
 from controller.redis_access import RedisPool
 from controller.report import Failure, Pass, degraded_events, status_after
 from controller.resource import KIND
+from controller.shard_owner import in_conflict, release_marker
 
 __all__ = ["Operator", "WatchEvent"]
 
@@ -88,6 +94,7 @@ class Operator:
     # Raised by kopf once its start-up activities finished (``kopf.operator(ready_flag=...)``).
     started: asyncio.Event = field(default_factory=asyncio.Event)
     _first_probe: asyncio.Task[None] | None = None
+    leadership: Leadership = field(default_factory=Leadership.always)
 
     def __post_init__(self) -> None:
         self.redis = RedisPool(timeout=self.config.redis_timeout)
@@ -155,7 +162,7 @@ class Operator:
                 self.wake((str(meta.get("namespace")), str(ref.get("name"))), quiet=True)
 
     async def _forget(self, key: Key) -> None:
-        self.dispatchers.pop(key, None)
+        body = self.dispatchers.pop(key, None)
         self._written.pop(key, None)
         self.postgres.forget(key)
         self._locks.pop(key, None)
@@ -165,6 +172,13 @@ class Operator:
         self._wakes.pop(key, None)
         self._migrating.discard(key)
         self.metrics.forget(namespace=key[0], dispatcher=key[1])
+        client = self.redis.held(key)
+        if body is not None and client is not None and self.leadership.leading:
+            uid = str(body.get("metadata", {}).get("uid"))
+            if await release_marker(client, me=Owner(name=key[1], namespace=key[0], uid=uid)):
+                for other, found in list(self.dispatchers.items()):  # one may own it now
+                    if in_conflict(self._written.get(other, found.get("status") or {})):
+                        self.wake(other)
         await self.redis.drop(key)
 
     def wake(self, key: Key, *, quiet: bool = False) -> None:
@@ -188,12 +202,18 @@ class Operator:
     # -- the loop -------------------------------------------------------------------------
 
     async def _loop(self, key: Key) -> None:
-        retry = 0
+        retry, term = 0, self.leadership.term
         while key in self.dispatchers and not self._closing:
+            await self.leadership.wait()
+            if self.leadership.term != term:  # another replica led meanwhile: its status
+                term = self.leadership.term
+                self._written.pop(key, None)
             wake = self._wakes.setdefault(key, asyncio.Event())
             wake.clear()
             try:
-                healthy = await self.sync(key)
+                healthy = await self.leadership.run(self.sync(key))
+            except NotLeading:
+                continue
             except NotYetKnown as exc:
                 log.debug("%s/%s: %s, not in the watch cache yet", *key, exc)
                 healthy = False

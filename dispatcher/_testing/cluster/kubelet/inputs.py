@@ -66,6 +66,8 @@ async def container_env(
     }
     if kubeconfig is not None:
         system["KUBECONFIG"] = str(kubeconfig)
+    if os.environ.get("PYTHONPATH"):  # a checkout put before this venv's install runs in Pods too
+        system["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return {**system, **resolved}
 
 
