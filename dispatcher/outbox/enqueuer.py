@@ -206,16 +206,20 @@ class OutboxEnqueuer:
             task.add_done_callback(batches.discard)
             if self._backlog:
                 continue  # the last batch was full: fill every free slot at once
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), self.config.poll_interval)
-            self._kick.clear()
+            await self._kicked(self.config.poll_interval)
 
     async def _hold_off(self) -> None:
         """Redis is nearly full: claim nothing (rows stay PENDING) until it has room again."""
         if self.idle_announced:
             await self._withdraw_quietly()  # no NOTIFY cost on the application's commits
+        await self._kicked(min(self.config.poll_interval, 1.0))
+
+    async def _kicked(self, within: float) -> None:
+        """Until a wake-up, or ``within`` seconds. A timeout scope, not wait_for: no task of
+        its own, so a notification reaches the claim a few turns of the loop sooner."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._kick.wait(), min(self.config.poll_interval, 1.0))
+            async with asyncio.timeout(within):
+                await self._kick.wait()
         self._kick.clear()
 
     async def _batch_in_slot(self, slots: asyncio.Semaphore) -> int:
