@@ -25,6 +25,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from dispatcher.models import TaskDispatch
+from dispatcher.outbox.backoff import DEFAULT_BACKOFF_SECONDS, DEFAULT_MAX_RETRIES
 from dispatcher.outbox.queries import QUERIES
 from dispatcher.outbox.schema import OutboxMissing
 from dispatcher.stream.naming import queue_stream
@@ -75,8 +76,8 @@ def enqueue_dispatch(
     not_before: datetime | None = None,
     *,
     shards: int | None = None,
-    max_retries: int = 5,
-    backoff_seconds: int = 5,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    backoff_seconds: int = DEFAULT_BACKOFF_SECONDS,
 ) -> str:
     """Insert the dispatch into the outbox on ``target``; return the outbox row id.
 
@@ -109,8 +110,8 @@ async def enqueue_dispatch_async(
     not_before: datetime | None = None,
     *,
     shards: int | None = None,
-    max_retries: int = 5,
-    backoff_seconds: int = 5,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    backoff_seconds: int = DEFAULT_BACKOFF_SECONDS,
 ) -> str:
     """The async twin of ``enqueue_dispatch`` for ``AsyncConnection``/``AsyncCursor``.
 

@@ -24,6 +24,7 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from dispatcher.outbox.backoff import RECOVERY_PARAMS
 from dispatcher.outbox.claim import SETTLE_ALL, ClaimedBatch
 from dispatcher.outbox.claim_statement import Rows, claim_statement
 from dispatcher.outbox.queries import QUERIES
@@ -245,7 +246,7 @@ class OutboxRepository:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(QUERIES["discard_foreign_journal"])
             foreign = len(await cur.fetchall())
-            await cur.execute(QUERIES["recover_batches"])
+            await cur.execute(QUERIES["recover_batches"], RECOVERY_PARAMS)
             row = await cur.fetchone()
         assert row is not None
         return Recovery(

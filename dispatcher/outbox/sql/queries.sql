@@ -152,8 +152,10 @@ WITH ended AS (
     SELECT id, bool_or(probe) AS probe FROM ended, unnest(ids) AS id GROUP BY id
 ), hit AS MATERIALIZED (
     SELECT o.id, named.probe,
-           CASE WHEN o.max_retries > 0 THEN o.max_retries ELSE 5 END AS max_retries,
-           CASE WHEN o.backoff_seconds > 0 THEN o.backoff_seconds ELSE 5 END AS base
+           CASE WHEN o.max_retries > 0 THEN o.max_retries
+                ELSE %(default_max_retries)s::int END AS max_retries,
+           CASE WHEN o.backoff_seconds > 0 THEN o.backoff_seconds
+                ELSE %(default_backoff)s::int END AS base
       FROM outbox o JOIN named ON named.id = o.id
      WHERE o.status IN ('PENDING', 'RETRY')
      ORDER BY o.id
@@ -167,7 +169,7 @@ WITH ended AS (
            attempt_count = o.attempt_count + hit.probe::int,
            next_attempt_at = now() + make_interval(secs => CASE
                WHEN hit.probe THEN least(
-                   hit.base + random() * hit.base * 2.0 ^ o.attempt_count, 3600.0)
+                   hit.base + random() * hit.base * 2.0 ^ o.attempt_count, %(max_delay)s::float8)
                ELSE random() * hit.base END),
            last_error = CASE WHEN hit.probe
                THEN 'batch did not settle: its enqueuer crashed, hung past '
