@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import warnings
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -138,9 +139,19 @@ class OutboxEnqueuer:
         return self.listener is None or self.listener.connected
 
     @property
-    def idle_announced(self) -> bool:
+    def idle_flag_held(self) -> bool:
         """True while this enqueuer holds the idle flag: outbox inserts NOTIFY."""
         return self.idle_flag.held
+
+    @property
+    def idle_announced(self) -> bool:
+        """Deprecated: ``idle_flag_held`` (the old name)."""
+        warnings.warn(
+            "OutboxEnqueuer.idle_announced is deprecated: use idle_flag_held",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.idle_flag_held
 
     def wake(self) -> None:
         """Ask the loop to claim now; any number of calls collapse into one wake-up."""
@@ -210,7 +221,7 @@ class OutboxEnqueuer:
 
     async def _hold_off(self) -> None:
         """Redis is nearly full: claim nothing (rows stay PENDING) until it has room again."""
-        if self.idle_announced:
+        if self.idle_flag_held:
             await self._withdraw_quietly()  # no NOTIFY cost on the application's commits
         await self._kicked(min(self.config.poll_interval, 1.0))
 
@@ -283,7 +294,7 @@ class OutboxEnqueuer:
 
     def _listener_state(self, connected: bool) -> None:
         self.metrics.listener_connected.set(1 if connected else 0)
-        if not connected and self.idle_announced:
+        if not connected and self.idle_flag_held:
             # Nobody hears NOTIFY now; the poll takes over.
             asyncio.get_running_loop().create_task(self._withdraw_quietly())
 
