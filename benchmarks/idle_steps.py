@@ -28,6 +28,7 @@ import json
 import math
 import os
 import queue as queues
+import shutil
 import statistics
 import sys
 import tempfile
@@ -95,7 +96,7 @@ def _wrap_sql(cursor_class: Any) -> None:
 
 
 def _instrument() -> None:
-    from dispatcher.outbox import enqueuer, listener, pipeline
+    from dispatcher.outbox import enqueuer, listener, pipeline, repository
     from dispatcher.stream import publisher
 
     _wrap(listener.NotificationHints, "receive", "notified")
@@ -104,11 +105,18 @@ def _instrument() -> None:
     _wrap(pipeline.BatchPipeline, "run", "pipeline.run")
     _wrap(pipeline, "encode_batch", "encode")
     _wrap(publisher.RedisStreamPublisher, "publish_packed", "XADD sent", "XADD back")
+    _wrap(enqueuer.OutboxEnqueuer, "_kicked", None, "main loop woken")
+    _wrap(repository.OutboxRepository, "_claimed", "rows in hand")
+    _wrap(repository.OutboxRepository, "_open_journal", "journal task runs")
     _wrap_sql(psycopg.AsyncCursor)
     with contextlib.suppress(ImportError, AttributeError):
         from dispatcher.outbox import claim
 
         _wrap(claim.ClaimedBatch, "settle", None, "settled")
+    with contextlib.suppress(ImportError, AttributeError):
+        from dispatcher.outbox import claim_statement
+
+        _wrap(claim_statement.ClaimStatement, "begin", "ClaimStatement.begin")
 
 
 def serve(out: str, argv: list[str]) -> int:
@@ -192,7 +200,19 @@ def _steps(times: list[dict[str, float]], events: list[Any]) -> dict[str, list[f
         for key in ("acked", "floor", "visible"):
             if not math.isnan(t[key]):
                 found[f"probe: {key}"].append((t[key] - sent) * 1000)
+        if not math.isnan(t["floor"]):  # what the relay adds to the floor, sample by sample
+            found["after the floor"].append((t["visible"] - t["floor"]) * 1000)
     return found
+
+
+def _summary(found: dict[str, list[float]]) -> str:
+    floor, seen, after = (
+        statistics.median(found[k]) for k in ("probe: floor", "probe: visible", "after the floor")
+    )
+    return (
+        f"p50 visible {seen:.3f} ms, floor {floor:.3f} ms ({seen / floor:.2f}x),"
+        f" p50 after the floor {after:.3f} ms"
+    )
 
 
 def run(trees: dict[str, str], rounds: int, samples: int) -> None:
@@ -204,14 +224,16 @@ def run(trees: dict[str, str], rounds: int, samples: int) -> None:
         for _ in range(rounds):
             for name, path in trees.items():
                 found = _steps(*_samples(env, path, samples))
+                print(f"  round {name}: {_summary(found)}, load {os.getloadavg()[0]:.2f}")
                 for key, values in found.items():
                     steps[name][key].extend(values)
     print("load at end", os.getloadavg())
     for name, found in steps.items():
         total = len(found["probe: visible"])
-        print(f"\n== {name}: {total} dispatches; median ms from INSERT sent (count)")
+        print(f"\n== {name}: {total} dispatches; {_summary(found)}")
+        print("median ms from INSERT sent (count)")
         for key, values in sorted(found.items(), key=lambda kv: statistics.median(kv[1])):
-            if len(values) >= total // 2:
+            if len(values) >= total // 2 and key != "after the floor":
                 print(f"  {statistics.median(values):7.3f}  {key} ({len(values)})")
 
 
@@ -231,6 +253,7 @@ def _own_postgres() -> Iterator[None]:
         yield
     finally:
         pg.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
