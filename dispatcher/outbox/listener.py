@@ -131,6 +131,7 @@ class OutboxListener:
             # it after each would rebuild it before the loop runs the claim it woke).
             async for notice in conn.notifies(timeout=self._rotate_after):
                 self._notified(notice.payload)
+                await asyncio.sleep(0)  # what it woke runs before this waits again
             log.debug("rotating the outbox listener connection")
         finally:
             self._set_connected(False)
