@@ -16,8 +16,10 @@ shard when it publishes, from the count in force then.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 import warnings
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -41,7 +43,6 @@ AsyncTarget = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
 
 def _statement(
     dispatch: TaskDispatch,
-    *,
     not_before: datetime | None,
     shards: int | None,
     max_retries: int,
@@ -70,6 +71,16 @@ def _statement(
     return QUERIES["insert_dispatch"], params
 
 
+@contextlib.contextmanager
+def _outbox_required() -> Iterator[None]:
+    """A missing outbox table raises ``OutboxMissing`` (naming the command), the original its
+    cause."""
+    try:
+        yield
+    except psycopg.errors.UndefinedTable as exc:
+        raise OutboxMissing() from exc
+
+
 def enqueue_dispatch(
     target: SyncTarget,
     dispatch: TaskDispatch,
@@ -90,17 +101,9 @@ def enqueue_dispatch(
     original as its cause; the caller's transaction is then aborted, as with
     any failed statement, and must be rolled back.
     """
-    query, params = _statement(
-        dispatch,
-        not_before=not_before,
-        shards=shards,
-        max_retries=max_retries,
-        backoff_seconds=backoff_seconds,
-    )
-    try:
+    query, params = _statement(dispatch, not_before, shards, max_retries, backoff_seconds)
+    with _outbox_required():
         target.execute(query, params)
-    except psycopg.errors.UndefinedTable as exc:
-        raise OutboxMissing() from exc
     return str(params["id"])
 
 
@@ -117,15 +120,7 @@ async def enqueue_dispatch_async(
 
     Raises ``OutboxMissing`` as it does, the caller's transaction then aborted.
     """
-    query, params = _statement(
-        dispatch,
-        not_before=not_before,
-        shards=shards,
-        max_retries=max_retries,
-        backoff_seconds=backoff_seconds,
-    )
-    try:
+    query, params = _statement(dispatch, not_before, shards, max_retries, backoff_seconds)
+    with _outbox_required():
         await target.execute(query, params)
-    except psycopg.errors.UndefinedTable as exc:
-        raise OutboxMissing() from exc
     return str(params["id"])
