@@ -27,6 +27,7 @@ from redis.exceptions import RedisError
 
 from dispatcher.observability import PrefixedMetrics
 from dispatcher.outage import REDIS
+from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.listener import OutboxListener
 from dispatcher.outbox.queries import QUERIES
 from dispatcher.redis_client import RedisClient
@@ -49,17 +50,16 @@ class CancelRelay:
         *,
         pool: AsyncConnectionPool[Any],
         client: RedisClient,
-        ttl_ms: int,
-        poll_interval: float,
-        publish_timeout: float,
+        config: EnqueuerConfig,
         registry: CollectorRegistry,
         listen_conninfo: str | None = None,
     ) -> None:
         self._pool = pool
         self._client = client
-        self._ttl_ms = ttl_ms
-        self._poll_interval = poll_interval
-        self._publish_timeout = publish_timeout
+        # A cancel is kept as long as a task of the run could still arrive as a duplicate.
+        self._ttl_ms = int(config.dedup_window * 1000)
+        self._poll_interval = config.poll_interval
+        self._publish_timeout = config.publish_timeout
         self._kick = asyncio.Event()
         self.relayed = PrefixedMetrics(registry, prefix="dispatcher_outbox_").counter(
             "cancels_relayed", "Cancelled runs recorded in Redis for the workers"

@@ -131,11 +131,11 @@ class OutboxListener:
             self.connects += 1
             self._set_connected(True)
             self._wake()
-            rotate_at = time.monotonic() + self._rotate_after
-            while (left := rotate_at - time.monotonic()) > 0:
-                # stop_after=1 ends the iteration with the notifications of one read
-                async for notice in conn.notifies(timeout=left, stop_after=1):
-                    self._notified(notice.payload)
+            # One generator until the rotation: between notifications it only waits (ending
+            # it after each would rebuild it before the loop runs the claim it woke).
+            async for notice in conn.notifies(timeout=self._rotate_after):
+                self._notified(notice.payload)
+                await asyncio.sleep(0)  # what it woke runs before this waits again
             log.debug("rotating the outbox listener connection")
         finally:
             self._set_connected(False)
