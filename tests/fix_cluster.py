@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -43,15 +44,29 @@ def cluster() -> Iterator[Cluster]:
         shutil.rmtree(state_dir / "etcd", ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def crd(cluster: Cluster) -> str:
-    """The ``OutboxDispatcher`` CRD of this tree, served by the cluster; its name."""
+    """The ``OutboxDispatcher`` CRD of this tree, served by the cluster; its name.
+
+    Applied for each module that asks (idempotent): an earlier test may have uninstalled it
+    as the README says (``test_control_plane`` does), then this waits for that deletion to
+    finish before applying it again.
+    """
     name = f"{PLURAL}.{API_GROUP}"
+
+    def live() -> dict[str, Any] | None:
+        found = cluster.run("kubectl", "get", "crd", name, "-o", "json", "--ignore-not-found")
+        return json.loads(found) if found.strip() else None
+
+    def not_terminating() -> bool:
+        current = live()
+        return current is None or "deletionTimestamp" not in current["metadata"]
+
+    eventually_sync(not_terminating, within=120, interval=0.5, what=f"CRD {name} deleted")
     cluster.run("kubectl", "apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
 
     def established() -> bool:
-        found = json.loads(cluster.run("kubectl", "get", "crd", name, "-o", "json"))
-        conditions = (found.get("status") or {}).get("conditions") or []
+        conditions = ((live() or {}).get("status") or {}).get("conditions") or []
         return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
     eventually_sync(established, within=60, interval=0.5, what=f"CRD {name} established")
