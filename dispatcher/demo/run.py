@@ -188,6 +188,7 @@ async def run_demo(
     runs = [asyncio.create_task(enqueuer.run())]
     runs += [asyncio.create_task(w.run()) for w in pool_workers]
     started = time.perf_counter()
+    producing: asyncio.Task[None] | None = None
     try:
         producing = asyncio.create_task(
             _produce(
@@ -211,6 +212,9 @@ async def run_demo(
         if on_tick:
             on_tick(progress)
     finally:
+        if producing is not None and not producing.done():  # interrupted: stop the producer
+            producing.cancel()  # before its pool closes under it
+            await asyncio.gather(producing, return_exceptions=True)
         enqueuer.request_stop()
         for w in pool_workers:
             w.request_stop()
