@@ -14,6 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 from dispatcher.outbox.backpressure import MemoryMarks, memory_ratio
 from dispatcher.outbox.repository import STATUSES, OutboxRepository
 from dispatcher.redis_client import RedisClient, aof_enabled, server_infos
+from dispatcher.stream.limits import LimitUsage, limited_queues, read_usage, render_usage
 from dispatcher.stream.naming import (
     DEAD_STREAM_PREFIX,
     SHARDS_KEY,
@@ -40,6 +41,8 @@ class StatusReport:
     redis_memory: float | None = None
     # Redis runs with appendonly yes (every master of a Cluster): its streams survive a restart.
     redis_aof: bool | None = None
+    # Every queue with limits: the limits and their use now.
+    limits: list[LimitUsage] = dataclasses.field(default_factory=list)
 
     @property
     def backpressure(self) -> bool:
@@ -49,6 +52,7 @@ class StatusReport:
     def to_json(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
         doc["streams"] = [dataclasses.asdict(s) for s in self.streams]
+        doc["limits"] = [usage.to_json() for usage in self.limits]
         doc["backpressure"] = self.backpressure
         return doc
 
@@ -82,6 +86,7 @@ async def gather_status(
         dead_letters=dead,
         redis_memory=max(ratios) if ratios else None,
         redis_aof=await aof_enabled(redis),
+        limits=[await read_usage(redis, queue) for queue in await limited_queues(redis)],
     )
 
 
@@ -121,4 +126,5 @@ def render_text(report: StatusReport) -> str:
         lines.append("(no task streams yet)")
     for queue, length in report.dead_letters.items():
         lines.append(f"dead letters of {queue}: {length} ({DEAD_STREAM_PREFIX}{queue})")
+    lines += render_usage(report.limits)
     return "\n".join(lines)

@@ -1,0 +1,260 @@
+"""The queue limits one worker applies: read live, taken with the leases, freed with the runs.
+
+``LimitGate`` reads each of the worker's queues' limits key every
+``REFRESH_EVERY`` seconds (``dispatcher.stream.limits``); a key that cannot
+be read as limits keeps the last good value, with a warning. For a queue
+with limits, the claim of a read batch goes through ``LimitScripts`` (a slot
+and a token per run, in the same round trip as the leases, joined across
+concurrent batches); the entries that found no room wait in the
+``WaitingRoom``. Each slot is renewed with its run's lease (every third of
+the lease TTL) and freed when its entry is settled here: sent with the
+queue's next claim or, if none comes within the loop turn, on its own. A
+slot this worker fails to free, or holds when it dies, comes back when its
+lease ends. A queue without limits costs a dictionary lookup per batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry
+from redis.exceptions import NoPermissionError, RedisError
+
+from dispatcher.models import MalformedMessage, TaskMessage
+from dispatcher.observability import PrefixedMetrics
+from dispatcher.outage import REDIS
+from dispatcher.redis_client import RedisClient
+from dispatcher.stream.entries import Message
+from dispatcher.stream.limits import (
+    REFRESH_EVERY,
+    InvalidLimits,
+    QueueLimits,
+    limits_key,
+    parse_limits,
+)
+from dispatcher.worker.coalesce import Coalescer
+from dispatcher.worker.entries import aligned
+from dispatcher.worker.limit_scripts import WAIT, LimitScripts
+from dispatcher.worker.reader import StreamReader
+from dispatcher.worker.slots import SlotPool
+from dispatcher.worker.waiting import WaitingRoom
+
+__all__ = ["LimitGate"]
+
+log = logging.getLogger(__name__)
+
+Tasks = list[TaskMessage | MalformedMessage]
+Keys = list[str | None]
+
+
+class LimitGate:
+    """The limits of one worker's queues and the slots its runs hold."""
+
+    def __init__(
+        self,
+        client: RedisClient,
+        scripts: LimitScripts,
+        *,
+        queues: Sequence[str],
+        slots: SlotPool,
+        max_runs: int,
+        lease_ttl: float,
+        reclaim_idle: float,
+        registry: CollectorRegistry,
+        refresh_every: float = REFRESH_EVERY,
+    ) -> None:
+        self._client = client
+        self._scripts = scripts
+        self._queues = tuple(queues)
+        self._slots = slots
+        self._max_runs = max_runs
+        self._renew_every = lease_ttl / 3
+        self._refresh_every = refresh_every
+        self.waiting = WaitingRoom(slots=slots, reclaim_idle=reclaim_idle)
+        self._limits: dict[str, QueueLimits] = {}
+        self._warned: dict[str, str] = {}  # per queue: the last problem said
+        self._held: dict[tuple[str, str], tuple[str, str]] = {}  # (stream, id) -> (queue, slot)
+        self._releases: dict[str, list[str]] = {}  # per queue: slots to free
+        self._flushing: set[asyncio.Task[None]] = set()
+        self._claims: dict[str, Coalescer[str, int]] = {}
+        self._add_metrics(registry)
+
+    def _add_metrics(self, registry: CollectorRegistry) -> None:
+        declare = PrefixedMetrics(registry, prefix="dispatcher_worker_limit_")
+        waiting = declare.gauge("waiting", "Entries here waiting for a slot or token.", ["queue"])
+        for queue in self._queues:
+            waiting.labels(queue).set_function(functools.partial(self.waiting.count, queue))
+        self._in_use = declare.gauge(
+            "slots_in_use",
+            "Runs holding a slot of the queue, across workers (as the last claim saw).",
+            ["queue"],
+        )
+        self._tokens = declare.gauge(
+            "tokens", "Tokens left in the queue's bucket (as the last claim saw).", ["queue"]
+        )
+
+    def binds(self, queue: str) -> bool:
+        return queue in self._limits
+
+    async def room(self, queue: str, want: int) -> int:
+        """How many entries a read of ``queue`` may take: none beyond the free slots while
+        entries of the queue wait here (after a short pause when that is none)."""
+        waiting = self.waiting.count(queue)
+        if not waiting:
+            return want
+        room = min(want, self._slots.free - waiting)
+        if room <= 0:
+            await asyncio.sleep(self.waiting.poll)
+        return max(room, 0)
+
+    # -- claims -----------------------------------------------------------------
+
+    async def claim(
+        self, reader: StreamReader, messages: Sequence[Message], tasks: Tasks, keys: Keys
+    ) -> tuple[list[int | None], Sequence[Message], Tasks, Keys]:
+        """Claim within the queue's limits; what found no room waits. The rest, aligned."""
+        queue = reader.queue
+        coalescer = self._claims.get(queue)
+        if coalescer is None:
+            coalescer = self._claims[queue] = Coalescer(
+                lambda batch: self._claim(queue, batch), name=f"limited claim {queue}"
+            )
+        claims = aligned(keys, await coalescer.submit([k for k in keys if k is not None]))
+        kept = [i for i, claim in enumerate(claims) if claim != WAIT]
+        for i in kept:
+            claim, key = claims[i], keys[i]
+            if claim is not None and key is not None and 0 < claim <= self._max_runs:
+                self._held[reader.stream, messages[i].id] = (queue, self._scripts.member(key))
+        if len(kept) == len(claims):
+            return claims, messages, tasks, keys
+        self.waiting.park(reader, [messages[i] for i in range(len(claims)) if claims[i] == WAIT])
+        return (
+            [claims[i] for i in kept],
+            [messages[i] for i in kept],
+            [tasks[i] for i in kept],
+            [keys[i] for i in kept],
+        )
+
+    async def _claim(self, queue: str, dedup_keys: list[str]) -> list[int]:
+        limits = self._limits.get(queue)
+        if limits is None:  # removed since the batch looked
+            return await self._scripts.claim_unlimited(dedup_keys)
+        releases = self._releases.pop(queue, [])
+        try:
+            claimed = await self._scripts.claim(queue, limits, dedup_keys, releases)
+        except BaseException:
+            self._releases.setdefault(queue, []).extend(releases)
+            raise
+        self._in_use.labels(queue).set(claimed.in_use)
+        if claimed.tokens is not None:
+            self._tokens.labels(queue).set(claimed.tokens)
+        return claimed.claims
+
+    # -- slots ------------------------------------------------------------------
+
+    def settled(self, stream: str, entry_ids: Sequence[str]) -> None:
+        """Free the slots of the entries done with here."""
+        if not self._held:
+            return
+        for entry_id in entry_ids:
+            found = self._held.pop((stream, entry_id), None)
+            if found is None:
+                continue
+            queue, slot = found
+            pending = self._releases.setdefault(queue, [])
+            if not pending:
+                task = asyncio.get_running_loop().create_task(self._free(queue))
+                self._flushing.add(task)
+                task.add_done_callback(self._flushing.discard)
+            pending.append(slot)
+            self.waiting.wake(queue)
+
+    async def _free(self, queue: str) -> None:
+        await asyncio.sleep(0)  # a claim of the queue in this loop turn takes them along
+        slots = self._releases.pop(queue, [])
+        try:
+            await self._scripts.release(queue, slots)
+        except (RedisError, OSError) as exc:
+            log.warning(
+                "could not free %d slots; they come back when their leases end: %s",
+                len(slots),
+                exc,
+                extra={"queue": queue},
+            )
+
+    # -- the loop ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Follow the limits and renew the slots held, until cancelled."""
+        loop = asyncio.get_running_loop()
+        renewed = loop.time()
+        try:
+            while True:
+                await self.refresh()
+                if loop.time() - renewed >= self._renew_every:
+                    renewed = loop.time()
+                    await self.renew()
+                await asyncio.sleep(min(self._refresh_every, self._renew_every))
+        finally:
+            await self.waiting.aclose()
+
+    async def refresh(self) -> None:
+        """Read every queue's limits key once."""
+        pipe = self._client.pipeline(transaction=False)
+        for queue in self._queues:
+            pipe.get(limits_key(queue))
+        try:
+            raws = await pipe.execute(raise_on_error=False)
+        except (RedisError, OSError) as exc:
+            if not REDIS.failed(exc, what="refreshing the queue limits"):
+                log.warning("cannot refresh the queue limits; keeping them: %s", exc)
+            return
+        for queue, raw in zip(self._queues, raws, strict=True):
+            self._take(queue, raw)
+
+    def _take(self, queue: str, raw: object) -> None:
+        key = limits_key(queue)
+        if isinstance(raw, NoPermissionError):
+            why = "the worker's Redis user may not read it (see docs/security.md)"
+            self._warn(queue, f"cannot read {key}: {why}; limits kept as they were: {raw}")
+            return
+        if isinstance(raw, Exception):
+            self._warn(queue, f"cannot read {key}; limits kept as they were: {raw}")
+            return
+        try:
+            limits = None if raw is None else parse_limits(_text(raw), source=key)
+        except InvalidLimits as exc:
+            self._warn(queue, f"{exc}; limits kept as they were")
+            return
+        self._warned.pop(queue, None)
+        before = self._limits.get(queue)
+        if limits is None or limits.empty:
+            self._limits.pop(queue, None)
+        else:
+            self._limits[queue] = limits
+        if before != (self._limits.get(queue)):
+            now = limits.describe() if limits is not None else "none"
+            log.info("queue limits in force: %s", now, extra={"queue": queue})
+
+    def _warn(self, queue: str, problem: str) -> None:
+        if self._warned.get(queue) != problem:
+            self._warned[queue] = problem
+            log.warning("%s", problem, extra={"queue": queue})
+
+    async def renew(self) -> None:
+        """Push the end of every slot held here a full lease TTL ahead."""
+        by_queue: dict[str, list[str]] = {}
+        for queue, slot in self._held.values():
+            by_queue.setdefault(queue, []).append(slot)
+        for queue, slots in by_queue.items():
+            try:
+                await self._scripts.renew(queue, slots)
+            except (RedisError, OSError) as exc:
+                log.warning("cannot renew slots: %s", exc, extra={"queue": queue})
+
+
+def _text(raw: object) -> str | bytes:
+    return raw if isinstance(raw, str | bytes) else str(raw)
