@@ -54,9 +54,12 @@ from dispatcher.stream import (
     shard_for,
     task_stream,
 )
+from dispatcher.stream.limits import QueueLimits, write_limits
 from dispatcher.stream.naming import WORKER_GROUP
 
 GROUP = WORKER_GROUP
+# Queue limits that never bind at the rates measured here: what limits cost when not binding.
+LOOSE_LIMITS = QueueLimits(max_in_flight=1_000_000, rate=1_000_000, burst=1_000_000)
 RESULT = ROOT / "benchmarks" / "results" / "worker_consume.md"
 SHARDS = 4
 
@@ -150,11 +153,20 @@ async def bare(client: RedisClient, url: str, queue: str, total: int) -> Sample:
         await asyncio.gather(*loops, return_exceptions=True)
 
 
-def workers(processes: int, *, root: Path = ROOT, around: Around | None = None) -> Variant:
+def workers(
+    processes: int,
+    *,
+    root: Path = ROOT,
+    around: Around | None = None,
+    limits: QueueLimits | None = None,
+) -> Variant:
     """``processes`` worker processes of the checkout at ``root`` (``-m`` imports from there);
-    ``around`` (a profiler) is entered with their pids while they drain."""
+    ``around`` (a profiler) is entered with their pids while they drain; ``limits`` are
+    the queue's (``composer:limits:{<queue>}``), set before they start."""
 
     async def run(client: RedisClient, url: str, queue: str, total: int) -> Sample:
+        if limits is not None:
+            await write_limits(client, queue, limits)
         procs = [
             await asyncio.create_subprocess_exec(
                 *(sys.executable, "-m", "dispatcher.cli", "worker", "--queue", queue),

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from controller.limits import LimitsSpec
 from controller.podsettings import DNS_SUBDOMAIN_PATTERN, PodSettings
 from controller.resource import ResourceModel
 from dispatcher.config import STREAM_SHARDS
@@ -255,6 +256,11 @@ class QueueSpec(PodSettings):
         default_factory=_default_resources("512Mi"),
         description="default: requests cpu 100m, memory 128Mi; limits memory 512Mi; {} for none",
     )
+    limits: LimitsSpec | None = Field(
+        default=None,
+        description="limits across every worker of the queue, written to composer:limits:{<queue>}"
+        " (set: the operator owns them; {}: none)",
+    )
 
     @model_validator(mode="after")
     def _replica_bounds(self) -> QueueSpec:
@@ -326,6 +332,7 @@ def cel_rules() -> list[tuple[str, dict[str, str]]]:
         ("spec", OutboxDispatcherSpec),
         ("spec.redis", RedisSpec),
         ("spec.queues[*]", QueueSpec),
+        ("spec.queues[*].limits", LimitsSpec),
     ):
         extra: Any = model.model_config.get("json_schema_extra") or {}
         found.extend((path, rule) for rule in extra.get("x-kubernetes-validations", []))

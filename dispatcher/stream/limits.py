@@ -29,6 +29,9 @@ from dispatcher.stream.naming import validate_queue
 
 __all__ = [
     "LIMITS_PREFIX",
+    "MAX_RATE",
+    "MAX_SLOTS",
+    "MIN_RATE",
     "REFRESH_EVERY",
     "InvalidLimits",
     "LimitUsage",
@@ -51,6 +54,7 @@ REFRESH_EVERY = 1.0
 # Bounds that keep the arithmetic of the scripts exact and a typo from meaning "unlimited".
 MAX_SLOTS = 1_000_000
 MAX_RATE = 1_000_000.0
+MIN_RATE = 0.001  # a run every 1,000 s; a bound the CRD can say (it has no exclusive minimum)
 
 
 class InvalidLimits(ValueError):
@@ -66,7 +70,7 @@ class QueueLimits(BaseModel):
         None, ge=1, le=MAX_SLOTS, description="handler runs at once across every worker"
     )
     rate: float | None = Field(
-        None, gt=0, le=MAX_RATE, description="runs started per second (a token bucket)"
+        None, ge=MIN_RATE, le=MAX_RATE, description="runs started per second (a token bucket)"
     )
     burst: int | None = Field(
         None, ge=1, le=MAX_SLOTS, description="runs the bucket lets start at once (default 1)"

@@ -29,7 +29,7 @@ def test_a_limits_key_round_trips() -> None:
         ('{"max_in_flight": -1}', "max_in_flight: Input should be greater than or equal to 1"),
         ('{"max_in_flight": 0}', "greater than or equal to 1"),
         ('{"burst": 5}', "burst requires rate"),
-        ('{"rate": 0}', "rate: Input should be greater than 0"),
+        ('{"rate": 0}', "rate: Input should be greater than or equal to 0.001"),
         ('{"rate": "Infinity"}', "rate"),
         ('{"max_in_flight": 1.5}', "max_in_flight"),
         ('{"max": 3}', "max: Extra inputs are not permitted"),
