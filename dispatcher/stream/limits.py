@@ -5,10 +5,10 @@ A queue's limits live in ``composer:limits:{<queue>}`` as JSON
 limits). Written only by an explicit change (``dispatcher limits set``, the
 operator's ``spec.queues[].limits``); every worker of the queue reads it live
 (``REFRESH_EVERY``). Their state sits beside it, in the same Redis Cluster
-hash slot (the ``{<queue>}`` tag): ``dispatcher:limits:{<queue>}:running``,
-a sorted set of the runs holding a slot, scored by their lease's end in
-Redis's clock, and ``dispatcher:limits:{<queue>}:tat``, the token bucket's
-theoretical arrival time (GCRA, ms of Redis's clock).
+hash slot (the ``{<queue>}`` tag): ``dispatcher:limits:{<queue>}:held``
+(runs holding a slot, per worker process), ``...:alive`` (when each worker's
+slots end unless renewed, Redis's clock) and ``...:tat`` (the token bucket's
+theoretical arrival time, GCRA); ``dispatcher.worker.limit_scripts`` says how.
 
 Pure parsing and naming here, plus the few reads and writes the CLI, the
 status and the operator share; the worker's side is ``dispatcher.worker.limits``.
@@ -36,13 +36,14 @@ __all__ = [
     "InvalidLimits",
     "LimitUsage",
     "QueueLimits",
+    "alive_key",
+    "held_key",
     "limited_queues",
     "limits_key",
     "parse_limits",
     "read_limits",
     "read_usage",
     "render_usage",
-    "running_key",
     "tokens_key",
     "tokens_left",
     "write_limits",
@@ -124,8 +125,14 @@ def limits_key(queue: str) -> str:
     return f"{LIMITS_PREFIX}{{{validate_queue(queue)}}}"
 
 
-def running_key(queue: str) -> str:
-    return f"dispatcher:limits:{{{validate_queue(queue)}}}:running"
+def held_key(queue: str) -> str:
+    """The runs holding a slot of ``queue``, per worker process (a hash)."""
+    return f"dispatcher:limits:{{{validate_queue(queue)}}}:held"
+
+
+def alive_key(queue: str) -> str:
+    """When the slots of each worker process of ``queue`` end unless renewed (a sorted set)."""
+    return f"dispatcher:limits:{{{validate_queue(queue)}}}:alive"
 
 
 def tokens_key(queue: str) -> str:
@@ -202,7 +209,10 @@ async def read_usage(client: RedisClient, queue: str) -> LimitUsage:
         limits = await read_limits(client, queue)
     except InvalidLimits as exc:
         return LimitUsage(queue, None, 0, None, error=str(exc))
-    in_use = int(await client.zcount(running_key(queue), f"({now_ms:.0f}", "+inf"))
+    found = await client.zrangebyscore(alive_key(queue), now_ms, "+inf")
+    alive = [token if isinstance(token, str | bytes) else str(token) for token in found]
+    counts = await client.hmget(held_key(queue), alive) if alive else []
+    in_use = sum(int(count) for count in counts if count is not None and str(count).isdigit())
     raw_tat = await client.get(tokens_key(queue))
     try:
         tat = float(raw_tat) if raw_tat is not None else None

@@ -47,6 +47,7 @@ __all__ = ["LimitGate"]
 log = logging.getLogger(__name__)
 
 Tasks = list[TaskMessage | MalformedMessage]
+_NONE = QueueLimits()  # what frees a queue's slots once its limits are gone
 Keys = list[str | None]
 
 
@@ -76,8 +77,9 @@ class LimitGate:
         self.waiting = WaitingRoom(slots=slots, reclaim_idle=reclaim_idle)
         self._limits: dict[str, QueueLimits] = {}
         self._warned: dict[str, str] = {}  # per queue: the last problem said
-        self._held: dict[tuple[str, str], tuple[str, str]] = {}  # (stream, id) -> (queue, slot)
-        self._releases: dict[str, list[str]] = {}  # per queue: slots to free
+        self._held: dict[str, set[str]] = {}  # per stream: the entries holding a slot
+        self._queue_of: dict[str, str] = {}  # stream -> queue
+        self._freed: dict[str, int] = {}  # per queue: slots to give back
         self._flushing: set[asyncio.Task[None]] = set()
         self._claims: dict[str, Coalescer[str, int]] = {}
         self._add_metrics(registry)
@@ -124,10 +126,10 @@ class LimitGate:
             )
         claims = aligned(keys, await coalescer.submit([k for k in keys if k is not None]))
         kept = [i for i, claim in enumerate(claims) if claim != WAIT]
-        for i in kept:
-            claim, key = claims[i], keys[i]
-            if claim is not None and key is not None and 0 < claim <= self._max_runs:
-                self._held[reader.stream, messages[i].id] = (queue, self._scripts.member(key))
+        runs = self._max_runs
+        held = self._held.setdefault(reader.stream, set())
+        self._queue_of[reader.stream] = queue
+        held.update(messages[i].id for i in kept if 0 < (claims[i] or 0) <= runs)
         if len(kept) == len(claims):
             return claims, messages, tasks, keys
         self.waiting.park(reader, [messages[i] for i in range(len(claims)) if claims[i] == WAIT])
@@ -142,11 +144,11 @@ class LimitGate:
         limits = self._limits.get(queue)
         if limits is None:  # removed since the batch looked
             return await self._scripts.claim_unlimited(dedup_keys)
-        releases = self._releases.pop(queue, [])
+        freed = self._freed.pop(queue, 0)
         try:
-            claimed = await self._scripts.claim(queue, limits, dedup_keys, releases)
+            claimed = await self._scripts.claim(queue, limits, dedup_keys, freed=freed)
         except BaseException:
-            self._releases.setdefault(queue, []).extend(releases)
+            self._freed[queue] = self._freed.get(queue, 0) + freed
             raise
         self._in_use.labels(queue).set(claimed.in_use)
         if claimed.tokens is not None:
@@ -157,30 +159,31 @@ class LimitGate:
 
     def settled(self, stream: str, entry_ids: Sequence[str]) -> None:
         """Free the slots of the entries done with here."""
-        if not self._held:
+        held = self._held.get(stream)
+        if not held:
             return
-        for entry_id in entry_ids:
-            found = self._held.pop((stream, entry_id), None)
-            if found is None:
-                continue
-            queue, slot = found
-            pending = self._releases.setdefault(queue, [])
-            if not pending:
-                task = asyncio.get_running_loop().create_task(self._free(queue))
-                self._flushing.add(task)
-                task.add_done_callback(self._flushing.discard)
-            pending.append(slot)
-            self.waiting.wake(queue)
+        before = len(held)
+        held.difference_update(entry_ids)
+        if (freed := before - len(held)) == 0:
+            return
+        queue = self._queue_of[stream]
+        if not self._freed.get(queue):
+            task = asyncio.get_running_loop().create_task(self._free(queue))
+            self._flushing.add(task)
+            task.add_done_callback(self._flushing.discard)
+        self._freed[queue] = self._freed.get(queue, 0) + freed
+        self.waiting.wake(queue)
 
     async def _free(self, queue: str) -> None:
         await asyncio.sleep(0)  # a claim of the queue in this loop turn takes them along
-        slots = self._releases.pop(queue, [])
+        if not (freed := self._freed.pop(queue, 0)):
+            return
         try:
-            await self._scripts.release(queue, slots)
+            await self._scripts.release(queue, self._limits.get(queue, _NONE), freed)
         except (RedisError, OSError) as exc:
             log.warning(
                 "could not free %d slots; they come back when their leases end: %s",
-                len(slots),
+                freed,
                 exc,
                 extra={"queue": queue},
             )
@@ -245,13 +248,11 @@ class LimitGate:
             log.warning("%s", problem, extra={"queue": queue})
 
     async def renew(self) -> None:
-        """Push the end of every slot held here a full lease TTL ahead."""
-        by_queue: dict[str, list[str]] = {}
-        for queue, slot in self._held.values():
-            by_queue.setdefault(queue, []).append(slot)
-        for queue, slots in by_queue.items():
+        """Push the end of the slots held here a full lease TTL ahead, queue by queue."""
+        queues = {self._queue_of[stream] for stream, held in self._held.items() if held}
+        for queue in queues:
             try:
-                await self._scripts.renew(queue, slots)
+                await self._scripts.renew(queue)
             except (RedisError, OSError) as exc:
                 log.warning("cannot renew slots: %s", exc, extra={"queue": queue})
 
