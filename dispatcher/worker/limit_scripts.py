@@ -167,11 +167,22 @@ return {taken, in_use, tokens}
 """
 )
 
-# KEYS: alive. ARGV: token, slot TTL ms. Pushes the end of this worker's slots, if alive.
+# KEYS: held, alive. ARGV: token, slot TTL ms, the runs this worker holds. Sets its count
+# to what it holds and pushes the end of its slots (a count that drifted, after a reply
+# lost, is right again; a worker that stalled past its end counts again).
 _RENEW = (
     _PRELUDE
     + """
-redis.call('zadd', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+local held, alive, token, ttl = KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2])
+if tonumber(ARGV[3]) > 0 then
+  redis.call('hset', held, token, ARGV[3])
+  redis.call('zadd', alive, now + ttl, token)
+  redis.call('pexpire', held, ttl * 3)
+  redis.call('pexpire', alive, ttl * 3)
+else
+  redis.call('hdel', held, token)
+  redis.call('zrem', alive, token)
+end
 return 0
 """
 )
@@ -237,11 +248,10 @@ class LimitScripts:
         """The claims of a queue whose limits were just removed: as without limits."""
         return await self._guard.claim_many(dedup_keys)
 
-    async def renew(self, queue: str) -> None:
-        """Push the end of this worker's slots of ``queue`` a full lease TTL ahead."""
-        await self._renew(
-            keys=[alive_key(queue)], args=[self._guard.token, self._guard.lease_ttl_ms]
-        )
+    async def renew(self, queue: str, held: int) -> None:
+        """This worker holds ``held`` slots of ``queue``: say so, a full lease TTL ahead."""
+        args: list[EncodableT] = [self._guard.token, self._guard.lease_ttl_ms, held]
+        await self._renew(keys=[held_key(queue), alive_key(queue)], args=args)
 
     async def release(self, queue: str, limits: QueueLimits, freed: int) -> None:
         """Give back ``freed`` slots of this worker (a reservation of no runs)."""

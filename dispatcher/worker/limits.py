@@ -6,16 +6,19 @@ be read as limits keeps the last good value, with a warning. For a queue
 with limits, the claim of a read batch goes through ``LimitScripts`` (a slot
 and a token per run, in the same round trip as the leases, joined across
 concurrent batches); the entries that found no room wait in the
-``WaitingRoom``. Each slot is renewed with its run's lease (every third of
-the lease TTL) and freed when its entry is settled here: sent with the
-queue's next claim or, if none comes within the loop turn, on its own. A
-slot this worker fails to free, or holds when it dies, comes back when its
-lease ends. A queue without limits costs a dictionary lookup per batch.
+``WaitingRoom``. The worker's slots of a queue are renewed together every
+third of the lease TTL, as leases are; a slot is freed when its entry is
+settled here: counted, and sent with the queue's next claim or, if none
+comes within the loop turn, on its own. A slot this worker fails to free
+comes back when the worker's slots end (it dies, or stops renewing them);
+one it holds keeps counting until then. A queue without limits costs a
+dictionary lookup per batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import logging
 from collections.abc import Sequence
@@ -80,8 +83,14 @@ class LimitGate:
         self._held: dict[str, set[str]] = {}  # per stream: the entries holding a slot
         self._queue_of: dict[str, str] = {}  # stream -> queue
         self._freed: dict[str, int] = {}  # per queue: slots to give back
+        self._unrecorded: collections.Counter[str] = collections.Counter()  # granted, not in _held
         self._flushing: set[asyncio.Task[None]] = set()
         self._claims: dict[str, Coalescer[str, int]] = {}
+        # Per queue: claims, frees and renewals one at a time, so a renewal's count is what
+        # every write before it left in Redis.
+        self._locks: collections.defaultdict[str, asyncio.Lock] = collections.defaultdict(
+            asyncio.Lock
+        )
         self._add_metrics(registry)
 
     def _add_metrics(self, registry: CollectorRegistry) -> None:
@@ -129,7 +138,9 @@ class LimitGate:
         runs = self._max_runs
         held = self._held.setdefault(reader.stream, set())
         self._queue_of[reader.stream] = queue
-        held.update(messages[i].id for i in kept if 0 < (claims[i] or 0) <= runs)
+        granted = [messages[i].id for i in kept if 0 < (claims[i] or 0) <= runs]
+        held.update(granted)
+        self._unrecorded[queue] -= len(granted)
         if len(kept) == len(claims):
             return claims, messages, tasks, keys
         self.waiting.park(reader, [messages[i] for i in range(len(claims)) if claims[i] == WAIT])
@@ -142,18 +153,18 @@ class LimitGate:
 
     async def _claim(self, queue: str, dedup_keys: list[str]) -> list[int]:
         limits = self._limits.get(queue)
-        if limits is None:  # removed since the batch looked
-            return await self._scripts.claim_unlimited(dedup_keys)
-        freed = self._freed.pop(queue, 0)
-        try:
-            claimed = await self._scripts.claim(queue, limits, dedup_keys, freed=freed)
-        except BaseException:
-            self._freed[queue] = self._freed.get(queue, 0) + freed
-            raise
-        self._in_use.labels(queue).set(claimed.in_use)
-        if claimed.tokens is not None:
-            self._tokens.labels(queue).set(claimed.tokens)
-        return claimed.claims
+        async with self._locks[queue]:
+            if limits is None:  # removed since the batch looked: as without limits
+                found = await self._scripts.claim_unlimited(dedup_keys)
+            else:
+                freed = self._freed.pop(queue, 0)
+                claimed = await self._scripts.claim(queue, limits, dedup_keys, freed=freed)
+                self._in_use.labels(queue).set(claimed.in_use)
+                if claimed.tokens is not None:
+                    self._tokens.labels(queue).set(claimed.tokens)
+                found = claimed.claims
+            self._unrecorded[queue] += sum(1 for n in found if 0 < n <= self._max_runs)
+        return found
 
     # -- slots ------------------------------------------------------------------
 
@@ -176,14 +187,14 @@ class LimitGate:
 
     async def _free(self, queue: str) -> None:
         await asyncio.sleep(0)  # a claim of the queue in this loop turn takes them along
-        if not (freed := self._freed.pop(queue, 0)):
-            return
         try:
-            await self._scripts.release(queue, self._limits.get(queue, _NONE), freed)
+            async with self._locks[queue]:
+                if not (freed := self._freed.pop(queue, 0)):
+                    return
+                await self._scripts.release(queue, self._limits.get(queue, _NONE), freed)
         except (RedisError, OSError) as exc:
             log.warning(
-                "could not free %d slots; they come back when their leases end: %s",
-                freed,
+                "could not free slots; the next renewal says what this worker holds: %s",
                 exc,
                 extra={"queue": queue},
             )
@@ -248,11 +259,15 @@ class LimitGate:
             log.warning("%s", problem, extra={"queue": queue})
 
     async def renew(self) -> None:
-        """Push the end of the slots held here a full lease TTL ahead, queue by queue."""
-        queues = {self._queue_of[stream] for stream, held in self._held.items() if held}
-        for queue in queues:
+        """Say how many slots this worker holds, a full lease TTL ahead, queue by queue."""
+        for queue in {*self._limits, *self._queue_of.values()}:
+            streams = [s for s, q in self._queue_of.items() if q == queue]
             try:
-                await self._scripts.renew(queue)
+                async with self._locks[queue]:
+                    self._freed.pop(queue, None)  # the count below has them freed
+                    held = sum(len(self._held[stream]) for stream in streams)
+                    held += self._unrecorded[queue]  # granted to batches not back yet
+                    await self._scripts.renew(queue, held)
             except (RedisError, OSError) as exc:
                 log.warning("cannot renew slots: %s", exc, extra={"queue": queue})
 

@@ -14,7 +14,7 @@ from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import dead_letter_stream, publish_shard_count, task_stream
-from dispatcher.stream.limits import QueueLimits, read_usage, write_limits
+from dispatcher.stream.limits import QueueLimits, held_key, read_usage, write_limits
 from dispatcher.worker import Worker
 from tests.workers import config, metric, running
 
@@ -74,3 +74,32 @@ async def test_waiting_entries_take_no_run_and_stay_fresh_until_a_slot_frees(
     assert sorted(seen) == sorted(d.task_id for d in published)
     assert await any_redis.xlen(dead_letter_stream(queue)) == 0
     assert (await read_usage(any_redis, queue)).in_use == 0
+
+
+async def test_a_count_that_drifted_is_set_right_by_the_next_renewal(
+    any_redis: RedisClient, queue: str
+) -> None:
+    """Two frees lost (say, their replies): the queue looks full until the worker renews."""
+    await publish_shard_count(any_redis, 1)
+    await write_limits(any_redis, queue, QueueLimits(max_in_flight=2))
+    release = asyncio.Event()
+    seen: list[str] = []
+
+    async def handle(message: TaskMessage) -> None:
+        seen.append(message.task_id)
+        if len(seen) == 1:
+            await release.wait()  # holds one of the two slots throughout
+
+    worker = Worker(any_redis, handle, config(queue, shards=1, lease_ttl=1.5))
+    async with running(worker):
+        await publish(any_redis, tasks(queue, 1), shards=1)
+        await eventually(lambda: len(seen) == 1, within=10)
+        (token,) = await any_redis.hkeys(held_key(queue))
+        await any_redis.hincrby(held_key(queue), token, 2)
+        assert (await read_usage(any_redis, queue)).in_use == 3  # full: nothing may start
+        await publish(any_redis, tasks(queue, 3), shards=1)
+        await eventually(lambda: len(seen) == 4, within=10)  # one at a time, beside the first
+        assert (await read_usage(any_redis, queue)).in_use == 1
+        release.set()
+    assert (await read_usage(any_redis, queue)).in_use == 0
+    assert await any_redis.xlen(dead_letter_stream(queue)) == 0
