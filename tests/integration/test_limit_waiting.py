@@ -19,24 +19,32 @@ from dispatcher.worker import Worker
 from tests.workers import config, metric, running
 
 
+class FirstHolds:
+    """A handler that records what it ran; the first run holds its slot until ``release``."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.seen: list[str] = []
+        self.now: list[str] = []  # running now
+        self.peak = 0
+
+    async def __call__(self, message: TaskMessage) -> None:
+        self.now.append(message.task_id)
+        self.peak = max(self.peak, len(self.now))
+        self.seen.append(message.task_id)
+        if len(self.seen) == 1:
+            await self.release.wait()
+        self.now.remove(message.task_id)
+
+
 async def test_waiting_entries_take_no_run_and_stay_fresh_until_a_slot_frees(
     any_redis: RedisClient, queue: str
 ) -> None:
     """max_in_flight 1, max runs 1: a counted wait would dead-letter the entry's only run."""
     await publish_shard_count(any_redis, 1)
     await write_limits(any_redis, queue, QueueLimits(max_in_flight=1))
-    release = asyncio.Event()
-    running_now: list[str] = []
-    peak: list[int] = [0]
-    seen: list[str] = []
-
-    async def handle(message: TaskMessage) -> None:
-        running_now.append(message.task_id)
-        peak[0] = max(peak[0], len(running_now))
-        seen.append(message.task_id)
-        if len(seen) == 1:
-            await release.wait()  # holds the queue's only slot
-        running_now.remove(message.task_id)
+    handle = FirstHolds()  # its first run holds the queue's only slot
+    seen = handle.seen
 
     settings = config(queue, shards=1, max_runs=1, reclaim_idle=0.5, lease_ttl=2.0)
     workers = [
@@ -63,14 +71,14 @@ async def test_waiting_entries_take_no_run_and_stay_fresh_until_a_slot_frees(
         keys = [f"{d.run_id}:{d.task_id}:{d.attempt}" for d in published if d.task_id not in seen]
         assert [await read_attempt(any_redis, key) for key in keys] == [None] * 5  # no run
         assert (await read_usage(any_redis, queue)).in_use == 1
-        release.set()
+        handle.release.set()
 
         async def handled() -> bool:
             name = "dispatcher_worker_handled_total"
             return sum([await metric(w, name, queue=queue) for w in workers]) == 6
 
         await eventually(handled, within=20)
-    assert peak[0] == 1
+    assert handle.peak == 1
     assert sorted(seen) == sorted(d.task_id for d in published)
     assert await any_redis.xlen(dead_letter_stream(queue)) == 0
     assert (await read_usage(any_redis, queue)).in_use == 0
@@ -82,13 +90,8 @@ async def test_a_count_that_drifted_is_set_right_by_the_next_renewal(
     """Two frees lost (say, their replies): the queue looks full until the worker renews."""
     await publish_shard_count(any_redis, 1)
     await write_limits(any_redis, queue, QueueLimits(max_in_flight=2))
-    release = asyncio.Event()
-    seen: list[str] = []
-
-    async def handle(message: TaskMessage) -> None:
-        seen.append(message.task_id)
-        if len(seen) == 1:
-            await release.wait()  # holds one of the two slots throughout
+    handle = FirstHolds()  # its first run holds one of the two slots throughout
+    seen = handle.seen
 
     worker = Worker(any_redis, handle, config(queue, shards=1, lease_ttl=1.5))
     async with running(worker):
@@ -100,6 +103,6 @@ async def test_a_count_that_drifted_is_set_right_by_the_next_renewal(
         await publish(any_redis, tasks(queue, 3), shards=1)
         await eventually(lambda: len(seen) == 4, within=10)  # one at a time, beside the first
         assert (await read_usage(any_redis, queue)).in_use == 1
-        release.set()
+        handle.release.set()
     assert (await read_usage(any_redis, queue)).in_use == 0
     assert await any_redis.xlen(dead_letter_stream(queue)) == 0
