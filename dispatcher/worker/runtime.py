@@ -166,6 +166,7 @@ class Worker:
             )
             await self._drain()
             await self._streams.leave_groups()
+            await self._limits.renew()  # the slots still held: none once every run ended
         finally:
             keeper = {t for t in (self._keeper, self._limits_task) if t is not None}
             await self._cancel(self._loops | self._handlers | keeper)
