@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from dispatcher.cli.main import main
+from dispatcher.status import StatusReport, render_text
 from dispatcher.stream.limits import (
     InvalidLimits,
+    LimitUsage,
     QueueLimits,
     limits_key,
     parse_limits,
@@ -74,3 +76,27 @@ def test_limits_set_refuses_nonsense_in_one_line(
         code = int(str(exc.code))
     assert code == 2
     assert says in capsys.readouterr().err
+
+
+def test_status_shows_each_queue_s_limits_and_their_use() -> None:
+    usage = LimitUsage("emails", QueueLimits(max_in_flight=4, rate=20, burst=5), 3, 2)
+    report = StatusReport(
+        outbox={},
+        oldest_pending_age_seconds=None,
+        dlq=0,
+        stream_shards=4,
+        group="workers",
+        streams=[],
+        dead_letters={},
+        limits=[usage, LimitUsage("bad", None, 0, None, error="composer:limits:{bad} holds x")],
+    )
+    text = render_text(report)
+    assert "limits of emails: max in flight 4, rate 20/s burst 5; in flight 3/4; tokens 2/5" in text
+    assert "limits of bad: INVALID (workers keep what they last read)" in text
+    assert report.to_json()["limits"][0] == {
+        "queue": "emails",
+        "limits": {"max_in_flight": 4, "rate": 20.0, "burst": 5},
+        "in_use": 3,
+        "tokens": 2,
+        "error": None,
+    }
