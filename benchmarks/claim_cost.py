@@ -3,8 +3,8 @@
 At idle every dispatch is one claim of one row (the notification carries
 nothing). This times, on one connection of the enqueuer's pool, each piece of
 that claim with one row waiting: a plain round trip (``SELECT 1``), the claim's
-statements sent by a sync connection, the same through the ``AsyncClientCursor``
-the repository uses, ``OutboxRepository.claim_batch`` up to the rows in hand
+statement sent by a sync connection, the same through ``ClaimStatement.begin``
+as the repository runs it, ``OutboxRepository.claim_batch`` up to the rows in hand
 (journal task started), and the settlement. Medians in ms over ``--samples``.
 """
 
@@ -19,11 +19,10 @@ import uuid
 from typing import Any
 
 import psycopg
-from psycopg import AsyncClientCursor
 
 from benchmarks.env import bench_env, machine_facts
 from dispatcher._testing.data import insert_rows
-from dispatcher.outbox import repository
+from dispatcher.outbox.claim_statement import PREPARE, claim_statement
 from dispatcher.outbox.repository import OutboxRepository, enqueuer_pool
 
 
@@ -37,15 +36,14 @@ async def measure(db_url: str, samples: int) -> dict[str, float]:
     repo = OutboxRepository(pool)
     times: dict[str, list[float]] = {
         "round trip (SELECT 1)": [],
-        "claim statements, sync": [],
-        "claim statements, AsyncClientCursor": [],
+        "claim statement, sync": [],
+        "claim statement, ClaimStatement.begin": [],
         "claim_batch, rows in hand": [],
         "settlement": [],
     }
-    params = repository._claim_params(100, 30.0)
-    statements = repository._BEGIN.replace("%(limit)s", "100").replace("%(hold_ms)s", "'30000'")
+    claim = claim_statement(100, 30.0)
     with psycopg.connect(db_url, autocommit=True) as sync:
-        for statement in repository._PREPARE:
+        for statement in PREPARE:
             sync.execute(statement)
 
         def one_row() -> None:
@@ -56,21 +54,22 @@ async def measure(db_url: str, samples: int) -> dict[str, float]:
             one_row()
             started = time.perf_counter()
             cur = sync.cursor()
-            cur.execute(statements)
+            cur.execute(claim.batch)
             while cur.nextset():
                 pass
-            times["claim statements, sync"].append(time.perf_counter() - started)
+            times["claim statement, sync"].append(time.perf_counter() - started)
             sync.execute("ROLLBACK")
         async with pool.connection() as conn:
-            await repo._prepare(conn)
+            await claim.begin(conn)  # prepares the claims on this session
+            await conn.rollback()
             for _ in range(samples):
                 started = time.perf_counter()
                 await conn.execute("SELECT 1")
                 times["round trip (SELECT 1)"].append(time.perf_counter() - started)
                 one_row()
                 started = time.perf_counter()
-                await AsyncClientCursor(conn).execute(repository._BEGIN, params)
-                times["claim statements, AsyncClientCursor"].append(time.perf_counter() - started)
+                await claim.begin(conn)
+                times["claim statement, ClaimStatement.begin"].append(time.perf_counter() - started)
                 await conn.rollback()
         for _ in range(samples):
             one_row()

@@ -137,9 +137,9 @@ async def not_yet_due(env: BenchEnv, *, waiting: int) -> dict[str, float]:
 def _claim_pages(url: str) -> float:
     """Pages one claim reads (shared hit + read), from EXPLAIN (ANALYZE, BUFFERS)."""
     with psycopg.connect(url) as conn:
+        conn.execute(QUERIES["prepare_claim_batch"])
         row = conn.execute(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES["claim_batch"],
-            {"limit": 100},
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE outbox_claim_batch (100)"
         ).fetchone()
         conn.rollback()
     assert row is not None

@@ -156,9 +156,9 @@ def _sample(v: Variant, minute: float, committed: int) -> Sample:
         ).fetchone()
         assert row is not None
         conn.execute("BEGIN")
-        plan = conn.execute(
-            b"EXPLAIN (ANALYZE, FORMAT JSON) " + QUERIES["claim_batch"].encode(),
-            {"limit": 100},  # as the enqueuer claims
+        conn.execute(QUERIES["prepare_claim_batch"])
+        plan = conn.execute(  # as the enqueuer claims
+            "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE outbox_claim_batch (100)"
         ).fetchone()
         conn.execute("ROLLBACK")
     claim_ms = float(plan[0][0]["Execution Time"]) if plan else float("nan")

@@ -8,7 +8,7 @@ older operator still reads what a newer one wrote. The conditions:
 - ``Progressing``: a rollout of an owned Deployment is under way.
 - ``Degraded``: something needs a human (an invalid spec, a missing Secret, an
   unreachable Redis or PostgreSQL, a Deployment name taken by another
-  dispatcher).
+  dispatcher, a Redis database whose shard key another dispatcher owns).
 - ``ShardsDraining``: the shard count was lowered (in force at once) and
   removed shards still hold entries or pending entries; workers read them
   until they are empty.
@@ -103,7 +103,11 @@ class OutboxDispatcherStatus(ResourceModel):
         max_length=16,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
-    queues: list[QueueStatus] = Field(default_factory=list, max_length=MAX_QUEUES)
+    queues: list[QueueStatus] = Field(
+        default_factory=list,
+        max_length=MAX_QUEUES,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
 
     def queue(self, name: str) -> QueueStatus | None:
         return next((q for q in self.queues if q.name == name), None)
@@ -124,6 +128,7 @@ class Reason:
     AS_EXPECTED = "AsExpected"
     POSTGRES_UNAVAILABLE = "PostgresUnavailable"
     NAME_CONFLICT = "NameConflict"
+    REDIS_CONFLICT = "RedisConflict"
     DEPLOYMENTS_UNAVAILABLE = "DeploymentsUnavailable"
     ROLLING_OUT = "RollingOut"
     ROLLOUT_COMPLETE = "RolloutComplete"

@@ -10,15 +10,19 @@ client-side ``kubectl apply`` can annotate). The result is vendored as ``schemas
 operator needs no schema package at run time.
 
 ``validate`` checks a value against one of those schemas the way the API server would with
-strict field validation (unknown fields refused), so the operator's model refuses what the CRD
-refuses even where no API server checked it first (an old CRD, a mock API).
+strict field validation (unknown fields refused, bounds, the keys of a list-map unique), so the
+operator's model refuses what the CRD refuses even where no API server checked it first (an old
+CRD, a mock API). ``CoreList`` is a spec field holding a list of one core type: bounded (CEL rules
+need bounds to fit the API server's cost budget), a list-map where Kubernetes keys it (server-side
+apply then merges by key, and a duplicate key is refused), with CEL rules on each item.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,7 @@ __all__ = [
     "CORE_SCHEMAS_PATH",
     "CORE_TYPES",
     "K8S_VERSION",
+    "CoreList",
     "build_core_schemas",
     "core_json_schema",
     "core_schema",
@@ -114,15 +119,37 @@ def validate(value: Any, schema: Mapping[str, Any], *, path: str = "") -> list[s
         return [f"{where}: must be of type {kind}"]
     if "enum" in schema and value not in schema["enum"]:
         return [f"{where}: must be one of {', '.join(map(str, schema['enum']))}"]
+    if kind == "string" and len(value) > schema.get("maxLength", len(value)):
+        return [f"{where}: at most {schema['maxLength']} characters"]
     if kind == "array":
-        return [
-            e
-            for i, item in enumerate(value)
-            for e in validate(item, schema["items"], path=f"{path}[{i}]")
-        ]
+        return _array_errors(value, schema, path=path)
     if kind == "object":
         return _object_errors(value, schema, path=path)
     return []
+
+
+def _array_errors(value: Sequence[Any], schema: Mapping[str, Any], *, path: str) -> list[str]:
+    if len(value) > schema.get("maxItems", len(value)):
+        return [f"{path or 'value'}: at most {schema['maxItems']} items"]
+    errors = [
+        e
+        for i, item in enumerate(value)
+        for e in validate(item, schema["items"], path=f"{path}[{i}]")
+    ]
+    keys = schema.get("x-kubernetes-list-map-keys")
+    return errors or (_duplicates(value, keys, path=path) if keys else [])
+
+
+def _duplicates(value: Sequence[Mapping[str, Any]], keys: Sequence[str], *, path: str) -> list[str]:
+    """A list-map's items whose keys an earlier item has (the API server's "Duplicate value")."""
+    errors, seen = [], set()
+    for i, item in enumerate(value):
+        key = tuple(item.get(k) for k in keys)
+        if key in seen:
+            named = ", ".join(f"{k}={v!r}" for k, v in zip(keys, key, strict=True))
+            errors.append(f"{path}[{i}]: duplicate {named}")
+        seen.add(key)
+    return errors
 
 
 def _object_errors(value: Mapping[str, Any], schema: Mapping[str, Any], *, path: str) -> list[str]:
@@ -140,28 +167,59 @@ def _object_errors(value: Mapping[str, Any], schema: Mapping[str, Any], *, path:
     return errors
 
 
-def _checker(name: str, *, many: bool) -> Callable[[Any], Any]:
+def _checker(schema: Callable[[], Mapping[str, Any]], what: str) -> AfterValidator:
     def check(value: Any) -> Any:
-        schema = core_schema(name)
-        errors = validate(
-            list(value) if many else value, {"type": "array", "items": schema} if many else schema
-        )
+        errors = validate(value, schema())
         if errors:
-            raise ValueError(f"not a valid core/v1 {name}: {'; '.join(errors[:5])}")
+            raise ValueError(f"not a valid core/v1 {what}: {'; '.join(errors[:5])}")
         return value
 
-    return check
+    return AfterValidator(check)
 
 
-def core_validator(name: str, *, many: bool) -> AfterValidator:
-    """Pydantic metadata: validate a value (a list of them if ``many``) as core/v1 ``name``."""
-    return AfterValidator(_checker(name, many=many))
+def core_validator(name: str) -> AfterValidator:
+    """Pydantic metadata: validate a value as core/v1 ``name``."""
+    return _checker(lambda: core_schema(name), name)
 
 
-def core_json_schema(name: str, *, many: bool) -> WithJsonSchema:
-    """Pydantic metadata: the CRD schema of core/v1 ``name`` (a list of them if ``many``)."""
-    if many:
-        return WithJsonSchema(
-            {"type": "array", "items": core_schema(name), "description": f"core/v1 {name} list"}
-        )
+def core_json_schema(name: str) -> WithJsonSchema:
+    """Pydantic metadata: the CRD schema of core/v1 ``name``."""
     return WithJsonSchema({**core_schema(name), "description": f"core/v1 {name}"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class CoreList:
+    """A spec field holding a list of core/v1 ``name``: its schema and its validator.
+
+    ``keys`` make it a list-map (as Kubernetes keys that list in a Pod), ``rules`` are CEL rules
+    on each item, ``max_lengths`` bound an item's string fields so those rules fit the cost
+    budget. The validator checks the same schema (the rules' twins live in the model).
+    """
+
+    name: str
+    max_items: int
+    keys: tuple[str, ...] = ()
+    rules: tuple[Mapping[str, str], ...] = ()
+    max_lengths: Mapping[str, int] = field(default_factory=dict)
+
+    def schema(self) -> dict[str, Any]:
+        item = dict(core_schema(self.name))
+        item["properties"] = {
+            key: {**sub, "maxLength": self.max_lengths[key]} if key in self.max_lengths else sub
+            for key, sub in item["properties"].items()
+        }
+        if self.keys:
+            item["required"] = sorted({*item.get("required", ()), *self.keys})
+        if self.rules:
+            item["x-kubernetes-validations"] = [dict(rule) for rule in self.rules]
+        out: dict[str, Any] = {"type": "array", "maxItems": self.max_items, "items": item}
+        if self.keys:
+            out["x-kubernetes-list-type"] = "map"
+            out["x-kubernetes-list-map-keys"] = list(self.keys)
+        return out
+
+    def validator(self) -> AfterValidator:
+        return _checker(self.schema, f"{self.name} list")
+
+    def json_schema(self) -> WithJsonSchema:
+        return WithJsonSchema({**self.schema(), "description": f"core/v1 {self.name} list"})

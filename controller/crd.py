@@ -23,7 +23,7 @@ from controller.coretypes import CORE_SCHEMAS_PATH, K8S_VERSION, build_core_sche
 from controller.model import NAME_RULE, OutboxDispatcherSpec
 from controller.resource import API_GROUP, API_VERSION, KIND, PLURAL, SHORT_NAME, SINGULAR
 
-__all__ = ["CRD_PATH", "build_crd", "core_schemas_json", "crd_yaml", "structural"]
+__all__ = ["CRD_PATH", "build_crd", "cel_rules", "core_schemas_json", "crd_yaml", "structural"]
 
 _ROOT = Path(__file__).resolve().parent.parent
 CRD_PATH = _ROOT / "crds" / "outboxdispatchers.yaml"
@@ -150,6 +150,21 @@ def build_crd() -> dict[str, Any]:
             ],
         },
     }
+
+
+def cel_rules(
+    node: dict[str, Any] | None = None, path: str = ""
+) -> list[tuple[str, dict[str, str]]]:
+    """Every CEL rule of the CRD with the path of the node it checks (``spec.queues[*]``)."""
+    if node is None:
+        node = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    found = [(path, rule) for rule in node.get("x-kubernetes-validations", [])]
+    for name, sub in node.get("properties", {}).items():
+        found += cel_rules(sub, f"{path}.{name}".lstrip("."))
+    for key, suffix in (("items", "[*]"), ("additionalProperties", ".*")):
+        if isinstance(node.get(key), dict):
+            found += cel_rules(node[key], path + suffix)
+    return found
 
 
 def _printer_columns() -> list[dict[str, Any]]:

@@ -5,18 +5,21 @@ a finalizer to a resource for timers, daemons and change handlers; with none
 of those, it adds none, and removes the one an older version of this operator
 added. ``register`` wires one ``Operator`` into a kopf registry, so tests and
 the ``dispatcher operator`` command build their own; importing this module also
-registers a default one, so ``kopf run -m controller.handlers`` works too.
+registers a default one, so ``kopf run -m controller.handlers`` works too. With a
+``LeaseConfig``, the startup activity starts the leader election (``controller.leader``)
+and the cleanup one (kopf runs it on SIGTERM) releases the Lease.
 """
 
 from __future__ import annotations
 
-import os
-import socket
+import asyncio
+import contextlib
 from typing import Any
 
 import kopf
 
 from controller.identity import MANAGED_BY
+from controller.leader import LeaseConfig, LeaseElector, api_client, identity
 from controller.operator import Operator, WatchEvent
 from controller.operator_config import OperatorConfig
 from controller.resource import API_GROUP, API_VERSION, PLURAL
@@ -36,7 +39,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
         prefix=API_GROUP, key="last-handled-configuration"
     )
     settings.posting.loggers = False
-    settings.posting.reporting_instance = os.environ.get("POD_NAME") or socket.gethostname()
+    settings.posting.reporting_instance = identity()
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -49,16 +52,32 @@ def register_login(registry: kopf.OperatorRegistry) -> None:
     kopf.on.login(registry=registry)(login)
 
 
-def register(registry: kopf.OperatorRegistry, operator: Operator) -> Operator:
-    """Add the operator's handlers to ``registry``; return ``operator`` for convenience."""
+def register(
+    registry: kopf.OperatorRegistry, operator: Operator, *, election: LeaseConfig | None = None
+) -> Operator:
+    """Add the operator's handlers to ``registry``; return ``operator`` for convenience.
+
+    ``election``: run passes only while holding this Lease (``operator.leadership`` then
+    starts not leading).
+    """
+    electing: list[tuple[LeaseElector, asyncio.Task[None]]] = []
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
-        operator.settings = settings
+        operator.starting(settings)
+        if election is not None:
+            client = api_client()
+            elector = LeaseElector(election, client=client, leadership=operator.leadership)
+            electing.append((elector, asyncio.create_task(elector.run(), name="lease")))
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
+        for elector, task in electing:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await elector.release()
         await operator.close()
 
     @kopf.on.probe(registry=registry, id="crd")

@@ -72,6 +72,7 @@ _KINDS = {
     "Deployment": ("/apis/apps/v1", "deployments"),
     "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
     "Job": ("/apis/batch/v1", "jobs"),
+    KIND: (f"/apis/{API_GROUP}/{API_VERSION}", PLURAL),  # read: who owns a shard key
 }
 
 

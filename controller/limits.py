@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
 
-from controller.resource import ResourceModel
+from controller.resource import ResourceModel, cel_rule
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.limits import (
     MAX_RATE,
@@ -30,10 +30,7 @@ from dispatcher.stream.limits import (
 
 __all__ = ["BURST_RULE", "LimitsSpec", "limits_to_write", "publish_limits"]
 
-BURST_RULE: dict[str, Any] = {
-    "rule": "!has(self.burst) || has(self.rate)",
-    "message": "burst requires rate",
-}
+BURST_RULE = cel_rule("!has(self.burst) || has(self.rate)", "burst requires rate")
 
 
 class LimitsSpec(ResourceModel):

@@ -5,8 +5,9 @@ This is the source of truth of the CRD: ``controller.crd`` renders the CRD's
 ``controller.podsettings`` and the status of ``controller.conditions`` (bounds,
 enums, defaults and the CEL rules in ``x-kubernetes-validations``), and a test
 fails if ``crds/outboxdispatchers.yaml`` drifts from it. Every CEL rule has a
-pydantic twin here, so a spec that slips past the API server (an old CRD, a
-mock API) is still refused by the operator with the same message.
+pydantic twin (here, or in ``controller.podsettings`` for the pod settings'), so a
+spec that slips past the API server (an old CRD, a mock API) is still refused by
+the operator with the same message.
 
 No credentials live in the spec: PostgreSQL and Redis are reached through
 ``secretRef: {name, key}`` to a Secret in the resource's namespace.
@@ -23,8 +24,8 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from controller.limits import LimitsSpec
-from controller.podsettings import DNS_SUBDOMAIN_PATTERN, PodSettings
-from controller.resource import ResourceModel
+from controller.podsettings import DNS_SUBDOMAIN_PATTERN, POD_RULES, PodSettings
+from controller.resource import ResourceModel, cel_rule
 from dispatcher.config import STREAM_SHARDS
 from dispatcher.options import default_of, option_of, pydantic_field
 from dispatcher.outbox.enqueuer_config import EnqueuerConfig
@@ -44,7 +45,6 @@ __all__ = [
     "Resources",
     "Role",
     "SecretRef",
-    "cel_rules",
 ]
 
 DEFAULT_VERSION_TAG = "0.1.0"
@@ -61,10 +61,10 @@ MAX_RUNS: int = default_of(WorkerConfig, "max_runs")
 MAX_RUNS_CONFLICT = "maxDeliveries is the old name of maxRuns: set one, or both to the same value"
 # The resource name goes into Deployment names and label values (<= 63 characters).
 MAX_NAME = 50
-NAME_RULE = {
-    "rule": f"self.metadata.name.size() <= {MAX_NAME}",
-    "message": f"metadata.name must be at most {MAX_NAME} characters",
-}
+NAME_RULE = cel_rule(
+    f"self.metadata.name.size() <= {MAX_NAME}",
+    f"metadata.name must be at most {MAX_NAME} characters",
+)
 
 Quantity = Annotated[
     int | str,
@@ -85,10 +85,6 @@ def _enqueuer(name: str, **overrides: Any) -> Any:
 def _worker(name: str, **overrides: Any) -> Any:
     """A field of a queue's spec: the `dispatcher worker` flag's default, bound, help."""
     return pydantic_field(option_of(WorkerConfig, name), **overrides)
-
-
-def _rule(rule: str, message: str) -> dict[str, Any]:
-    return {"rule": rule, "message": message}
 
 
 class SecretRef(ResourceModel):
@@ -124,7 +120,7 @@ class RedisSpec(ResourceModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                _rule(
+                cel_rule(
                     "has(self.secretRef) || (has(self.enqueuerSecretRef) && "
                     "has(self.workerSecretRef) && has(self.operatorSecretRef))",
                     "set secretRef, or all of enqueuerSecretRef, workerSecretRef and "
@@ -211,8 +207,11 @@ class QueueSpec(PodSettings):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
-                _rule("self.minReplicas <= self.maxReplicas", "minReplicas must be <= maxReplicas"),
-                _rule(
+                *POD_RULES,
+                cel_rule(
+                    "self.minReplicas <= self.maxReplicas", "minReplicas must be <= maxReplicas"
+                ),
+                cel_rule(
                     "!has(self.maxRuns) || !has(self.maxDeliveries) || "
                     "self.maxRuns == self.maxDeliveries",
                     MAX_RUNS_CONFLICT,
@@ -284,18 +283,6 @@ class QueueSpec(PodSettings):
 class OutboxDispatcherSpec(ResourceModel):
     """The desired dispatcher: shard count, connections, enqueuer and queues."""
 
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                _rule(
-                    "!has(self.queues) || "
-                    "self.queues.all(q, self.queues.exists_one(p, p.name == q.name))",
-                    "queue names must be unique",
-                )
-            ]
-        }
-    )
-
     shards: int = pydantic_field(
         STREAM_SHARDS,
         description="streams per queue, written to composer:stream_shards; lowering it is in "
@@ -304,8 +291,16 @@ class OutboxDispatcherSpec(ResourceModel):
     postgres: PostgresSpec
     redis: RedisSpec
     enqueuer: EnqueuerSpec = Field(default_factory=EnqueuerSpec, json_schema_extra={"default": {}})
+    # A list-map keyed by name: the API server refuses a duplicate name, and server-side apply
+    # merges queues of several field managers by name.
     queues: list[QueueSpec] = Field(
-        default_factory=list, max_length=MAX_QUEUES, json_schema_extra={"default": []}
+        default_factory=list,
+        max_length=MAX_QUEUES,
+        json_schema_extra={
+            "default": [],
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+        },
     )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["json", "text"] = "json"
@@ -323,17 +318,3 @@ class OutboxDispatcherSpec(ResourceModel):
 
     def queue(self, name: str) -> QueueSpec | None:
         return next((q for q in self.queues if q.name == name), None)
-
-
-def cel_rules() -> list[tuple[str, dict[str, str]]]:
-    """Every CEL rule with its JSON path in the spec (for tests and docs)."""
-    found: list[tuple[str, dict[str, str]]] = [("", NAME_RULE)]
-    for path, model in (
-        ("spec", OutboxDispatcherSpec),
-        ("spec.redis", RedisSpec),
-        ("spec.queues[*]", QueueSpec),
-        ("spec.queues[*].limits", LimitsSpec),
-    ):
-        extra: Any = model.model_config.get("json_schema_extra") or {}
-        found.extend((path, rule) for rule in extra.get("x-kubernetes-validations", []))
-    return found

@@ -16,6 +16,10 @@ dispatcher needs no operator at all.
 The status is written whole after each pass, only when it changed, always with
 ``observedGeneration``. A failing pass is retried with exponential backoff.
 
+With several replicas, passes run only while ``leadership`` says this replica leads
+(``controller.leader``): the loops wait until then, and a pass is cancelled when the
+Lease is lost. The watches keep running on every replica.
+
 Its twin by name, ``dispatcher.cli.operator``, is the command layer that
 starts this (``dispatcher operator``).
 """
@@ -36,6 +40,7 @@ from controller.cache import Cache
 from controller.effects import NotYetKnown
 from controller.identity import Owner
 from controller.k8s import KubeApi
+from controller.leadership import Leadership, NotLeading
 from controller.metrics import OperatorMetrics
 from controller.operator_config import OperatorConfig
 from controller.probes import CrdProbe, PostgresProbe
@@ -43,6 +48,7 @@ from controller.reconcile import Context, parse_spec, parse_status, reconcile_on
 from controller.redis_access import RedisPool
 from controller.report import Failure, Pass, degraded_events, status_after
 from controller.resource import KIND
+from controller.shard_owner import in_conflict, release_marker
 
 __all__ = ["Operator", "WatchEvent"]
 
@@ -85,6 +91,10 @@ class Operator:
     # Where the operator's metrics go (the process registry in `dispatcher operator`).
     registry: CollectorRegistry | None = None
     crd: CrdProbe = field(default_factory=CrdProbe)
+    # Raised by kopf once its start-up activities finished (``kopf.operator(ready_flag=...)``).
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    _first_probe: asyncio.Task[None] | None = None
+    leadership: Leadership = field(default_factory=Leadership.always)
 
     def __post_init__(self) -> None:
         self.redis = RedisPool(timeout=self.config.redis_timeout)
@@ -102,6 +112,29 @@ class Operator:
     async def crd_probe(self, logger: logging.Logger | logging.LoggerAdapter[Any]) -> str:
         """kopf's liveness probe (``controller.probes.CrdProbe``)."""
         return await self.crd.check(self.api(logger))
+
+    def starting(self, settings: kopf.OperatorSettings) -> None:
+        """From kopf's start-up handler: its settings, and the CRD asked once kopf started."""
+        self.settings = settings
+        # Created here, so it runs in kopf's context, where its API client has credentials.
+        self._first_probe = asyncio.create_task(self._probe_crd_once(), name="first CRD probe")
+
+    async def _probe_crd_once(self) -> None:
+        await self.started.wait()
+        while self.crd.served_at_start is None and not self._closing:
+            try:
+                await self.crd_probe(log)
+            except Exception as exc:  # not served, or no answer: say so, and ask again
+                log.warning("the CRD probe failed: %s", exc)
+                await asyncio.sleep(self.config.retry_base)
+
+    def ready(self) -> bool:
+        """Readiness: kopf's start-up finished (its watches and liveness endpoint start then),
+        the CRD was served then, and the operator is not shutting down.
+
+        Leading is no part of it: a standby replica waiting for the lease is ready too.
+        """
+        return self.started.is_set() and not self._closing and self.crd.served_at_start is True
 
     # -- what the watches report ------------------------------------------------------------
 
@@ -129,7 +162,7 @@ class Operator:
                 self.wake((str(meta.get("namespace")), str(ref.get("name"))), quiet=True)
 
     async def _forget(self, key: Key) -> None:
-        self.dispatchers.pop(key, None)
+        body = self.dispatchers.pop(key, None)
         self._written.pop(key, None)
         self.postgres.forget(key)
         self._locks.pop(key, None)
@@ -139,6 +172,13 @@ class Operator:
         self._wakes.pop(key, None)
         self._migrating.discard(key)
         self.metrics.forget(namespace=key[0], dispatcher=key[1])
+        client = self.redis.held(key)
+        if body is not None and client is not None and self.leadership.leading:
+            uid = str(body.get("metadata", {}).get("uid"))
+            if await release_marker(client, me=Owner(name=key[1], namespace=key[0], uid=uid)):
+                for other, found in list(self.dispatchers.items()):  # one may own it now
+                    if in_conflict(self._written.get(other, found.get("status") or {})):
+                        self.wake(other)
         await self.redis.drop(key)
 
     def wake(self, key: Key, *, quiet: bool = False) -> None:
@@ -152,7 +192,7 @@ class Operator:
 
     async def close(self) -> None:
         self._closing = True
-        tasks = list(self._tasks.values())
+        tasks = [*self._tasks.values(), *([self._first_probe] if self._first_probe else [])]
         self._tasks.clear()
         for task in tasks:
             task.cancel()
@@ -162,12 +202,18 @@ class Operator:
     # -- the loop -------------------------------------------------------------------------
 
     async def _loop(self, key: Key) -> None:
-        retry = 0
+        retry, term = 0, self.leadership.term
         while key in self.dispatchers and not self._closing:
+            await self.leadership.wait()
+            if self.leadership.term != term:  # another replica led meanwhile: its status
+                term = self.leadership.term
+                self._written.pop(key, None)
             wake = self._wakes.setdefault(key, asyncio.Event())
             wake.clear()
             try:
-                healthy = await self.sync(key)
+                healthy = await self.leadership.run(self.sync(key))
+            except NotLeading:
+                continue
             except NotYetKnown as exc:
                 log.debug("%s/%s: %s, not in the watch cache yet", *key, exc)
                 healthy = False

@@ -5,21 +5,29 @@ templates as is (``controller.pods`` merges it after the operator's own settings
 core types (``env``, ``volumes``, ``tolerations``, ...) are the Kubernetes API's own, validated
 and described by the official schemas (``controller.coretypes``). What the operator sets
 itself is reserved: its environment, the ``/tmp`` volume and the labels its selectors use.
+
+Those reservations are CEL rules in the CRD, so the API server refuses such a resource at
+``kubectl apply``; ``PodSettings._reserved`` is their twin (same messages) for a spec that
+reached the operator without them (an old CRD). The keyed lists are list-maps, as in a Pod:
+``env`` and ``volumes`` by name, ``volumeMounts`` by mountPath, ``imagePullSecrets`` by name,
+``topologySpreadConstraints`` by topologyKey and whenUnsatisfiable.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from controller.coretypes import core_json_schema, core_validator
-from controller.resource import API_GROUP, ResourceModel
+from controller.coretypes import CoreList, core_json_schema, core_validator
+from controller.resource import API_GROUP, ResourceModel, cel_rule
 
 __all__ = [
     "DNS_SUBDOMAIN_PATTERN",
     "MANAGED_ENV",
     "MANAGED_LABEL_PREFIXES",
+    "POD_RULES",
     "TMP_VOLUME",
     "PodSettings",
 ]
@@ -45,38 +53,60 @@ TMP_VOLUME = "tmp"
 MANAGED_LABEL_PREFIXES = ("app.kubernetes.io/", f"{API_GROUP}/")
 
 
+_RESERVED_ENV = sorted(MANAGED_ENV)
+ENV_RULE = cel_rule(
+    f"!(self.name in {json.dumps(_RESERVED_ENV)})",
+    f"env names {', '.join(_RESERVED_ENV)} are set by the operator",
+)
+TMP_VOLUME_RULE = cel_rule(
+    f'self.name != "{TMP_VOLUME}"', f"volume name '{TMP_VOLUME}' is reserved (the /tmp emptyDir)"
+)
+TMP_MOUNT_RULE = cel_rule(
+    '!self.mountPath.matches("^/tmp/*$")', "mountPath /tmp is reserved (an emptyDir)"
+)
+LABEL_RULE = cel_rule(
+    "self.all(k, "
+    + " && ".join(f'!k.startsWith("{prefix}")' for prefix in MANAGED_LABEL_PREFIXES)
+    + ")",
+    f"podLabels keys under {' or '.join(MANAGED_LABEL_PREFIXES)} are set by the operator",
+)
+MOUNT_RULE = cel_rule(
+    "!has(self.volumeMounts) || self.volumeMounts.all(m, "
+    "has(self.volumes) && self.volumes.exists(v, v.name == m.name))",
+    "every volumeMount must name a volume in volumes",
+)
+# The rules across a PodSettings' fields (a subclass with rules of its own lists these first).
+POD_RULES = [MOUNT_RULE]
+# A volume name is a DNS label; a mount names one. Bounds keep the rules' cost in budget.
+_NAME = {"name": 63}
+ENV = CoreList(name="EnvVar", max_items=128, keys=("name",), rules=(ENV_RULE,))
+ENV_FROM = CoreList(name="EnvFromSource", max_items=32)
+VOLUMES = CoreList(
+    name="Volume", max_items=64, keys=("name",), rules=(TMP_VOLUME_RULE,), max_lengths=_NAME
+)
+MOUNTS = CoreList(
+    name="VolumeMount",
+    max_items=64,
+    keys=("mountPath",),
+    rules=(TMP_MOUNT_RULE,),
+    max_lengths={**_NAME, "mountPath": 1024},
+)
+PULL_SECRETS = CoreList(name="LocalObjectReference", max_items=16, keys=("name",))
+TOLERATIONS = CoreList(name="Toleration", max_items=64)
+SPREAD = CoreList(
+    name="TopologySpreadConstraint", max_items=16, keys=("topologyKey", "whenUnsatisfiable")
+)
+
 StringMap = Annotated[dict[str, str], Field(max_length=64)]
 _Objects = list[dict[str, Any]]
-EnvVars = Annotated[
-    _Objects, core_validator("EnvVar", many=True), core_json_schema("EnvVar", many=True)
-]
-EnvFromSources = Annotated[
-    _Objects,
-    core_validator("EnvFromSource", many=True),
-    core_json_schema("EnvFromSource", many=True),
-]
-Volumes = Annotated[
-    _Objects, core_validator("Volume", many=True), core_json_schema("Volume", many=True)
-]
-VolumeMounts = Annotated[
-    _Objects, core_validator("VolumeMount", many=True), core_json_schema("VolumeMount", many=True)
-]
-ObjectReferences = Annotated[
-    _Objects,
-    core_validator("LocalObjectReference", many=True),
-    core_json_schema("LocalObjectReference", many=True),
-]
-Tolerations = Annotated[
-    _Objects, core_validator("Toleration", many=True), core_json_schema("Toleration", many=True)
-]
-TopologySpread = Annotated[
-    _Objects,
-    core_validator("TopologySpreadConstraint", many=True),
-    core_json_schema("TopologySpreadConstraint", many=True),
-]
-Affinity = Annotated[
-    dict[str, Any], core_validator("Affinity", many=False), core_json_schema("Affinity", many=False)
-]
+EnvVars = Annotated[_Objects, ENV.validator(), ENV.json_schema()]
+EnvFromSources = Annotated[_Objects, ENV_FROM.validator(), ENV_FROM.json_schema()]
+Volumes = Annotated[_Objects, VOLUMES.validator(), VOLUMES.json_schema()]
+VolumeMounts = Annotated[_Objects, MOUNTS.validator(), MOUNTS.json_schema()]
+ObjectReferences = Annotated[_Objects, PULL_SECRETS.validator(), PULL_SECRETS.json_schema()]
+Tolerations = Annotated[_Objects, TOLERATIONS.validator(), TOLERATIONS.json_schema()]
+TopologySpread = Annotated[_Objects, SPREAD.validator(), SPREAD.json_schema()]
+Affinity = Annotated[dict[str, Any], core_validator("Affinity"), core_json_schema("Affinity")]
 
 
 class PodSettings(ResourceModel):
@@ -86,6 +116,8 @@ class PodSettings(ResourceModel):
     their official schemas. The operator's own environment, the ``tmp`` volume and the labels
     its selectors use are reserved.
     """
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [*POD_RULES]})
 
     env: EnvVars = Field(default_factory=list)
     env_from: EnvFromSources = Field(default_factory=list)
@@ -106,26 +138,29 @@ class PodSettings(ResourceModel):
         default=None, pattern=DNS_SUBDOMAIN_PATTERN, max_length=253
     )
     pod_annotations: StringMap | None = None
-    pod_labels: StringMap | None = None
+    pod_labels: StringMap | None = Field(
+        default=None, json_schema_extra={"x-kubernetes-validations": [LABEL_RULE]}
+    )
 
     @model_validator(mode="after")
     def _reserved(self) -> PodSettings:
+        """The twin of the CEL rules above: each problem is its rule's message, and which."""
         problems = [
-            f"env {e['name']} is set by the operator"
-            for e in self.env
-            if e.get("name") in MANAGED_ENV
+            f"{ENV_RULE['message']} ({e['name']})" for e in self.env if e.get("name") in MANAGED_ENV
         ]
         volumes = {v.get("name") for v in self.volumes}
         if TMP_VOLUME in volumes:
-            problems.append(f"volume name {TMP_VOLUME!r} is reserved (the /tmp emptyDir)")
+            problems.append(TMP_VOLUME_RULE["message"])
         for mount in self.volume_mounts:
             if mount.get("name") not in volumes:
-                problems.append(f"volumeMount {mount.get('name')!r} names no volume in volumes")
+                problems.append(f"{MOUNT_RULE['message']} ({mount.get('name')!r} names none)")
             if str(mount.get("mountPath", "")).rstrip("/") == "/tmp":
-                problems.append("mountPath /tmp is reserved (an emptyDir)")
-        for key in self.pod_labels or {}:
-            if key.startswith(MANAGED_LABEL_PREFIXES):
-                problems.append(f"pod label {key} is set by the operator")
+                problems.append(TMP_MOUNT_RULE["message"])
+        problems += [
+            f"{LABEL_RULE['message']} ({key})"
+            for key in self.pod_labels or {}
+            if key.startswith(MANAGED_LABEL_PREFIXES)
+        ]
         if problems:
             raise ValueError("; ".join(problems))
         return self

@@ -4,7 +4,9 @@
 read its Secrets (every one a pod or Job references must exist, so a missing
 one is a condition rather than pods stuck in ``CreateContainerConfigError``),
 check PostgreSQL, measure Redis in one round trip (with the operator's own
-credentials), publish the shard count, run the migration Job for the
+credentials), make sure this dispatcher owns the database's shard key (else
+``RedisConflict``, and nothing else is written: ``controller.shard_owner``), publish the
+shard count, run the migration Job for the
 enqueuer's image, render and apply the enqueuer (once migrated) and worker
 Deployments (with the autoscaler's replica counts) and their
 PodDisruptionBudgets, drain the workers of removed queues, and read the
@@ -43,6 +45,7 @@ from controller.pods import WorkloadDefaults
 from controller.redis_access import Measurement, RedisProblem, measure, redis_message
 from controller.render import build_enqueuer_deployment, build_worker_deployment
 from controller.report import Failure, Pass
+from controller.shard_owner import ownership_problem
 from controller.shard_policy import ShardDecision, decide_shards, draining_shards
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.discovery import existing_shards
@@ -121,6 +124,12 @@ async def reconcile_once(ctx: Context) -> Pass:
     draining_queues = _draining_queues(ctx)
     measured, redis_problem = await _measure(ctx, url=redis_url, draining=draining_queues)
     problem = redis_problem or problem
+    if measured is not None:
+        conflict = await ownership_problem(
+            ctx.redis(redis_url), api=ctx.api, me=owner, marker=measured.owner
+        )
+        if conflict is not None:
+            return Pass(problem=conflict)
     decision = (
         await _shards(ctx, url=redis_url, measured=measured) if measured is not None else None
     )

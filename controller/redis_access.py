@@ -1,9 +1,10 @@
 """Everything the operator asks Redis, in as few round trips as possible.
 
 ``measure`` reads, in one pipelined round trip per dispatcher, the published
-shard count and each shard stream's length and pending count (delivered to the
-workers' group, not yet acked) for every queue the operator cares about: the
-queues of the spec and those still draining. The shard decision, the
+shard count, its owner marker (``controller.shard_owner``) and each shard
+stream's length and pending count (delivered to the workers' group, not yet
+acked) for every queue the operator cares about: the queues of the spec and those
+still draining. The shard decision, the
 autoscaler and the drain check all work from that one ``Measurement``.
 
 One client is kept per dispatcher (``RedisPool``), replaced when its URL
@@ -20,10 +21,11 @@ from typing import Any
 from redis.exceptions import RedisError, ResponseError
 
 from dispatcher.redis_client import RedisClient, connect_redis
-from dispatcher.stream.naming import SHARDS_KEY, WORKER_GROUP, task_stream
+from dispatcher.stream.naming import SHARDS_KEY, SHARDS_OWNER_KEY, WORKER_GROUP, task_stream
 from dispatcher.stream.shard_count import InvalidShardCount, parse_shard_count
 
 __all__ = [
+    "NOT_TEXT",
     "WORKER_GROUP",
     "Measurement",
     "RedisPool",
@@ -37,11 +39,12 @@ RedisProblem = (RedisError, OSError, InvalidShardCount)
 
 @dataclass(frozen=True, slots=True)
 class Measurement:
-    """The published shard count and, per stream, (length, pending)."""
+    """The published shard count, its owner marker as read, and per stream (length, pending)."""
 
     published: int | None
     streams: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     shards: int = 1  # how many shards of each queue were read
+    owner: Any = None  # the raw value of SHARDS_OWNER_KEY (None: no marker)
 
     def queue(self, queue: str) -> tuple[int, int]:
         """Entries (not yet acked, since acked ones are deleted) and pending ones, summed."""
@@ -52,22 +55,44 @@ class Measurement:
         return {s: self.streams.get(s, (0, 0))[0] for s in streams}
 
 
+# What the owner marker reads as when it holds bytes that are not UTF-8 (a decoding client
+# cannot return them): something that is not an owner record.
+NOT_TEXT = b"\xff"
+
+
 async def _pipelined(
     client: RedisClient, *, queues: list[str], shards: int
-) -> tuple[int | None, dict[str, tuple[int, int]]]:
+) -> tuple[int | None, Any, dict[str, tuple[int, int]]]:
+    try:
+        return await _pipelined_once(client, queues=queues, shards=shards, marker=True)
+    except UnicodeDecodeError:  # the marker is not text (the count is read again: an error)
+        published, _, found = await _pipelined_once(
+            client, queues=queues, shards=shards, marker=False
+        )
+        return published, NOT_TEXT, found
+
+
+async def _pipelined_once(
+    client: RedisClient, *, queues: list[str], shards: int, marker: bool
+) -> tuple[int | None, Any, dict[str, tuple[int, int]]]:
     streams = [task_stream(q, s) for q in queues for s in range(shards)]
     pipe: Any = client.pipeline(transaction=False)
     pipe.get(SHARDS_KEY)
+    if marker:
+        pipe.get(SHARDS_OWNER_KEY)
+    else:
+        pipe.ping()
     for stream in streams:
         pipe.xlen(stream)
         pipe.xpending(stream, WORKER_GROUP)
     replies = await pipe.execute(raise_on_error=False)
-    raw = replies[0]
-    if isinstance(raw, Exception):
-        raise raw
+    raw, owner = replies[0], replies[1]
+    for reply in (raw, owner):
+        if isinstance(reply, Exception):
+            raise reply
     found: dict[str, tuple[int, int]] = {}
     for i, stream in enumerate(streams):
-        length, pending = replies[1 + 2 * i], replies[2 + 2 * i]
+        length, pending = replies[2 + 2 * i], replies[3 + 2 * i]
         if isinstance(length, Exception):
             raise length
         if isinstance(pending, ResponseError):  # no such stream or group yet: nothing pending
@@ -75,7 +100,7 @@ async def _pipelined(
         elif isinstance(pending, Exception):
             raise pending
         found[stream] = (int(length), int(pending.get("pending") or 0))
-    return (None if raw is None else parse_shard_count(raw)), found
+    return (None if raw is None else parse_shard_count(raw)), owner, found
 
 
 async def measure(client: RedisClient, *, queues: Iterable[str], shards: int) -> Measurement:
@@ -85,11 +110,11 @@ async def measure(client: RedisClient, *, queues: Iterable[str], shards: int) ->
     second round trip reads the streams up to it, so no entry goes unseen.
     """
     names = sorted(set(queues))
-    published, streams = await _pipelined(client, queues=names, shards=shards)
+    published, owner, streams = await _pipelined(client, queues=names, shards=shards)
     if published is not None and published > shards:
         shards = published
-        published, streams = await _pipelined(client, queues=names, shards=shards)
-    return Measurement(published=published, streams=streams, shards=shards)
+        published, owner, streams = await _pipelined(client, queues=names, shards=shards)
+    return Measurement(published=published, streams=streams, shards=shards, owner=owner)
 
 
 @dataclass
@@ -107,6 +132,11 @@ class RedisPool:
         client = connect_redis(url, cluster=cluster, socket_timeout=self.timeout)
         self._clients[key] = (fingerprint, client)
         return client
+
+    def held(self, key: tuple[str, str]) -> RedisClient | None:
+        """The client of ``key``'s dispatcher, if it has one."""
+        held = self._clients.get(key)
+        return None if held is None else held[1]
 
     async def drop(self, key: tuple[str, str]) -> None:
         held = self._clients.pop(key, None)

@@ -7,6 +7,8 @@ camelCase field names on the wire, snake_case in Python.
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
@@ -18,6 +20,7 @@ __all__ = [
     "SHORT_NAME",
     "SINGULAR",
     "ResourceModel",
+    "cel_rule",
 ]
 
 API_GROUP = "dispatch.composer.dev"
@@ -34,3 +37,9 @@ class ResourceModel(BaseModel):
     model_config = ConfigDict(
         frozen=True, alias_generator=to_camel, populate_by_name=True, extra="forbid"
     )
+
+
+def cel_rule(rule: str, message: str) -> dict[str, Any]:
+    """A CEL rule of the CRD (an ``x-kubernetes-validations`` entry); its model twin says
+    ``message`` too."""
+    return {"rule": rule, "message": message}

@@ -1,7 +1,8 @@
 """outbox-dispatcher: PostgreSQL transactional outbox -> sharded Redis Streams -> workers.
 
-The public API. Applications call ``enqueue_dispatch`` (or its async twin)
-inside their own transaction; ``OutboxEnqueuer`` and ``Worker`` are the two
+The public API. Applications call ``enqueue_dispatch`` and ``cancel_run`` (or
+their async twins) inside their own transaction; handlers may poll
+``cancel_requested``; ``OutboxEnqueuer`` and ``Worker`` are the two
 long-running halves, normally run through the ``dispatcher`` command.
 """
 
@@ -9,6 +10,8 @@ from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.outbox import (
     EnqueuerConfig,
     OutboxEnqueuer,
+    cancel_run,
+    cancel_run_async,
     enqueue_dispatch,
     enqueue_dispatch_async,
 )
@@ -19,7 +22,7 @@ from dispatcher.stream import (
     shard_for,
     task_stream,
 )
-from dispatcher.worker import Worker, WorkerConfig
+from dispatcher.worker import Worker, WorkerConfig, cancel_requested
 
 __all__ = [
     "EnqueuerConfig",
@@ -30,6 +33,9 @@ __all__ = [
     "TaskMessage",
     "Worker",
     "WorkerConfig",
+    "cancel_requested",
+    "cancel_run",
+    "cancel_run_async",
     "enqueue_dispatch",
     "enqueue_dispatch_async",
     "queue_streams",

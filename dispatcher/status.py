@@ -12,8 +12,10 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.outbox.backpressure import MemoryMarks, memory_ratio
+from dispatcher.outbox.queries import QUERIES
 from dispatcher.outbox.repository import STATUSES, OutboxRepository
 from dispatcher.redis_client import RedisClient, aof_enabled, server_infos
+from dispatcher.stream.cancels import count_cancelled
 from dispatcher.stream.limits import LimitUsage, limited_queues, read_usage, render_usage
 from dispatcher.stream.naming import (
     DEAD_STREAM_PREFIX,
@@ -41,6 +43,10 @@ class StatusReport:
     redis_memory: float | None = None
     # Redis runs with appendonly yes (every master of a Cluster): its streams survive a restart.
     redis_aof: bool | None = None
+    # Runs cancelled for the workers now (workflow.cancel.runs), and cancels committed that no
+    # enqueuer has recorded there yet (outbox_cancel).
+    cancelled_runs: int = 0
+    cancels_waiting: int = 0
     # Every queue with limits: the limits and their use now.
     limits: list[LimitUsage] = dataclasses.field(default_factory=list)
 
@@ -73,6 +79,8 @@ async def gather_status(
         name.removeprefix(DEAD_STREAM_PREFIX): int(await redis.xlen(name))
         for name in await find_streams(redis, DEAD_STREAM_PREFIX)
     }
+    async with pool.connection() as conn:
+        relaying = await (await conn.execute(QUERIES["cancels_waiting"])).fetchone()
     raw_shards = await redis.get(SHARDS_KEY)
     infos = await server_infos(redis, "memory")
     ratios = [memory_ratio(info) for info in infos if int(info.get("maxmemory", 0) or 0)]
@@ -86,6 +94,8 @@ async def gather_status(
         dead_letters=dead,
         redis_memory=max(ratios) if ratios else None,
         redis_aof=await aof_enabled(redis),
+        cancelled_runs=await count_cancelled(redis),
+        cancels_waiting=int(relaying[0]) if relaying else 0,
         limits=[await read_usage(redis, queue) for queue in await limited_queues(redis)],
     )
 
@@ -113,6 +123,7 @@ def render_text(report: StatusReport) -> str:
         "outbox: " + ", ".join(f"{k} {v}" for k, v in report.outbox.items()),
         f"oldest pending: {'-' if age is None else f'{age:.1f} s'}",
         f"outbox_dlq: {report.dlq}",
+        f"cancelled runs: {report.cancelled_runs} (not yet recorded: {report.cancels_waiting})",
         f"{SHARDS_KEY}: {report.stream_shards or '(not set)'}",
         _memory_line(report),
         _persistence_line(report),

@@ -6,21 +6,27 @@ and the process kubelet start once (the binaries come from the cache that
 and stop when the session ends. Its files stay in the temp directory it names,
 for a look at the logs after a failure. ``cluster_postgres`` and
 ``cluster_redis`` are servers of the suite's kind that also listen on the
-bridge's host address, where the Pods reach them.
+bridge's host address, where the Pods reach them. ``crd`` is the CRD of this tree applied
+there (server-side) and established.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
+from controller.crd import CRD_PATH
+from controller.resource import API_GROUP, PLURAL
 from dispatcher._testing.cluster import HOST_IP, Cluster, start, stop
 from dispatcher._testing.servers import PostgresProcess, RedisProcess
+from dispatcher._testing.waiting import eventually_sync
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +42,35 @@ def cluster() -> Iterator[Cluster]:
     finally:
         stop(state_dir)
         shutil.rmtree(state_dir / "etcd", ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def crd(cluster: Cluster) -> str:
+    """The ``OutboxDispatcher`` CRD of this tree, served by the cluster; its name.
+
+    Applied for each module that asks (idempotent): an earlier test may have uninstalled it
+    as the README says (``test_control_plane`` does), then this waits for that deletion to
+    finish before applying it again.
+    """
+    name = f"{PLURAL}.{API_GROUP}"
+
+    def live() -> dict[str, Any] | None:
+        found = cluster.run("kubectl", "get", "crd", name, "-o", "json", "--ignore-not-found")
+        return json.loads(found) if found.strip() else None
+
+    def not_terminating() -> bool:
+        current = live()
+        return current is None or "deletionTimestamp" not in current["metadata"]
+
+    eventually_sync(not_terminating, within=120, interval=0.5, what=f"CRD {name} deleted")
+    cluster.run("kubectl", "apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
+
+    def established() -> bool:
+        conditions = ((live() or {}).get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+    eventually_sync(established, within=60, interval=0.5, what=f"CRD {name} established")
+    return name
 
 
 @pytest.fixture(scope="session")

@@ -69,7 +69,7 @@ def _module_outbox_db_url(request: pytest.FixtureRequest) -> Iterator[str]:
 def outbox_db_url(_module_outbox_db_url: str) -> str:
     """This test module's database with the outbox schema, its tables emptied for this test."""
     with psycopg.connect(_module_outbox_db_url, autocommit=True) as conn:
-        conn.execute("TRUNCATE outbox, outbox_dlq, outbox_batches")
+        conn.execute("TRUNCATE outbox, outbox_dlq, outbox_batches, outbox_cancel")
     return _module_outbox_db_url
 
 

@@ -270,7 +270,7 @@ async def running_operator(
         yield running
     finally:
         stop.set()
-        ignored = before | {t for t in asyncio.all_tasks() if not _spawned_by_kopf(t)}
+        ignored = before | {t for t in asyncio.all_tasks() if not spawned_by_kopf(t)}
         await asyncio.wait_for(kopf.run_tasks(tasks, ignored=ignored), 30)
 
 
@@ -280,7 +280,7 @@ async def operator(kube: KubeEmulator, clock: FakeClock) -> AsyncIterator[Operat
         yield running
 
 
-def _spawned_by_kopf(task: asyncio.Task[Any]) -> bool:
+def spawned_by_kopf(task: asyncio.Task[Any]) -> bool:
     """kopf's own tasks (the only ones its shutdown should wait for or cancel)."""
     code = getattr(task.get_coro(), "cr_code", None)
     return code is not None and "/kopf/" in code.co_filename

@@ -62,14 +62,24 @@ def _shared_redis_alone() -> Iterator[None]:
         yield
 
 
-@pytest.fixture
-def redis_url(_shared_redis_alone: None) -> str:
-    """URL of a freshly flushed DB on the suite's Redis, for this test alone."""
+def _fresh_db() -> str:
     url = f"{redis_base_url()}/{next(_db_numbers)}"
     client = sync_redis.Redis.from_url(url)
     client.flushdb()
     client.close()
     return url
+
+
+@pytest.fixture
+def redis_url(_shared_redis_alone: None) -> str:
+    """URL of a freshly flushed DB on the suite's Redis, for this test alone."""
+    return _fresh_db()
+
+
+@pytest.fixture
+def another_redis_url(redis_url: str) -> str:
+    """A second freshly flushed DB, other than ``redis_url``'s (two dispatchers, two databases)."""
+    return _fresh_db()
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 
 from dispatcher.models import TaskDispatch, payload_fields
+from dispatcher.outbox.backoff import DEFAULT_BACKOFF_SECONDS, DEFAULT_MAX_RETRIES
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import RedisStreamPublisher, shard_for, task_stream
 from dispatcher.stream.naming import WORKER_GROUP
@@ -106,8 +107,8 @@ def insert_rows(
     queue: str,
     shards: int = 4,
     prefix: str = "row-",
-    max_retries: int = 5,
-    backoff: int = 5,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    backoff: int = DEFAULT_BACKOFF_SECONDS,
 ) -> list[str]:
     """Insert ``n`` due rows in one transaction; return their ids."""
     params = {"prefix": prefix, "queue": queue, "shards": shards, "n": n}

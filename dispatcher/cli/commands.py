@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from dispatcher.cli.cancel import register as register_cancel
 from dispatcher.cli.demo import register as register_demo
 from dispatcher.cli.limits import register as register_limits
 from dispatcher.cli.operator import register as register_operator
@@ -24,6 +25,7 @@ REGISTRY: list[Register] = [
     register_dlq,
     register_shards,
     register_limits,
+    register_cancel,
     register_demo,
     register_operator,
 ]

@@ -43,6 +43,25 @@ def number(
     return parse
 
 
+class _NumberAction(argparse.Action):
+    """Store a parsed number; refuse what ``type=`` never saw.
+
+    Python 3.11's argparse drops a ``--`` value (``--batch-size=--``) before ``type=`` runs
+    and stores ``[]``; this turns that into the usual one-line usage error.
+    """
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if isinstance(values, bool) or not isinstance(values, int | float):
+            parser.error(f"argument {'/'.join(self.option_strings)}: expected one number")
+        setattr(namespace, self.dest, values)
+
+
 def help_text(opt: Option) -> str:
     """The option's help with its default, as ``--help`` prints it."""
     if opt.kind is bool and not opt.env:  # a switch: off unless given
@@ -78,6 +97,7 @@ def _arguments(opt: Option) -> dict[str, Any]:
         return kwargs
     if opt.kind is int or opt.kind is float:
         kwargs["type"] = number(opt.kind, opt.minimum, above=opt.above, maximum=opt.maximum)
+        kwargs["action"] = _NumberAction
     if opt.choices:
         kwargs["choices"] = opt.choices
     if opt.required:

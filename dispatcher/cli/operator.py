@@ -2,9 +2,12 @@
 
 The same handlers as ``kopf run -m controller.handlers``, with the scope
 (``--namespace`` or ``--all-namespaces``), kopf's liveness endpoint and the
-autoscaler interval as flags. kopf handles SIGTERM/SIGINT itself. With
+autoscaler interval as flags. Leader election on a Lease is on unless
+``--no-leader-election`` (``controller.leader``): several replicas may run, one acts.
+kopf handles SIGTERM/SIGINT itself (the Lease is released then). With
 ``--metrics-port`` (env ``METRICS_PORT``) the operator's own Prometheus
-metrics are served on ``/metrics`` there.
+metrics are served on ``/metrics`` there, and its readiness on ``/readyz``
+(``Operator.ready``: kopf's start-up finished and the CRD served).
 
 The command layer of ``controller.operator`` (its twin by name): this module
 parses flags and starts kopf; that one is the operator's loop.
@@ -13,9 +16,13 @@ parses flags and starts kopf; that one is the operator's loop.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 from collections.abc import Sequence
 from typing import Any
 
+from controller.leader import LeaseConfig, identity
+from controller.leadership import Leadership
 from controller.operator_config import OperatorConfig
 from dispatcher.cli.flags import add_options
 from dispatcher.cli.main import Common, UsageError
@@ -63,9 +70,21 @@ def register(sub: Any, common: Common) -> None:
         "outbox-dispatcher-worker at this version)",
     )
     g.add_argument(
-        "--peering",
+        "--leader-election",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run reconcile passes only while holding a coordination.k8s.io Lease, so several "
+        "replicas may run and one acts (default: on)",
+    )
+    g.add_argument(
+        "--lease-name",
+        default="outbox-dispatcher-operator",
+        help="name of the Lease (default: %(default)s)",
+    )
+    g.add_argument(
+        "--lease-namespace",
         default=None,
-        help="kopf peering object name, for several operator replicas (default: standalone)",
+        help="namespace of the Lease (default: env POD_NAMESPACE, else the one --namespace)",
     )
     common(p)
     p.set_defaults(handler=_run)
@@ -74,24 +93,40 @@ def register(sub: Any, common: Common) -> None:
 def _run(args: argparse.Namespace, settings: Settings) -> Any:
     if not args.namespaces and not args.all_namespaces:
         raise UsageError("pass --namespace NS (repeatable) or --all-namespaces")
-    return _serve(args, settings)
+    election = lease_config(args)
+    return _serve(args, settings, election)
+
+
+def lease_config(args: argparse.Namespace) -> LeaseConfig | None:
+    """The Lease to hold (None: ``--no-leader-election``), or a usage error naming the flag."""
+    if not args.leader_election:
+        return None
+    namespaces = [ns for ns in args.namespaces or () if not any(c in ns for c in "*?[!")]
+    namespace = (
+        args.lease_namespace
+        or os.environ.get("POD_NAMESPACE")
+        or (namespaces[0] if len(namespaces) == 1 and not args.all_namespaces else None)
+    )
+    if not namespace:
+        raise UsageError("pass --lease-namespace NS (or --no-leader-election)")
+    return LeaseConfig(name=args.lease_name, namespace=namespace, identity=identity())
 
 
 def operator_settings(namespaces: Sequence[str], *, all_namespaces: bool) -> Any:
-    """kopf settings for this scope: exact namespace names need no discovery.
+    """kopf settings for this scope: exact namespace names, or all of them, need no discovery.
 
     With scanning off, kopf neither lists namespaces nor watches CRDs, so the
-    namespaced Role is all it needs.
+    operator's Role (or ClusterRole, for all namespaces) is all it needs.
     """
     import kopf
 
     settings = kopf.OperatorSettings()
-    globs = any(ch in ns for ns in namespaces for ch in "*?[!")
-    settings.scanning.disabled = not all_namespaces and not globs
+    globs = not all_namespaces and any(ch in ns for ns in namespaces for ch in "*?[!")
+    settings.scanning.disabled = not globs
     return settings
 
 
-async def _serve(args: argparse.Namespace, settings: Settings) -> int:
+async def _serve(args: argparse.Namespace, settings: Settings, election: LeaseConfig | None) -> int:
     import kopf
     from prometheus_client import REGISTRY
 
@@ -107,24 +142,28 @@ async def _serve(args: argparse.Namespace, settings: Settings) -> int:
         enqueuer_image=args.enqueuer_image,
         worker_image=args.worker_image,
     )
-    register_handlers(registry, Operator(config, registry=REGISTRY))
-    # Liveness stays kopf's (--liveness); this server is for /metrics.
-    server = ObservabilityServer(port=settings.metrics_port)
+    leadership = Leadership() if election is not None else Leadership.always()
+    operator = Operator(config, registry=REGISTRY, leadership=leadership)
+    register_handlers(registry, operator, election=election)
+    # Liveness stays kopf's (--liveness); this server has /metrics and the readiness, /readyz.
+    server = ObservabilityServer(port=settings.metrics_port, ready=operator.ready)
     await server.start()
     try:
-        return await _operate(kopf, registry, args)
+        return await _operate(kopf, registry, args, started=operator.started)
     finally:
         await server.stop()
 
 
-async def _operate(kopf: Any, registry: Any, args: argparse.Namespace) -> int:
+async def _operate(
+    kopf: Any, registry: Any, args: argparse.Namespace, *, started: asyncio.Event
+) -> int:
     await kopf.operator(
         registry=registry,
+        ready_flag=started,
         settings=operator_settings(args.namespaces or (), all_namespaces=args.all_namespaces),
         clusterwide=bool(args.all_namespaces),
         namespaces=args.namespaces or (),
         liveness_endpoint=args.liveness or None,
-        standalone=args.peering is None,
-        peering_name=args.peering,
+        standalone=True,  # kopf's peering pauses nothing here: the Lease decides who acts
     )
     return 0

@@ -16,8 +16,10 @@ shard when it publishes, from the count in force then.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 import warnings
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -25,6 +27,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from dispatcher.models import TaskDispatch
+from dispatcher.outbox.backoff import DEFAULT_BACKOFF_SECONDS, DEFAULT_MAX_RETRIES
 from dispatcher.outbox.queries import QUERIES
 from dispatcher.outbox.schema import OutboxMissing
 from dispatcher.stream.naming import queue_stream
@@ -40,7 +43,6 @@ AsyncTarget = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
 
 def _statement(
     dispatch: TaskDispatch,
-    *,
     not_before: datetime | None,
     shards: int | None,
     max_retries: int,
@@ -69,14 +71,24 @@ def _statement(
     return QUERIES["insert_dispatch"], params
 
 
+@contextlib.contextmanager
+def _outbox_required() -> Iterator[None]:
+    """A missing outbox table raises ``OutboxMissing`` (naming the command), the original its
+    cause."""
+    try:
+        yield
+    except psycopg.errors.UndefinedTable as exc:
+        raise OutboxMissing() from exc
+
+
 def enqueue_dispatch(
     target: SyncTarget,
     dispatch: TaskDispatch,
     not_before: datetime | None = None,
     *,
     shards: int | None = None,
-    max_retries: int = 5,
-    backoff_seconds: int = 5,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    backoff_seconds: int = DEFAULT_BACKOFF_SECONDS,
 ) -> str:
     """Insert the dispatch into the outbox on ``target``; return the outbox row id.
 
@@ -89,17 +101,9 @@ def enqueue_dispatch(
     original as its cause; the caller's transaction is then aborted, as with
     any failed statement, and must be rolled back.
     """
-    query, params = _statement(
-        dispatch,
-        not_before=not_before,
-        shards=shards,
-        max_retries=max_retries,
-        backoff_seconds=backoff_seconds,
-    )
-    try:
+    query, params = _statement(dispatch, not_before, shards, max_retries, backoff_seconds)
+    with _outbox_required():
         target.execute(query, params)
-    except psycopg.errors.UndefinedTable as exc:
-        raise OutboxMissing() from exc
     return str(params["id"])
 
 
@@ -109,22 +113,14 @@ async def enqueue_dispatch_async(
     not_before: datetime | None = None,
     *,
     shards: int | None = None,
-    max_retries: int = 5,
-    backoff_seconds: int = 5,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    backoff_seconds: int = DEFAULT_BACKOFF_SECONDS,
 ) -> str:
     """The async twin of ``enqueue_dispatch`` for ``AsyncConnection``/``AsyncCursor``.
 
     Raises ``OutboxMissing`` as it does, the caller's transaction then aborted.
     """
-    query, params = _statement(
-        dispatch,
-        not_before=not_before,
-        shards=shards,
-        max_retries=max_retries,
-        backoff_seconds=backoff_seconds,
-    )
-    try:
+    query, params = _statement(dispatch, not_before, shards, max_retries, backoff_seconds)
+    with _outbox_required():
         await target.execute(query, params)
-    except psycopg.errors.UndefinedTable as exc:
-        raise OutboxMissing() from exc
     return str(params["id"])

@@ -95,6 +95,10 @@ class RedisMemoryGate:
             await self._read()
         return not self.paused
 
+    def open_now(self) -> bool:
+        """True when a batch may be claimed now without reading Redis's memory first."""
+        return not self.marks.high or (not self._due() and not self.paused)
+
     def published(self, fields_bytes: int, entries: int) -> None:
         """Account for a batch just published (its field bytes and entry count)."""
         self._since += int(fields_bytes * _ENTRY_FACTOR) + entries * _ENTRY_OVERHEAD

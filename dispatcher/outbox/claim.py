@@ -19,7 +19,7 @@ from psycopg import AsyncClientCursor, AsyncConnection
 from dispatcher.outbox.outcomes import ClaimedRow, Retry
 from dispatcher.outbox.queries import QUERIES
 
-__all__ = ["SETTLE_ALL_STATEMENTS", "ClaimedBatch"]
+__all__ = ["SETTLE_ALL", "ClaimedBatch"]
 
 
 class ClaimedBatch:
@@ -59,7 +59,8 @@ class ClaimedBatch:
     @property
     def rows(self) -> list[ClaimedRow]:
         if self._rows is None:
-            self._rows = [ClaimedRow(*r) for r in self._raw]
+            # The claim's last column (the transaction id) is the journal's, not the row's.
+            self._rows = [ClaimedRow(*r[: len(_COLUMNS)]) for r in self._raw]
         return self._rows
 
     def column(self, name: str) -> list[Any]:
@@ -75,7 +76,7 @@ class ClaimedBatch:
         if not retries and not dead:  # the common case: one statement and COMMIT, one execute
             cur = AsyncClientCursor(self._conn)
             if len(sent) == len(self) and self._raw:
-                await cur.execute(_SETTLE_ALL, {"token": self.token})
+                await cur.execute(SETTLE_ALL, {"token": self.token})
             else:
                 await cur.execute(_SETTLE_SENT, {"token": self.token, "ids": list(sent)})
             self.settled = True
@@ -104,13 +105,14 @@ def _retry_params(retries: Sequence[Retry]) -> dict[str, Any]:
 
 
 _COLUMNS = {f.name: i for i, f in enumerate(dataclasses.fields(ClaimedRow))}
-# The settlement of a batch that published whole: one statement each, the last its COMMIT.
-SETTLE_ALL_STATEMENTS = (
-    QUERIES["delete_claimed"].rstrip(";"),
-    QUERIES["close_journal"].rstrip(";"),
-    "COMMIT",
+# The settlement of a batch that published whole, ending with its COMMIT (one simple query).
+SETTLE_ALL = "; ".join(
+    [
+        QUERIES["delete_claimed"].rstrip(";"),
+        QUERIES["close_journal"].rstrip(";"),
+        "COMMIT",
+    ]
 )
-_SETTLE_ALL = "; ".join(SETTLE_ALL_STATEMENTS)
 _SETTLE_SENT = "; ".join(
     [
         QUERIES["close_journal"].rstrip(";"),

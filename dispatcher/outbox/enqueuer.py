@@ -9,12 +9,16 @@ between partial batches, short claims while nobody hears NOTIFY), on a
 wake-up from the LISTEN connection, or after the poll interval (retries coming
 due, lost notifications). A notification is a hint, never data: an empty one
 wakes a claim, anything else on the channel is counted and ignored
-(``NotificationHints``), so only rows read from the table are published.
+(``NotificationHints``), so only rows read from the table are published. A
+hint that finds the enqueuer idle starts its batch itself, without the loop's
+turn (the idle dispatch's latency); one that finds a batch running wakes the
+loop, so a flood of hints costs no more claims than one.
 
 Above a high mark of Redis memory (``RedisMemoryGate``) it claims nothing and
 rows wait in the outbox, uncharged, until workers have made room.
 
-A maintenance loop (``Maintenance``) reads the journal of batches that never
+Committed cancels of runs go to Redis for the workers in a loop of their own
+(``CancelRelay``). A maintenance loop (``Maintenance``) reads the journal of batches that never
 settled and plans the probes of their rows (``SuspectProbes``), which this
 scheduler runs with every slot held.
 """
@@ -30,6 +34,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from dispatcher.outbox.backpressure import MemoryMarks, RedisMemoryGate
+from dispatcher.outbox.cancel_relay import CancelRelay
 from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.idle_flag import IdleFlag
 from dispatcher.outbox.listener import NotificationHints, OutboxListener
@@ -116,6 +121,16 @@ class OutboxEnqueuer:
         self._stopping = False
         self._backlog = False
         self._heartbeat = time.monotonic()
+        self.cancels = CancelRelay(
+            pool=repository.pool,
+            client=publisher.client,
+            config=config,
+            registry=self.metrics.registry,
+            listen_conninfo=listen_conninfo,
+        )
+        # The main loop's slots and running batches, while it runs (hints start batches too).
+        self._slots: asyncio.Semaphore | None = None
+        self._batches: set[asyncio.Task[int]] | None = None
         self.hints = NotificationHints(wake=self._on_hint, metrics=self.metrics)
         self.listener = (
             OutboxListener(
@@ -138,7 +153,7 @@ class OutboxEnqueuer:
         return self.listener is None or self.listener.connected
 
     @property
-    def idle_announced(self) -> bool:
+    def idle_flag_held(self) -> bool:
         """True while this enqueuer holds the idle flag: outbox inserts NOTIFY."""
         return self.idle_flag.held
 
@@ -147,8 +162,29 @@ class OutboxEnqueuer:
         self._kick.set()
 
     def _on_hint(self) -> None:
-        if not self.idle_flag.elsewhere:  # standing by, the flag holder claims what commits
+        if self.idle_flag.elsewhere:  # standing by, the flag holder claims what commits
+            return
+        if not self._claim_at_once():
             self.wake()
+
+    def _claim_at_once(self) -> bool:
+        """Start a batch from the hint if the loop would start just that one (nothing
+        running, no backlog, nothing due, Redis with room at the last reading)."""
+        slots, batches = self._slots, self._batches
+        if (
+            slots is None
+            or batches is None
+            or batches
+            or self._stopping
+            or self._backlog
+            or self.probes.due()
+            or not self.memory.open_now()
+        ):
+            return False
+        task = asyncio.get_running_loop().create_task(self._batch_in_slot(slots, acquire=True))
+        batches.add(task)
+        task.add_done_callback(batches.discard)
+        return True
 
     def request_stop(self) -> None:
         """Stop claiming; in-flight batches finish (bounded by ``shutdown_timeout``)."""
@@ -166,7 +202,8 @@ class OutboxEnqueuer:
         )
         first_pass = asyncio.Event()
         helpers = [
-            asyncio.create_task(self.maintenance.loop(first_pass), name="outbox-maintenance")
+            asyncio.create_task(self.maintenance.loop(first_pass), name="outbox-maintenance"),
+            asyncio.create_task(self.cancels.run(), name="outbox-cancels"),
         ]
         if self.listener:
             helpers.append(asyncio.create_task(self.listener.run(), name="outbox-listener"))
@@ -186,7 +223,8 @@ class OutboxEnqueuer:
             log.info("outbox enqueuer stopped")
 
     async def _main_loop(self, batches: set[asyncio.Task[int]]) -> None:
-        slots = asyncio.Semaphore(self.config.concurrency)
+        slots = self._slots = asyncio.Semaphore(self.config.concurrency)
+        self._batches = batches
         while not self._stopping:
             self._heartbeat = time.monotonic()
             if not await self.memory.allows():
@@ -206,19 +244,25 @@ class OutboxEnqueuer:
             task.add_done_callback(batches.discard)
             if self._backlog:
                 continue  # the last batch was full: fill every free slot at once
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), self.config.poll_interval)
-            self._kick.clear()
+            await self._kicked(self.config.poll_interval)
 
     async def _hold_off(self) -> None:
         """Redis is nearly full: claim nothing (rows stay PENDING) until it has room again."""
-        if self.idle_announced:
+        if self.idle_flag_held:
             await self._withdraw_quietly()  # no NOTIFY cost on the application's commits
+        await self._kicked(min(self.config.poll_interval, 1.0))
+
+    async def _kicked(self, within: float) -> None:
+        """Until a wake-up, or ``within`` seconds. A timeout scope, not wait_for: no task of
+        its own, so a notification reaches the claim a few turns of the loop sooner."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._kick.wait(), min(self.config.poll_interval, 1.0))
+            async with asyncio.timeout(within):
+                await self._kick.wait()
         self._kick.clear()
 
-    async def _batch_in_slot(self, slots: asyncio.Semaphore) -> int:
+    async def _batch_in_slot(self, slots: asyncio.Semaphore, *, acquire: bool = False) -> int:
+        if acquire:  # started from a hint: its slot is free (it waits if the loop took it)
+            await slots.acquire()
         started = time.monotonic()
         chained = 0
 
@@ -279,7 +323,7 @@ class OutboxEnqueuer:
 
     def _listener_state(self, connected: bool) -> None:
         self.metrics.listener_connected.set(1 if connected else 0)
-        if not connected and self.idle_announced:
+        if not connected and self.idle_flag_held:
             # Nobody hears NOTIFY now; the poll takes over.
             asyncio.get_running_loop().create_task(self._withdraw_quietly())
 

@@ -27,11 +27,13 @@ class EnqueuerConfig:
     poll_interval: float = option(
         1.0, minimum=0.01, help="seconds between polls when no NOTIFY wakes the enqueuer"
     )
-    recover_in_flight_after: float = option(
+    hung_batch_timeout: float = option(
         _BATCH.hold_for,
         minimum=1,
+        aliases=("--recover-in-flight-after",),
         help="seconds a batch may hang before PostgreSQL ends its transaction and its rows "
-        "are due again (must exceed --publish-timeout)",
+        "are due again (must exceed --publish-timeout); --recover-in-flight-after is its "
+        "old name, same meaning",
     )
     maintenance_interval: float = option(
         30.0,
@@ -73,22 +75,30 @@ class EnqueuerConfig:
         "has for a minute (autovacuum off or starved); 0 = leave it to autovacuum",
     )
 
+    dedup_window: float = option(
+        24 * 3600.0,
+        minimum=0,
+        above=True,
+        help="seconds a cancelled run stays cancelled for the workers (give it the workers' "
+        "--dedup-window)",
+    )
+
     def __post_init__(self) -> None:
         MemoryMarks(self.redis_memory_high, self.redis_memory_low)  # validates them
         if self.batch_size < 1 or self.concurrency < 1:
             raise ValueError("batch size and concurrency must be >= 1")
         if self.poll_interval <= 0 or self.maintenance_interval <= 0:
             raise ValueError("poll and maintenance intervals must be > 0")
-        if self.recover_in_flight_after <= self.publish_timeout:  # it bounds WAIT too
+        if self.hung_batch_timeout <= self.publish_timeout:  # it bounds WAIT too
             raise ValueError(
-                "recover-in-flight-after must exceed the publish timeout "
+                "hung-batch-timeout must exceed the publish timeout "
                 f"({self.publish_timeout:g} s), or PostgreSQL would end batches still publishing"
             )
 
     def batch_settings(self) -> BatchSettings:
         return BatchSettings(
             batch_size=self.batch_size,
-            hold_for=self.recover_in_flight_after,
+            hold_for=self.hung_batch_timeout,
             publish_timeout=self.publish_timeout,
             wait_replicas=self.wait_replicas,
             wait_timeout_ms=self.wait_timeout_ms,

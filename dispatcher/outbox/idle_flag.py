@@ -187,7 +187,7 @@ class IdleFlag:
                 return step.delay
             taken = await self._take()
             if taken:
-                self._metrics.idle_announced.inc()
+                self._metrics.idle_flag_taken.inc()
             return self._decider.on_take(taken=taken, ended=ended, elsewhere=self.elsewhere)
 
     async def look(self) -> None:

@@ -3,8 +3,9 @@
 LISTEN is session state, so it never runs on a pooled connection: this holds
 its own autocommit connection, reconnects with backoff (1 s doubling to 30 s)
 and rotates it periodically (so a silently half-dead TCP session cannot
-linger). After every (re)connect it wakes the enqueuer once, to catch rows
-committed while nobody was listening; with the poll fallback, a lost
+linger). It listens on ``outbox_new``, or the ``channel`` it is given (the cancel
+relay's ``outbox_cancel``). After every (re)connect it wakes the enqueuer once, to
+catch rows committed while nobody was listening; with the poll fallback, a lost
 notification can delay a dispatch but never lose it.
 
 PostgreSQL has no permissions on channels: any role that can connect may
@@ -42,7 +43,6 @@ _CONNECT: dict[str, Any] = {
     "keepalives_interval": 5,
     "keepalives_count": 3,
     "connect_timeout": 10,
-    "application_name": "outbox-dispatcher-listener",
 }
 # At most one warning about ignored notifications per this many seconds.
 _WARN_EVERY = 60.0
@@ -93,8 +93,12 @@ class OutboxListener:
         initial_backoff: float = 1.0,
         max_backoff: float = 30.0,
         on_state: Callable[[bool], None] = lambda connected: None,
+        channel: str = NOTIFY_CHANNEL,
+        application_name: str = "outbox-dispatcher-listener",
     ) -> None:
         self._conninfo = conninfo
+        self._channel = channel
+        self._connect = _CONNECT | {"application_name": application_name}
         self._notified = notified
         self._wake = wake
         self._rotate_after = rotate_after
@@ -121,17 +125,17 @@ class OutboxListener:
                 backoff = self._initial_backoff
 
     async def _listen(self) -> None:
-        conn = await psycopg.AsyncConnection.connect(self._conninfo, **_CONNECT)
+        conn = await psycopg.AsyncConnection.connect(self._conninfo, **self._connect)
         try:
-            await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            await conn.execute(f"LISTEN {self._channel}")
             self.connects += 1
             self._set_connected(True)
             self._wake()
-            rotate_at = time.monotonic() + self._rotate_after
-            while (left := rotate_at - time.monotonic()) > 0:
-                # stop_after=1 ends the iteration with the notifications of one read
-                async for notice in conn.notifies(timeout=left, stop_after=1):
-                    self._notified(notice.payload)
+            # One generator until the rotation: between notifications it only waits (ending
+            # it after each would rebuild it before the loop runs the claim it woke).
+            async for notice in conn.notifies(timeout=self._rotate_after):
+                self._notified(notice.payload)
+                await asyncio.sleep(0)  # what it woke runs before this waits again
             log.debug("rotating the outbox listener connection")
         finally:
             self._set_connected(False)

@@ -52,9 +52,9 @@ class EnqueuerMetrics:
             "notifications_ignored",
             "Notifications on outbox_new with a payload (the trigger sends none): not trusted",
         )
-        self.idle_announced = declare.counter(
+        self.idle_flag_taken = declare.counter(
             "idle_announcements",
-            "Times this enqueuer announced itself idle (outbox inserts NOTIFY until it withdraws)",
+            "Times this enqueuer took the idle flag (outbox inserts NOTIFY until it drops it)",
         )
         self.publish_latency = declare.histogram(
             "publish_seconds",

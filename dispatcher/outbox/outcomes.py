@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import OutOfMemoryError
 
-from dispatcher.outbox.backoff import retry_delay
+from dispatcher.outbox.backoff import DEFAULT_MAX_RETRIES, retry_delay
 from dispatcher.stream.entries import PublishResult
 
 __all__ = [
@@ -24,8 +24,6 @@ __all__ = [
     "is_out_of_memory",
     "plan_outcomes",
 ]
-
-DEFAULT_MAX_RETRIES = 5
 
 
 @dataclass(frozen=True, slots=True)

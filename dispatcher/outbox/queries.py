@@ -1,7 +1,7 @@
 """The outbox's SQL, loaded once from ``sql/queries.sql`` as named queries.
 
 SQL is code: it lives in one versioned file, not in strings scattered
-through loops. ``QUERIES["claim_batch"]`` is the text of ``-- name: claim_batch``.
+through loops. ``QUERIES["dlq_count"]`` is the text of ``-- name: dlq_count``.
 """
 
 from __future__ import annotations

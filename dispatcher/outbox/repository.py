@@ -14,18 +14,19 @@ import logging
 import os
 import socket
 import uuid
-import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg import AsyncClientCursor, AsyncConnection
+from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher.outbox.claim import SETTLE_ALL_STATEMENTS, ClaimedBatch
+from dispatcher.outbox.backoff import RECOVERY_PARAMS
+from dispatcher.outbox.claim import SETTLE_ALL, ClaimedBatch
+from dispatcher.outbox.claim_statement import Rows, claim_statement
 from dispatcher.outbox.queries import QUERIES
 
 __all__ = [
@@ -124,7 +125,9 @@ class OutboxRepository:
                 conninfo, kwargs = self.session_settings()
                 self._session = await AsyncConnection.connect(conninfo, **kwargs)
             try:
-                cur = await self._session.execute(QUERIES[name], params)
+                # Prepared: the journal's INSERT runs while the batch publishes, on the same
+                # cores as Redis; parsing and planning it once per session leaves them more.
+                cur = await self._session.execute(QUERIES[name], params, prepare=True)
                 return await cur.fetchone() if cur.description else None
             except psycopg.OperationalError:
                 await self._session.close()  # reconnect next time
@@ -161,7 +164,8 @@ class OutboxRepository:
         transaction back.
         """
         async with self._pool.connection() as conn:
-            batch = await self._begin(conn, _claim_params(limit, hold_for), probe)
+            rows = await claim_statement(limit, hold_for).begin(conn, probe=probe)
+            batch = await self._claimed(conn, rows, probe=probe)
             try:
                 yield batch
             finally:
@@ -193,70 +197,30 @@ class OutboxRepository:
         if batch.journal is not None:
             await batch.journal  # its row must exist before the commit that deletes it
         conn = batch.conn
-        cur = AsyncClientCursor(conn)
-        params = {"token": batch.token, **_claim_params(limit, hold_for)}
-        try:
-            await cur.execute(_SETTLE_THEN_BEGIN, params)
-        except psycopg.errors.InvalidSqlStatementName:
-            batch.settled = True
-            await conn.rollback()
-            _PREPARED.discard(conn)  # prepared again by the next claim_batch
-            return None
+        statement = claim_statement(limit, hold_for)
+        rows = await statement.after(conn, SETTLE_ALL, {"token": batch.token})
         batch.settled = True
+        if rows is None:
+            return None
         try:
-            for _ in SETTLE_ALL_STATEMENTS:
-                cur.nextset()  # past the settlement's statements and COMMIT, to BEGIN
-            batch.next = await self._claimed(conn, cur, probe=False)
+            batch.next = await self._claimed(conn, rows, probe=False)
         except Exception as exc:  # not journalled, so never handed out: rolled back by claim_batch
             log.warning("could not claim after settling a batch (claimed again later): %s", exc)
             return None
         return batch.next
 
-    async def _prepare(self, conn: AsyncConnection[Any]) -> None:
-        """Make sure this session has the claims prepared (see ``_PREPARE``)."""
-        if conn in _PREPARED:
-            return
-        for statement in _PREPARE:
-            # Already there: prepared by another repository on the same pool.
-            with contextlib.suppress(psycopg.errors.DuplicatePreparedStatement):
-                await conn.execute(statement)
-        _PREPARED.add(conn)
-
-    async def _begin(
-        self, conn: AsyncConnection[Any], params: dict[str, Any], probe: bool
-    ) -> ClaimedBatch:
-        # One simple-protocol round trip (client-side binding of three numbers). Not a
-        # pipeline: the Flush psycopg sends after a pipeline's Sync disarms the server's
-        # idle-in-transaction timer, which is the whole point of hold_for.
-        cur = AsyncClientCursor(conn)
-        await self._prepare(conn)
-        try:
-            await cur.execute(_BEGIN_PROBE if probe else _BEGIN, params)
-        except psycopg.errors.InvalidSqlStatementName:
-            # The session lost them (a DEALLOCATE ALL, which psycopg sends after some
-            # rollbacks): nothing was claimed; prepare them again and claim.
-            await conn.rollback()
-            _PREPARED.discard(conn)
-            await self._prepare(conn)
-            await cur.execute(_BEGIN_PROBE if probe else _BEGIN, params)
-        return await self._claimed(conn, cur, probe=probe)
-
     async def _claimed(
-        self, conn: AsyncConnection[Any], cur: AsyncClientCursor[Any], *, probe: bool
+        self, conn: AsyncConnection[Any], rows: Rows, *, probe: bool
     ) -> ClaimedBatch:
-        """The batch whose BEGIN, set_config, claim and xact results ``cur`` is at; journalled."""
-        cur.nextset()  # past BEGIN
-        cur.nextset()  # past set_config
-        raw = await cur.fetchall()
-        cur.nextset()
-        xact = await cur.fetchone()
-        batch = ClaimedBatch(conn, uuid.uuid4(), raw)
-        if raw:
-            if xact is None or xact[0] is None:  # locking a row always assigns one
+        """The batch of the claimed ``rows`` (their last column: the transaction id); journalled."""
+        batch = ClaimedBatch(conn, uuid.uuid4(), rows)
+        if rows:
+            xact = rows[0][-1]
+            if xact is None:  # locking a row always assigns one
                 raise RuntimeError("a batch locked rows but has no transaction id")
             params = {
                 "token": batch.token,
-                "xact": xact[0],
+                "xact": xact,
                 "ids": batch.ids,
                 "enqueuer": self._holder,
                 "probe": probe,
@@ -282,7 +246,7 @@ class OutboxRepository:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(QUERIES["discard_foreign_journal"])
             foreign = len(await cur.fetchall())
-            await cur.execute(QUERIES["recover_batches"])
+            await cur.execute(QUERIES["recover_batches"], RECOVERY_PARAMS)
             row = await cur.fetchone()
         assert row is not None
         return Recovery(
@@ -308,42 +272,3 @@ class OutboxRepository:
             dlq=int(dlq["count"]),
             in_flight=int(open_batches["rows"]),
         )
-
-
-# The claims, prepared once per session (PREPARE, so the one-round-trip BEGIN below can
-# EXECUTE them): parsed and planned once, not for every batch (planning the claim costs
-# PostgreSQL 0.2-0.7 ms, 2-7 us per row of a batch of 100).
-_PREPARE = [
-    "PREPARE outbox_claim_batch (int) AS "
-    + QUERIES["claim_batch"].rstrip().rstrip(";").replace("%(limit)s", "$1"),
-    "PREPARE outbox_claim_probe AS " + QUERIES["claim_probe"].rstrip().rstrip(";"),
-]
-
-
-# The sessions of this process that have them (whichever repository prepared them).
-_PREPARED: weakref.WeakSet[AsyncConnection[Any]] = weakref.WeakSet()
-
-
-def _begin(claim: str) -> str:
-    execute = {
-        "claim_batch": "EXECUTE outbox_claim_batch (%(limit)s)",
-        "claim_probe": "EXECUTE outbox_claim_probe",
-    }[claim]
-    return "; ".join(
-        [
-            "BEGIN",
-            "SELECT set_config('idle_in_transaction_session_timeout', %(hold_ms)s, true)",
-            execute,
-            QUERIES["batch_xact"].rstrip(";"),
-        ]
-    )
-
-
-_BEGIN = _begin("claim_batch")
-_BEGIN_PROBE = _begin("claim_probe")
-# A batch's settlement when it published whole (ClaimedBatch's common case), then the next claim.
-_SETTLE_THEN_BEGIN = "; ".join([*SETTLE_ALL_STATEMENTS, _BEGIN])
-
-
-def _claim_params(limit: int, hold_for: float) -> dict[str, Any]:
-    return {"limit": limit, "hold_ms": str(max(1, round(hold_for * 1000)))}

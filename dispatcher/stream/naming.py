@@ -24,6 +24,7 @@ __all__ = [
     "DEAD_STREAM_PREFIX",
     "DEFAULT_SHARDS",
     "SHARDS_KEY",
+    "SHARDS_OWNER_KEY",
     "TASK_STREAM_PREFIX",
     "WORKER_GROUP",
     "InvalidQueueName",
@@ -44,6 +45,9 @@ TASK_STREAM_PREFIX = "workflow.tasks."
 DEAD_STREAM_PREFIX = "workflow.dead."
 DEFAULT_SHARDS = 4
 SHARDS_KEY = "composer:stream_shards"
+# Which OutboxDispatcher (namespace/name/uid, JSON) writes SHARDS_KEY of this Redis database:
+# the operator's marker, so two resources on one database never fight over the count.
+SHARDS_OWNER_KEY = "composer:stream_shards:owner"
 # The consumer group the enqueuer creates on every task stream and workers read through.
 WORKER_GROUP = "workers"
 

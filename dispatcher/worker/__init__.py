@@ -7,6 +7,7 @@ the shared handler slots (``slots.py``), what happens to one delivery
 (``metrics.py``).
 """
 
+from dispatcher.worker.cancels import cancel_requested
 from dispatcher.worker.config import WorkerConfig, default_consumer_name
 from dispatcher.worker.dead_letter import dead_letter_fields
 from dispatcher.worker.dedup import AttemptGuard, Claim, attempt_key
@@ -21,6 +22,7 @@ __all__ = [
     "Worker",
     "WorkerConfig",
     "attempt_key",
+    "cancel_requested",
     "dead_letter_fields",
     "default_consumer_name",
     "load_handler",

@@ -8,6 +8,7 @@ same time). Then each entry, in order, is decided:
 - unreadable (not UTF-8) or malformed fields → dead letter (reason
   ``malformed``), ack;
 - the attempt is already done → ack without running (a suppressed duplicate);
+- its run is cancelled → ack without running, the claim given back (``cancels.py``);
 - another run holds the attempt's lease → leave it pending, count nothing
   (it is reclaimed later);
 - its runs exceed ``max_runs`` → dead letter (reason ``max_runs``), ack;
@@ -48,6 +49,7 @@ from dispatcher.models import MalformedMessage, TaskMessage
 from dispatcher.stream.entries import Message
 from dispatcher.tracing import carries_trace
 from dispatcher.worker.calls import HandlerCalls, failure_of
+from dispatcher.worker.cancels import RunCancelled, RunCancels
 from dispatcher.worker.coalesce import Coalescer
 from dispatcher.worker.dedup import Claim
 from dispatcher.worker.eager import Suspended, start
@@ -108,6 +110,7 @@ class Deliveries:
     claims: Coalescer[str, int]  # AttemptGuard.claim_many, joined across concurrent batches
     calls: HandlerCalls
     verdicts: Verdicts
+    cancels: RunCancels
     metrics: WorkerMetrics
     max_runs: int
     spawn: Spawn
@@ -131,6 +134,8 @@ class Deliveries:
         self, reader: StreamReader, messages: Sequence[Message], started: asyncio.Future[None]
     ) -> None:
         tasks = tasks_of(messages)
+        if self.cancels.runs:  # entries of cancelled runs are acked, never claimed
+            messages, tasks = await self.cancels.drop(reader, messages, tasks)
         keys = [task.dedup_key if type(task) is TaskMessage else None for task in tasks]
         try:
             if self.limits is not None and self.limits.binds(reader.queue):
@@ -228,6 +233,8 @@ class Deliveries:
             batch.duplicates.append(message.id)
         elif claim == _BUSY:
             batch.busy += 1
+        elif task.run_id in self.cancels.runs:  # cancelled since the claim: give it back
+            batch.later.append(self.cancels.give_back(batch.reader, message.id, task))
         elif claim > self.max_runs:
             batch.later.append(self.verdicts.exceeded(batch.reader, message, task, runs=claim - 1))
         elif not self._inline or carries_trace(message.fields):
@@ -297,13 +304,14 @@ class Deliveries:
         reader, metrics = batch.reader, batch.metrics
         self.metrics.running += 1
         try:
-            failure = await running
+            failure = await self.cancels.outcome(task.run_id, running, cancellable=self._inline)
         finally:
             self.metrics.running -= 1
             metrics.latency.observe(time.perf_counter() - started)
             reader.slots.release()
             reader.settled([message.id])
-        await self.verdicts.ended(reader, message, task, failure, key=key, run=run)
+        ended = self.cancels.ended if type(failure) is RunCancelled else self.verdicts.ended
+        await ended(reader, message, task, failure, key=key, run=run)
 
     async def _settle(self, batch: _Batch) -> None:
         """Ack what the batch decided in one grouped write, beside its dead letters and failures."""

@@ -35,6 +35,7 @@ from dispatcher.redis_client import RedisClient
 from dispatcher.stream.entries import Message
 from dispatcher.stream.stats import stream_stats
 from dispatcher.worker.calls import HandlerCalls
+from dispatcher.worker.cancels import RunCancels
 from dispatcher.worker.coalesce import Coalescer
 from dispatcher.worker.config import WorkerConfig
 from dispatcher.worker.dedup import AttemptGuard
@@ -157,6 +158,7 @@ class Worker:
     async def run(self) -> None:
         """Read and handle until ``request_stop()``; then drain and leave the groups."""
         try:
+            self._deliveries.cancels.activate()  # cancel_requested() in handlers of this worker
             self._watch.start()
             await self._start()
             await self._stopping.wait()
@@ -216,6 +218,7 @@ class Worker:
             claims=Coalescer(guard.claim_many, name="claim"),
             calls=calls,
             verdicts=verdicts,
+            cancels=RunCancels(verdicts, block_ms=self.config.block_ms),
             metrics=self.metrics,
             max_runs=self.config.max_runs,
             spawn=self._spawn_handling,
@@ -225,6 +228,7 @@ class Worker:
     async def _start(self) -> None:
         await self._deliveries.verdicts.guard.check()
         await self._limits.refresh()  # limits in force before the first read
+        await self._deliveries.cancels.check()
         shards = await self._streams.start()
         self._last_redis_ok = self._clock()
         # Not a loop of its own: it renews leases of handlers still draining.
@@ -234,6 +238,7 @@ class Worker:
         self._limits_task.add_done_callback(_log_crash)
         self._spawn_loop(self._streams.watch(), "shard watch")
         self._spawn_loop(self._report_stats(), "stream stats")
+        self._spawn_loop(self._deliveries.cancels.watch(self._stopping), "cancel watch")
         self._started = True
         log.info(
             "worker started",

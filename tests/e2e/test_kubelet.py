@@ -8,6 +8,7 @@ loudly instead of skipping.
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -136,6 +137,8 @@ def test_a_container_gets_the_env_a_kubelet_gives(cluster: Cluster, namespace: s
     assert (env["NODE"], env["ACCOUNT"]) == ("local", "runner")
     assert env["PLAIN"] == "v-$(POD_NAME)"  # defined later: left as written, as a kubelet does
     assert env["LATE"] == "env"
+    # The suite's PYTHONPATH (a checkout before the venv's install) is the Pods' too.
+    assert env.get("PYTHONPATH") == os.environ.get("PYTHONPATH")
     # The Pod's ServiceAccount token: the Pod acts as system:serviceaccount:NS:runner.
     review = cluster.run(
         "kubectl", "--kubeconfig", env["KUBECONFIG"], "auth", "whoami", "-o", "json"

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LONG = os.environ.get("FAULTS_LONG", "") not in ("", "0")
 
 ENQUEUER_FLAGS = (
-    *("--poll-interval", "0.2", "--recover-in-flight-after", "3"),
+    *("--poll-interval", "0.2", "--hung-batch-timeout", "3"),
     *("--maintenance-interval", "0.5", "--publish-timeout", "1", "--shutdown-timeout", "2"),
     *("--batch-size", "50", "--concurrency", "2"),
 )

@@ -72,7 +72,7 @@ async def test_sigkill_between_publish_and_delete_republishes_and_loses_nothing(
         blocker.execute("DROP TRIGGER test_block_delete ON outbox")
     assert outbox_status(outbox_db_url) == {"PENDING": 30}, "the batch rolled back: nothing deleted"
 
-    rescuer = make_enqueuer(pool, client, recover_in_flight_after=0.5, publish_timeout=0.2)
+    rescuer = make_enqueuer(pool, client, hung_batch_timeout=0.5, publish_timeout=0.2)
     await eventually(lambda: _recover(rescuer.maintenance_once(), outbox_db_url, 30))
     await eventually(lambda: _probe_all(rescuer, outbox_db_url))  # suspects go one at a time
 
@@ -92,7 +92,7 @@ async def test_paused_enqueuer_waking_late_touches_nothing_it_no_longer_owns(
     client = connect_redis(redis_process.url)
     port = free_port()
     flags = ["--no-listen", "--poll-interval", "0.05", "--publish-timeout", "1"]
-    flags += ["--recover-in-flight-after", "2", "--metrics-port", str(port)]
+    flags += ["--hung-batch-timeout", "2", "--metrics-port", str(port)]
     proc = spawn_enqueuer(outbox_db_url, redis_process.url, tmp_path / "a.log", *flags)
     repo = OutboxRepository(pool)
     try:
@@ -105,7 +105,7 @@ async def test_paused_enqueuer_waking_late_touches_nothing_it_no_longer_owns(
         os.kill(proc.pid, signal.SIGSTOP)
         redis_process.resume()
 
-        # Past --recover-in-flight-after PostgreSQL ends A's idle transaction: B gets the rows.
+        # Past --hung-batch-timeout PostgreSQL ends A's idle transaction: B gets the rows.
         for _ in range(200):
             async with repo.claim_batch(50, hold_for=30) as batch_b:
                 if batch_b.rows:

@@ -21,7 +21,7 @@ from dispatcher._testing.waiting import eventually_sync
 from tests.faults.harness import Pipeline, scale
 from tests.faults.load import LoadSpec
 
-RECOVERY_AGE = 3.0  # --recover-in-flight-after of ENQUEUER_FLAGS
+RECOVERY_AGE = 3.0  # --hung-batch-timeout of ENQUEUER_FLAGS
 
 
 def in_flight(db_url: str) -> int:

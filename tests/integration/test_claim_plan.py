@@ -19,8 +19,7 @@ import psycopg
 import pytest
 
 from dispatcher._testing.data import insert_rows
-from dispatcher.outbox.queries import QUERIES
-from dispatcher.outbox.repository import _PREPARE
+from dispatcher.outbox.claim_statement import PREPARE
 
 NOT_YET_DUE = """
 INSERT INTO outbox (id, task_id, stream, payload, next_attempt_at)
@@ -30,18 +29,17 @@ SELECT 'later-' || g, 'later-' || g, 'workflow.tasks.later.0', '{}', now() + int
 
 
 def claim_plan(db_url: str, *, prepared: bool, limit: int = 100) -> dict[str, Any]:
-    """The claim's plan, as a query or (``prepared``) as the enqueuer runs it: the prepared
-    statement's generic plan, which PostgreSQL switches to after five executions."""
+    """The claim's plan as planned for its limit (a custom plan: the first five executions of
+    the prepared claim), or (``prepared``) its generic plan, which PostgreSQL switches to
+    after five executions."""
     with psycopg.connect(db_url) as conn:
         conn.execute("ANALYZE outbox")
+        for statement in PREPARE:
+            conn.execute(statement)
+        mode = "force_generic_plan" if prepared else "force_custom_plan"
+        conn.execute(f"SET plan_cache_mode = {mode}")
         explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
-        if prepared:
-            for statement in _PREPARE:
-                conn.execute(statement)
-            conn.execute("SET plan_cache_mode = force_generic_plan")
-            row = conn.execute(f"{explain}EXECUTE outbox_claim_batch ({limit:d})").fetchone()
-        else:
-            row = conn.execute(explain + QUERIES["claim_batch"], {"limit": limit}).fetchone()
+        row = conn.execute(f"{explain}EXECUTE outbox_claim_batch ({limit:d})").fetchone()
         conn.rollback()
     assert row is not None
     doc = row[0] if isinstance(row[0], list) else json.loads(row[0])

@@ -62,8 +62,8 @@ def test_base_and_example_pass_kubernetes_validate_strict() -> None:
 def test_base_holds_crd_namespace_account_rbac_and_operator() -> None:
     objects = kustomize("deploy/base")
     assert sorted(o["kind"] for o in objects) == [
-        *("CustomResourceDefinition", "Deployment", "Namespace", "Role", "RoleBinding"),
-        "ServiceAccount",
+        *("CustomResourceDefinition", "Deployment", "Namespace", "Role", "Role", "RoleBinding"),
+        *("RoleBinding", "ServiceAccount"),
     ]
     (crd,) = _by_kind(objects, "CustomResourceDefinition")
     assert crd["spec"] == yaml.safe_load(CRD.read_text())["spec"]
@@ -74,11 +74,12 @@ def test_base_holds_crd_namespace_account_rbac_and_operator() -> None:
             assert obj["metadata"]["namespace"] == namespace["metadata"]["name"]
 
 
-def test_operator_deployment_is_one_restricted_recreated_replica_with_liveness() -> None:
+def test_operator_deployment_is_one_restricted_elected_replica_with_liveness() -> None:
     (deployment,) = _by_kind(kustomize("deploy/base"), "Deployment")
     spec = deployment["spec"]
     assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    # Leader election on its Lease: a rolling update never has two operators acting at once.
+    assert spec["strategy"] == {"type": "RollingUpdate"}
     pod = spec["template"]["spec"]
     (container,) = pod["containers"]
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -92,7 +93,9 @@ def test_operator_deployment_is_one_restricted_recreated_replica_with_liveness()
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
     assert {"name": "healthz", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
-    assert not [a for a in container["args"] if a.startswith("--peering")]  # standalone
+    assert not [a for a in container["args"] if a.startswith("--peering")]  # no kopf peering
+    assert "--lease-name=outbox-dispatcher-operator" in container["args"]
+    assert "--lease-namespace=$(POD_NAMESPACE)" in container["args"]
     assert container["image"] == "outbox-dispatcher-operator:0.1.0"
 
 
@@ -104,7 +107,9 @@ def test_rbac_grants_finalizers_and_no_pod_pins_a_uid() -> None:
     """OwnerReferencesPermissionEnforcement needs update on outboxdispatchers/finalizers;
     OpenShift's restricted SCC assigns UIDs itself, so no template names one."""
     for objects in (kustomize("deploy/base"), render({}, name=RELEASE, namespace=NAMESPACE)):
-        (role,) = _by_kind(objects, "Role")
+        (role,) = [
+            r for r in _by_kind(objects, "Role") if r["metadata"]["name"] == RELEASE + "-operator"
+        ]
         assert {
             "apiGroups": ["dispatch.composer.dev"],
             "resources": ["outboxdispatchers/finalizers"],

@@ -4,7 +4,8 @@ The real operator (``tests.fix_kube.running_operator``) runs against kmock behin
 answers 403 to any request the Role of ``deploy/base/rbac.yaml`` does not allow, as the API
 server would for the operator's ServiceAccount (the chart's Role is the same object: see
 ``test_deploy_kustomize``). A scenario that creates, changes and shrinks an ``OutboxDispatcher``
-must then succeed with no request refused, and must use every verb the Role grants.
+must then succeed with no request refused, and must use every verb the Role grants (a second
+dispatcher on the same Redis database makes the operator read the first one's resource).
 
 The gate also plays the OwnerReferencesPermissionEnforcement admission plugin (on by default on
 OpenShift): writing an object whose ownerReferences set ``blockOwnerDeletion`` needs ``update``
@@ -47,6 +48,7 @@ from tests.suite_servers import postgres_admin_url
 ROOT = Path(__file__).resolve().parents[2]
 CR_URL = f"/apis/dispatch.composer.dev/v1alpha1/namespaces/{NAMESPACE}/outboxdispatchers"
 SECRETS_URL = f"/api/v1/namespaces/{NAMESPACE}/secrets"
+OPERATOR = "outbox-dispatcher-operator"  # its Role (the other one is its Lease's)
 ADMIN = "X-Test-Admin"  # requests of the test itself (kubectl's role), not of the operator
 
 
@@ -62,7 +64,7 @@ class Attributes:
 
 def _role_rules() -> list[dict[str, Any]]:
     docs = yaml.safe_load_all((ROOT / "deploy" / "base" / "rbac.yaml").read_text())
-    (role,) = (d for d in docs if d["kind"] == "Role")
+    (role,) = (d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == OPERATOR)
     rules: list[dict[str, Any]] = role["rules"]
     return rules
 
@@ -170,11 +172,11 @@ async def gate() -> AsyncIterator[RbacGate]:
         yield emulator
 
 
-def _dispatcher(queues: list[dict[str, Any]]) -> dict[str, Any]:
+def _dispatcher(queues: list[dict[str, Any]], *, name: str = "orders") -> dict[str, Any]:
     return {
         "apiVersion": "dispatch.composer.dev/v1alpha1",
         "kind": "OutboxDispatcher",
-        "metadata": {"name": "orders", "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {
             "shards": 2,
             "postgres": {"secretRef": {"name": "pg", "key": "url"}},
@@ -212,6 +214,16 @@ async def test_role_grants_exactly_what_the_operator_uses(
             )
 
         await eventually(created, within=20)
+        # A second dispatcher on the same Redis database: the operator reads whether the
+        # owner of its shard key still exists (get), and reports the conflict.
+        await gate.send("post", CR_URL, _dispatcher([emails], name="payments"))
+
+        async def conflict() -> bool:
+            cr = gate.live("dispatch.composer.dev/v1alpha1/outboxdispatchers", "payments") or {}
+            conditions = (cr.get("status") or {}).get("conditions") or []
+            return any(c["reason"] == "RedisConflict" for c in conditions)
+
+        await eventually(conflict, within=20)
         # Someone loosens a budget by hand: the next reconcile patches it back.
         budget_url = (
             f"/apis/policy/v1/namespaces/{NAMESPACE}/poddisruptionbudgets/orders-worker-emails"

@@ -104,7 +104,7 @@ async def test_a_flag_lost_with_its_session_is_taken_again(
         with psycopg.connect(outbox_db_url, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(%s)", (holder,))
         await eventually(lambda: announced(outbox_db_url) == [])
-        assert enqueuer.idle_announced, "nothing has told it yet"
+        assert enqueuer.idle_flag_held, "nothing has told it yet"
 
         await enqueuer.maintenance_once()  # notices the dead session, claims, retakes the flag
         await eventually(lambda: len(announced(outbox_db_url)) == 1)

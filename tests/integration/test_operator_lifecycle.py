@@ -319,16 +319,17 @@ async def test_an_unchanged_dispatcher_is_never_patched(
 
 
 async def test_two_dispatchers_never_share_a_deployment(
-    kube: KubeEmulator, operator: Operator, redis_url: str
+    kube: KubeEmulator, operator: Operator, redis_url: str, another_redis_url: str
 ) -> None:
-    await post_secrets(kube, redis_url)
+    await post_secrets(kube, redis_url, rd2=another_redis_url)  # one Redis database each
     first = [{"name": "worker-b", "handler": "a.tasks:run"}]
     await kube.send("post", CR_URL, dispatcher("a", queues=first))
     await _ready(kube, "a")
     owner = (kube.live(DEPLOYMENTS, "a-worker-worker-b") or {})["metadata"]["ownerReferences"]
 
     second = [{"name": "b", "handler": "b.tasks:run"}]  # renders a-worker-worker-b as well
-    await kube.send("post", CR_URL, dispatcher("a-worker", queues=second))
+    redis = {"secretRef": {"name": "rd2", "key": "url"}}
+    await kube.send("post", CR_URL, dispatcher("a-worker", queues=second, redis=redis))
 
     async def refused() -> bool:
         return _is(kube, "Degraded", "True", "NameConflict", "a-worker")

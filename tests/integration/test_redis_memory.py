@@ -85,6 +85,28 @@ async def test_an_oom_reply_pauses_until_a_reading_says_otherwise(
         await client.aclose()
 
 
+async def test_a_hint_claims_at_once_only_while_the_last_reading_stands(
+    small_redis: RedisProcess,
+) -> None:
+    """``open_now``: what a notification may go by without reading Redis (it cannot wait)."""
+    client = connect_redis(small_redis.url)
+    clock = Clock()
+    gate = RedisMemoryGate(client, marks=MemoryMarks(0.85, 0.75), check_every=1.0, clock=clock)
+    try:
+        assert not gate.open_now(), "never read: the loop reads first"
+        assert await gate.allows()
+        assert gate.open_now()
+        clock.now += 1.0
+        assert not gate.open_now(), "a reading is due"
+        assert await gate.allows()
+        gate.refused()
+        assert not gate.open_now(), "Redis said OOM"
+        unlimited = RedisMemoryGate(client, marks=MemoryMarks(0))
+        assert unlimited.open_now(), "no high mark: nothing to read"
+    finally:
+        await client.aclose()
+
+
 async def test_a_worker_sets_up_its_group_on_a_full_redis(small_redis: RedisProcess) -> None:
     client: RedisClient = connect_redis(small_redis.url)
     try:

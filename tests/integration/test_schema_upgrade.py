@@ -87,7 +87,8 @@ def test_upgrading_keeps_every_row_that_still_has_to_be_dispatched(at_0006: str)
             # "sent" was published already: gone, as the enqueuer deletes what it published
         }
         assert conn.execute("SELECT id, attempts FROM outbox_dlq").fetchall() == [("dlq", 6)]
-        claimed = conn.execute(QUERIES["claim_batch"], {"limit": 10}).fetchall()
+        conn.execute(QUERIES["prepare_claim_batch"])
+        claimed = conn.execute("EXECUTE outbox_claim_batch (10)").fetchall()
         assert {r[0] for r in claimed} == {"pending", "in_flight"}
 
 

@@ -26,8 +26,10 @@ import pytest
 import redis as sync_redis
 from redis.exceptions import NoPermissionError, ResponseError
 
+from dispatcher import cancel_run
 from dispatcher._testing.servers import PostgresProcess, RedisProcess
 from dispatcher._testing.waiting import eventually, eventually_sync
+from dispatcher.stream.cancels import CANCEL_SIGNAL, CANCELLED_RUNS
 from tests.faults.harness import ROOT, Pipeline
 from tests.faults.load import LoadSpec
 from tests.fix_kube import CR_RESOURCE, NAMESPACE, FakeClock, KubeEmulator, running_operator
@@ -104,9 +106,12 @@ def test_enqueuer_and_worker_run_as_the_documented_acl_users(
     p.worker("--max-deliveries", "2", "--reclaim-idle", "0.5", redis_url=wrk)
     p.worker("--max-deliveries", "2", "--reclaim-idle", "0.5", redis_url=wrk)
     p.start_load(LoadSpec(tasks=300, rate=150, poison_every=50))
+    with psycopg.connect(p.db_url) as conn:  # relayed by the enqueuer, read by the workers
+        cancel_run(conn, "run-of-nothing")
     p.verify(within=120)
     dead = p.redis.xlen(f"workflow.dead.{p.queue}")
     assert dead == len(p.load.poison) > 0 if p.load else False  # dead letters written too
+    assert p.redis.zscore(CANCELLED_RUNS, "run-of-nothing") is not None
     assert server.cli("ACL", "LOG") == "", "no command or key was denied"
 
     as_enqueuer = sync_redis.Redis.from_url(enq, decode_responses=True)
@@ -121,6 +126,8 @@ def test_enqueuer_and_worker_run_as_the_documented_acl_users(
         (as_worker, ("SET", f"composer:limits:{{{p.queue}}}", "{}")),
         (as_worker, ("SET", "app:secret", "1")),
         (as_worker, ("XADD", "other.stream", "*", "a", "b")),
+        (as_worker, ("ZADD", CANCELLED_RUNS, "1", "run")),
+        (as_worker, ("XADD", CANCEL_SIGNAL, "*", "a", "b")),
     ]:
         with pytest.raises(NoPermissionError):
             client.execute_command(*command)

@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from dispatcher import enqueue_dispatch
+from dispatcher import cancel_run, enqueue_dispatch
 from dispatcher._testing.data import dispatch
 from tests.faults.harness import Pipeline
 from tests.faults.load import LoadSpec
@@ -46,12 +46,15 @@ def _denied(conn: psycopg.Connection[object], statement: str) -> bool:
     return False
 
 
-def test_the_app_role_may_only_insert_into_the_outbox(roles_db: str) -> None:
+def test_the_app_role_may_only_insert_into_the_outbox_and_cancel_runs(roles_db: str) -> None:
     with psycopg.connect(as_role(roles_db, "outbox_app")) as app:
         outbox_id = enqueue_dispatch(app, dispatch("t1", "secure"))
+        assert cancel_run(app, "r-cancelled") == 0  # t1 is of run "r"
         app.commit()
         for statement in (
             *("SELECT * FROM outbox", "SELECT count(*) FROM outbox_dlq"),
+            *("SELECT * FROM outbox_cancel", "DELETE FROM outbox_cancel"),
+            "INSERT INTO outbox_cancel (run_id) VALUES ('r')",
             *("UPDATE outbox SET status = 'DLQ'", "DELETE FROM outbox", "TRUNCATE outbox"),
             *("DELETE FROM outbox_batches", "CREATE TABLE sneaky (x int)"),
         ):
@@ -59,7 +62,9 @@ def test_the_app_role_may_only_insert_into_the_outbox(roles_db: str) -> None:
         assert _settings(app) == ("30s", "5s", "1min")
     with psycopg.connect(roles_db) as owner:
         row = owner.execute("SELECT task_id FROM outbox WHERE id = %s", (outbox_id,)).fetchone()
+        cancels = owner.execute("SELECT run_id FROM outbox_cancel").fetchall()
     assert row == ("t1",)
+    assert cancels == [("r-cancelled",)]
 
 
 def test_the_enqueuer_role_is_denied_what_it_does_not_need(roles_db: str) -> None:
@@ -70,6 +75,8 @@ def test_the_enqueuer_role_is_denied_what_it_does_not_need(roles_db: str) -> Non
             "DROP TABLE outbox_dlq",
             "DELETE FROM outbox_schema_version",
             "CREATE TABLE sneaky (x int)",
+            "INSERT INTO outbox_cancel (run_id) VALUES ('r')",
+            "SELECT outbox_cancel_run('r')",
         ):
             assert _denied(enq, statement), statement
         assert _settings(enq) == ("30s", "5s", "1min")
@@ -85,6 +92,8 @@ def test_a_real_enqueuer_as_outbox_enqueuer_drains_what_outbox_app_commits(
         recorder_url=redis_url,
         workdir=tmp_path,
     )
+    with psycopg.connect(as_role(roles_db, "outbox_app")) as app:
+        cancel_run(app, "r-relayed")  # relayed to Redis by the enqueuer's role
     try:
         enqueuer = p.enqueuer(env={"DATABASE_URL": as_role(roles_db, "outbox_enqueuer")})
         p.worker()
@@ -92,6 +101,8 @@ def test_a_real_enqueuer_as_outbox_enqueuer_drains_what_outbox_app_commits(
         report = p.verify(within=60)
         assert report.committed == 200
         assert enqueuer.alive()
+        with psycopg.connect(roles_db) as owner:
+            assert owner.execute("SELECT count(*) FROM outbox_cancel").fetchone() == (0,)
     finally:
         p.stop_all()
     log = enqueuer.log.read_text()

@@ -111,6 +111,11 @@ def test_the_configuration_pages_tables_are_the_generated_ones() -> None:
             "--max-deliveries=0",
             "argument --max-runs/--max-deliveries: must be >= 1, got 0",
         ),
+        (
+            "enqueuer",
+            "--recover-in-flight-after=0",
+            "argument --hung-batch-timeout/--recover-in-flight-after: must be >= 1, got 0",
+        ),
         ("worker", "--reclaim-idle=0", "argument --reclaim-idle: must be > 0, got 0"),
         ("worker", "--lease-ttl=x", "argument --lease-ttl: not a number: 'x'"),
         ("enqueuer", "--shards=0", "argument --shards: must be >= 1, got 0"),

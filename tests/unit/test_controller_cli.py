@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -35,13 +36,41 @@ def test_operator_rejects_a_bad_interval(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_operator_flags() -> None:
-    args = build_parser().parse_args(["operator", "-n", "a", "--namespace", "b", "--peering", "p"])
+    args = build_parser().parse_args(["operator", "-n", "a", "--namespace", "b"])
     assert args.namespaces == ["a", "b"]
     assert args.all_namespaces is False
     assert args.liveness == "http://0.0.0.0:8080/healthz"
-    assert args.peering == "p"
+    assert args.leader_election is True
     with pytest.raises(SystemExit):
         build_parser().parse_args(["operator", "-n", "a", "-A"])
+    with pytest.raises(SystemExit):  # kopf's peering paused nothing: the Lease replaced it
+        build_parser().parse_args(["operator", "-n", "a", "--peering", "p"])
+
+
+def test_the_lease_is_in_the_pods_namespace_or_the_one_watched(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dispatcher.cli.operator import lease_config
+
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    monkeypatch.setenv("POD_NAME", "op-7d9f-x2")
+
+    def lease(*argv: str) -> Any:
+        return lease_config(build_parser().parse_args(["operator", *argv]))
+
+    found = lease("-n", "prod")
+    assert (found.name, found.namespace, found.identity) == (
+        "outbox-dispatcher-operator",
+        "prod",
+        "op-7d9f-x2",
+    )
+    assert lease("-A", "--lease-namespace", "ops", "--lease-name", "l").namespace == "ops"
+    assert lease("-n", "a", "--no-leader-election") is None
+    monkeypatch.setenv("POD_NAMESPACE", "ops")
+    assert lease("-A").namespace == "ops"
+    monkeypatch.delenv("POD_NAMESPACE")
+    assert main(["operator", "-n", "a", "-n", "b"]) == 2
+    assert "pass --lease-namespace NS (or --no-leader-election)" in capsys.readouterr().err
 
 
 def test_exact_namespaces_turn_kopf_scanning_off() -> None:
@@ -49,7 +78,7 @@ def test_exact_namespaces_turn_kopf_scanning_off() -> None:
 
     assert operator_settings(["prod"], all_namespaces=False).scanning.disabled is True
     assert operator_settings(["team-*"], all_namespaces=False).scanning.disabled is False
-    assert operator_settings([], all_namespaces=True).scanning.disabled is False
+    assert operator_settings([], all_namespaces=True).scanning.disabled is True
 
 
 def test_workload_images_come_from_flags_then_env_then_the_version(

@@ -1,8 +1,8 @@
 """The CRD: in sync with the pydantic model, valid for Kubernetes, and its rules at work.
 
 Sample resources are checked the way the API server would: structural defaults
-first, then the OpenAPI schema (jsonschema), then every CEL rule
-(``x-kubernetes-validations``, evaluated with cel-python) at its node.
+first, then the OpenAPI schema (jsonschema) and the keys of list-maps, then every CEL
+rule (``x-kubernetes-validations``, evaluated with cel-python) at its node.
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ from typing import Any
 import celpy
 import jsonschema
 import kubernetes_validate
+import pydantic
 import pytest
 import yaml
 
 from controller.coretypes import CORE_SCHEMAS_PATH, core_schema
-from controller.crd import CRD_PATH, build_crd, core_schemas_json, crd_yaml
-from controller.model import OutboxDispatcherSpec
+from controller.crd import CRD_PATH, build_crd, cel_rules, core_schemas_json, crd_yaml
+from controller.model import MAX_RUNS_CONFLICT, OutboxDispatcherSpec
+from controller.podsettings import ENV_RULE, LABEL_RULE, TMP_MOUNT_RULE, TMP_VOLUME_RULE
 
 K8S_VERSION = "1.37.0"
 EXAMPLES = sorted((Path(CRD_PATH).parent / "examples").glob("*.yaml"))
@@ -62,6 +64,27 @@ def cel_errors(obj: Any, schema: dict[str, Any], path: str = "") -> list[str]:
     return errors
 
 
+def duplicate_keys(obj: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """A list-map's items must differ in their keys (the API server's "Duplicate value")."""
+    errors: list[str] = []
+    if isinstance(obj, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name in obj:
+                errors += duplicate_keys(obj[name], sub, f"{path}.{name}".lstrip("."))
+    if isinstance(obj, list) and "items" in schema:
+        keys = schema.get("x-kubernetes-list-map-keys")
+        seen = set()
+        for i, item in enumerate(obj):
+            if keys:
+                key = tuple(item.get(k) for k in keys)
+                if key in seen:
+                    named = json.dumps(dict(zip(keys, key, strict=True)), separators=(",", ":"))
+                    errors.append(f"{path}[{i}]: Duplicate value: {named}")
+                seen.add(key)
+            errors += duplicate_keys(item, schema["items"], f"{path}[{i}]")
+    return errors
+
+
 def strict_fields(schema: dict[str, Any]) -> dict[str, Any]:
     """Unknown fields are errors (kubectl's default field validation is Strict)."""
     out = dict(schema)
@@ -82,7 +105,7 @@ def validate_cr(cr: dict[str, Any]) -> list[str]:
         f"{'.'.join(str(p) for p in e.absolute_path)}: {e.message}"
         for e in validator.iter_errors(obj)
     ]
-    return errors or cel_errors(obj, schema)
+    return errors or duplicate_keys(obj, schema) or cel_errors(obj, schema)
 
 
 def _cr(**spec: Any) -> dict[str, Any]:
@@ -156,8 +179,18 @@ BAD = [
     ),
     pytest.param(
         {"queues": [{"name": "a", "handler": "m:f"}, {"name": "a", "handler": "m:g"}]},
-        "spec: queue names must be unique",
+        'spec.queues[1]: Duplicate value: {"name":"a"}',
         id="duplicate-queue",
+    ),
+    pytest.param(
+        {"enqueuer": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}},
+        'spec.enqueuer.env[1]: Duplicate value: {"name":"A"}',
+        id="duplicate-env",
+    ),
+    pytest.param(
+        {"enqueuer": {"volumes": [{"name": "v" * 64, "emptyDir": {}}]}},
+        "is too long",
+        id="long-volume-name",
     ),
     pytest.param(
         {"queues": [{"name": "a.b", "handler": "m:f"}]},
@@ -268,15 +301,93 @@ def test_core_type_schemas_are_the_official_kubernetes_ones() -> None:
         "run: python -m controller.crd --write"
     )
     spec = _schema()["properties"]["spec"]["properties"]
+    lists = {
+        "env": "EnvVar",
+        "volumes": "Volume",
+        "volumeMounts": "VolumeMount",
+        "tolerations": "Toleration",
+        "topologySpreadConstraints": "TopologySpreadConstraint",
+    }
     for owner in (spec["enqueuer"], spec["queues"]["items"]):
         props = owner["properties"]
-        assert props["env"]["items"] == core_schema("EnvVar")
-        assert props["volumes"]["items"] == core_schema("Volume")
-        assert props["tolerations"]["items"] == core_schema("Toleration")
+        for field, core in lists.items():
+            # The official item, with bounds where a CEL rule reads a string.
+            items = props[field]["items"]["properties"]
+            unbounded = {
+                k: {a: b for a, b in v.items() if a != "maxLength"} for k, v in items.items()
+            }
+            assert unbounded == core_schema(core)["properties"], field
         assert props["affinity"]["properties"] == core_schema("Affinity")["properties"]
-        assert props["topologySpreadConstraints"]["items"] == core_schema(
-            "TopologySpreadConstraint"
-        )
+
+
+@pytest.mark.parametrize(
+    ("field", "keys"),
+    [
+        ("env", ["name"]),
+        ("volumes", ["name"]),
+        ("volumeMounts", ["mountPath"]),
+        ("imagePullSecrets", ["name"]),
+        ("topologySpreadConstraints", ["topologyKey", "whenUnsatisfiable"]),
+    ],
+)
+def test_keyed_pod_lists_are_list_maps_as_in_a_pod(field: str, keys: list[str]) -> None:
+    """Keyed as Kubernetes keys them in a Pod (its OpenAPI's x-kubernetes-list-map-keys)."""
+    spec = _schema()["properties"]["spec"]["properties"]
+    for owner in (spec["enqueuer"], spec["queues"]["items"]):
+        node = owner["properties"][field]
+        assert node["x-kubernetes-list-type"] == "map"
+        assert node["x-kubernetes-list-map-keys"] == keys
+        assert set(keys) <= set(node["items"]["required"])
+    assert spec["queues"]["x-kubernetes-list-map-keys"] == ["name"]
+
+
+# One resource breaking each CEL rule of the spec, by the rule's message.
+BREAKS_RULE = {
+    "set secretRef, or all of enqueuerSecretRef, workerSecretRef and operatorSecretRef": {
+        "redis": {"workerSecretRef": {"name": "w", "key": "url"}}
+    },
+    "every volumeMount must name a volume in volumes": {
+        "enqueuer": {"volumeMounts": [{"name": "cfg", "mountPath": "/etc/cfg"}]}
+    },
+    "minReplicas must be <= maxReplicas": {
+        "queues": [{"name": "a", "handler": "m:f", "minReplicas": 5, "maxReplicas": 2}]
+    },
+    MAX_RUNS_CONFLICT: {
+        "queues": [{"name": "a", "handler": "m:f", "maxRuns": 3, "maxDeliveries": 4}]
+    },
+    ENV_RULE["message"]: {
+        "queues": [
+            {"name": "a", "handler": "m:f", "env": [{"name": "LOG_LEVEL", "value": "DEBUG"}]}
+        ]
+    },
+    TMP_VOLUME_RULE["message"]: {"enqueuer": {"volumes": [{"name": "tmp", "emptyDir": {}}]}},
+    TMP_MOUNT_RULE["message"]: {
+        "enqueuer": {
+            "volumes": [{"name": "scratch", "emptyDir": {}}],
+            "volumeMounts": [{"name": "scratch", "mountPath": "/tmp/"}],
+        }
+    },
+    LABEL_RULE["message"]: {
+        "queues": [{"name": "a", "handler": "m:f", "podLabels": {"app.kubernetes.io/name": "x"}}]
+    },
+    "burst requires rate": {"queues": [{"name": "a", "handler": "m:f", "limits": {"burst": 2}}]},
+}
+
+
+def test_every_cel_rule_of_the_spec_has_a_case() -> None:
+    spec_rules = {rule["message"] for path, rule in cel_rules() if path.startswith("spec")}
+    assert spec_rules == set(BREAKS_RULE)
+
+
+@pytest.mark.parametrize(("message", "spec"), BREAKS_RULE.items(), ids=range(len(BREAKS_RULE)))
+def test_the_model_refuses_what_each_cel_rule_refuses_with_its_message(
+    message: str, spec: dict[str, Any]
+) -> None:
+    """The API server (its CEL) and the operator (the model) say the same thing."""
+    assert any(message in e for e in validate_cr(_cr(**spec))), validate_cr(_cr(**spec))
+    with pytest.raises(pydantic.ValidationError) as caught:
+        OutboxDispatcherSpec.model_validate(_cr(**spec)["spec"])
+    assert message in str(caught.value)
 
 
 def test_crd_fits_a_client_side_apply_annotation() -> None:

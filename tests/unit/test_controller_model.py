@@ -100,16 +100,31 @@ def _queue(**fields: object) -> dict[str, object]:
     [
         (
             _queue(env=[{"name": "REDIS_URL", "value": "redis://x"}]),
-            "REDIS_URL is set by the operator",
+            "are set by the operator (REDIS_URL)",
         ),
         (_queue(env=[{"name": "A", "valu": "x"}]), "[0].valu: unknown field"),
         (
             _queue(tolerations=[{"key": "k", "tolerationSeconds": "soon"}]),
             "tolerationSeconds: must be of type integer",
         ),
-        (_queue(volumeMounts=[{"name": "cfg", "mountPath": "/etc/x"}]), "'cfg' names no volume"),
+        (_queue(volumeMounts=[{"name": "cfg", "mountPath": "/etc/x"}]), "'cfg' names none"),
         (_queue(volumes=[{"name": "tmp", "emptyDir": {}}]), "'tmp' is reserved"),
-        (_queue(podLabels={"app.kubernetes.io/instance": "x"}), "is set by the operator"),
+        (
+            _queue(podLabels={"app.kubernetes.io/instance": "x"}),
+            "are set by the operator (app.kubernetes.io/instance)",
+        ),
+        (
+            _queue(env=[{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]),
+            "EnvVar list: [1]: duplicate name='A'",
+        ),
+        (
+            _queue(
+                volumes=[{"name": "a", "emptyDir": {}}],
+                volumeMounts=[{"name": "a", "mountPath": "/x"}, {"name": "a", "mountPath": "/x"}],
+            ),
+            "[1]: duplicate mountPath='/x'",
+        ),
+        (_queue(volumes=[{"name": "v" * 64, "emptyDir": {}}]), "[0].name: at most 63 characters"),
         (_queue(serviceAccountName="Not_DNS"), "serviceAccountName"),
         (_queue(affinity={"nodeAffinity": []}), "nodeAffinity: must be of type object"),
         (

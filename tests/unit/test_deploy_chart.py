@@ -101,6 +101,9 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
             },
         }
     },
+    # Two operator replicas (one acts, elected on a Lease) over every namespace.
+    "all-namespaces-ha": {"operator": {"watchAllNamespaces": True, "replicas": 2}},
+    "single-unelected": {"operator": {"leaderElection": False}},
     # The chart as a subchart: Helm passes the parent's `global` down.
     "subchart": {"global": {"imageRegistry": "reg.example.com", "storageClass": "fast"}},
     # A numeric-looking tag (a build number, a short commit hash of digits) from --set.
@@ -162,15 +165,25 @@ def test_default_render_is_the_operator_and_its_rbac() -> None:
     assert _kinds(render({})) == [
         ("Deployment", "outbox-dispatcher-operator", NAMESPACE),
         ("Role", "outbox-dispatcher-operator", NAMESPACE),
+        ("Role", "outbox-dispatcher-operator-lease", NAMESPACE),
         ("RoleBinding", "outbox-dispatcher-operator", NAMESPACE),
+        ("RoleBinding", "outbox-dispatcher-operator-lease", NAMESPACE),
         ("ServiceAccount", "outbox-dispatcher-operator", NAMESPACE),
     ]
 
 
 def test_watch_namespaces_get_a_role_each_and_become_operator_args() -> None:
     objects = render(VALUE_SETS["multi-namespace"], name="rel", namespace="ops")
-    roles = {(o["kind"], o["metadata"]["namespace"]) for o in objects if "Role" in o["kind"]}
+    roles = {
+        (o["kind"], o["metadata"]["namespace"])
+        for o in objects
+        if "Role" in o["kind"] and o["metadata"]["name"] == "obd-operator"
+    }
     assert roles == {(k, ns) for k in ("Role", "RoleBinding") for ns in ("team-a", "team-b")}
+    leases = {
+        (o["kind"], o["metadata"]["namespace"]) for o in objects if "lease" in o["metadata"]["name"]
+    }
+    assert leases == {("Role", "ops"), ("RoleBinding", "ops")}  # the Lease is in its own
     for binding in (o for o in objects if o["kind"] == "RoleBinding"):
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "obd-operator", "namespace": "ops"}
@@ -180,7 +193,7 @@ def test_watch_namespaces_get_a_role_each_and_become_operator_args() -> None:
     assert container["image"] == "reg.example.com/op@sha256:" + "ab" * 32
     assert container["args"][:2] == ["--namespace=team-a", "--namespace=team-b"]
     assert "--autoscale-interval=7.5" in container["args"]
-    (role, _) = (o for o in objects if o["kind"] == "Role")
+    (role, _) = (o for o in objects if o["kind"] == "Role" and "lease" not in o["metadata"]["name"])
     (secrets,) = (r for r in role["rules"] if r["resources"] == ["secrets"])
     assert secrets["resourceNames"] == ["dispatcher-postgres", "dispatcher-redis"]
     (namespace,) = (o for o in objects if o["kind"] == "Namespace")
@@ -191,6 +204,35 @@ def test_watch_namespaces_get_a_role_each_and_become_operator_args() -> None:
     pod = deployment["spec"]["template"]["spec"]["securityContext"]
     assert (pod["runAsUser"], pod["runAsGroup"], pod["fsGroup"]) == (10001, 10001, 10001)
     assert (env["DISPATCHER_RUN_AS_USER"], env["DISPATCHER_FS_GROUP"]) == ("10001", "10001")
+
+
+def test_watch_all_namespaces_is_one_cluster_role_and_two_elected_replicas() -> None:
+    objects = render(VALUE_SETS["all-namespaces-ha"])
+    assert _kinds([o for o in objects if "Role" in o["kind"]]) == [
+        ("ClusterRole", "outbox-dispatcher-operator", None),
+        ("ClusterRoleBinding", "outbox-dispatcher-operator", None),
+        ("Role", "outbox-dispatcher-operator-lease", NAMESPACE),
+        ("RoleBinding", "outbox-dispatcher-operator-lease", NAMESPACE),
+    ]
+    (cluster_role,) = (o for o in objects if o["kind"] == "ClusterRole")
+    (role,) = (o for o in render({}) if o["kind"] == "Role" and "lease" not in str(o))
+    assert cluster_role["rules"] == role["rules"]  # the same calls, in every namespace
+    (deployment,) = (o for o in objects if o["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate"}
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "--all-namespaces"
+    assert not [a for a in args if a.startswith("--namespace")]
+    assert "--lease-name=outbox-dispatcher-operator" in args
+
+
+def test_without_leader_election_one_replica_is_recreated_and_no_lease_is_granted() -> None:
+    objects = render(VALUE_SETS["single-unelected"])
+    assert not [o for o in objects if "lease" in o["metadata"]["name"]]
+    (deployment,) = (o for o in objects if o["kind"] == "Deployment")
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--no-leader-election" in args
 
 
 def test_optional_dispatcher_pins_no_image_and_references_secrets() -> None:
@@ -344,6 +386,7 @@ BAD_VALUES = {
         }
     },
     "monitor interval": {"monitoring": {"podMonitor": {"interval": "soon"}}},
+    "two operators without leader election": {"operator": {"replicas": 2, "leaderElection": False}},
 }
 
 

@@ -147,7 +147,8 @@ def test_any_stream_name_parses_or_raises_value_error(stream: str) -> None:
 
 
 ENQUEUER_NUMBERS = [
-    *("--batch-size", "--concurrency", "--poll-interval", "--recover-in-flight-after"),
+    *("--batch-size", "--concurrency", "--poll-interval", "--hung-batch-timeout"),
+    "--recover-in-flight-after",
     *("--maintenance-interval", "--wait-replicas", "--publish-timeout", "--shutdown-timeout"),
     *("--shards", "--metrics-port"),
 ]
@@ -165,6 +166,7 @@ flag_values = st.one_of(
 
 @FAST
 @given(flag=st.sampled_from(ENQUEUER_NUMBERS), value=flag_values)
+@example(flag="--batch-size", value="--")  # argparse drops "--" before type= runs
 def test_enqueuer_flags_are_finite_numbers_or_exit_2_with_one_error_line(
     flag: str, value: str
 ) -> None:
@@ -172,7 +174,7 @@ def test_enqueuer_flags_are_finite_numbers_or_exit_2_with_one_error_line(
     if args is None:
         return
     for name in (
-        *("batch_size", "concurrency", "poll_interval", "recover_in_flight_after"),
+        *("batch_size", "concurrency", "poll_interval", "hung_batch_timeout"),
         *("maintenance_interval", "publish_timeout", "shutdown_timeout"),
     ):
         assert math.isfinite(getattr(args, name)), (flag, value)
@@ -186,6 +188,7 @@ def test_enqueuer_flags_are_finite_numbers_or_exit_2_with_one_error_line(
 
 @FAST
 @given(flag=st.sampled_from(WORKER_NUMBERS), value=flag_values)
+@example(flag="--concurrency", value="--")
 def test_worker_flags_are_finite_numbers_or_exit_2_with_one_error_line(
     flag: str, value: str
 ) -> None:

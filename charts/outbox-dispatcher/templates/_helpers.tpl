@@ -112,3 +112,39 @@ fsGroup: {{ .fsGroup }}
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* The Role (and RoleBinding) of the operator's Lease, in the release namespace. */}}
+{{- define "outbox-dispatcher.leaseRoleName" -}}
+{{- printf "%s-lease" (include "outbox-dispatcher.operatorName" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The rules of the operator's Role (or ClusterRole): see deploy/base/rbac.yaml. */}}
+{{- define "outbox-dispatcher.operatorRules" -}}
+- apiGroups: ["dispatch.composer.dev"]
+  resources: ["outboxdispatchers"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["dispatch.composer.dev"]
+  resources: ["outboxdispatchers/status"]
+  verbs: ["patch"]
+- apiGroups: ["dispatch.composer.dev"]
+  resources: ["outboxdispatchers/finalizers"]
+  verbs: ["update"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["list", "watch", "create", "patch", "delete"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "create", "patch", "delete"]
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "create"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  {{- with .Values.rbac.secretNames }}
+  resourceNames: {{ toJson (uniq .) }}
+  {{- end }}
+  verbs: ["get"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}

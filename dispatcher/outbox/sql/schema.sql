@@ -1,5 +1,14 @@
 -- The outbox schema as every migration together leaves it (generated: python -m tests.schema_file --write).
 -- Read-only: change the schema with a new migration in migrations/.
+CREATE FUNCTION public.composer_notify_cancel() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM pg_notify('outbox_cancel', '');
+    RETURN NULL;
+END;
+$$;
+
 CREATE FUNCTION public.composer_notify_outbox() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -7,6 +16,22 @@ BEGIN
     PERFORM pg_notify('outbox_new', '');
     RETURN NULL;
 END;
+$$;
+
+CREATE FUNCTION public.outbox_cancel_run(run text) RETURNS bigint
+    LANGUAGE sql SECURITY DEFINER
+    SET search_path TO '$user', 'public'
+    AS $$
+    INSERT INTO outbox_cancel (run_id) VALUES (run)
+    ON CONFLICT (run_id) DO UPDATE SET cancelled_at = now();
+    WITH gone AS (
+        DELETE FROM outbox
+         WHERE id IN (SELECT id FROM outbox
+                       WHERE status IN ('PENDING', 'RETRY') AND payload ->> 'run_id' = run
+                         FOR UPDATE SKIP LOCKED)
+        RETURNING 1
+    )
+    SELECT count(*) FROM gone;
 $$;
 
 CREATE TABLE public.outbox (
@@ -37,6 +62,12 @@ CREATE UNLOGGED TABLE public.outbox_batches (
     probe boolean DEFAULT false NOT NULL
 );
 
+CREATE TABLE public.outbox_cancel (
+    run_id text NOT NULL,
+    cancelled_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT outbox_cancel_run_id_check CHECK ((run_id <> ''::text))
+);
+
 CREATE TABLE public.outbox_dlq (
     id text NOT NULL,
     task_id text,
@@ -60,6 +91,9 @@ CREATE TABLE public.outbox_schema_version (
 ALTER TABLE ONLY public.outbox_batches
     ADD CONSTRAINT outbox_batches_pkey PRIMARY KEY (token);
 
+ALTER TABLE ONLY public.outbox_cancel
+    ADD CONSTRAINT outbox_cancel_pkey PRIMARY KEY (run_id);
+
 ALTER TABLE ONLY public.outbox_dlq
     ADD CONSTRAINT outbox_dlq_pkey PRIMARY KEY (id);
 
@@ -76,5 +110,7 @@ CREATE INDEX idx_outbox_scheduled ON public.outbox USING btree (next_attempt_at)
 CREATE INDEX idx_outbox_suspect ON public.outbox USING btree (next_attempt_at) WHERE ((status = ANY (ARRAY['PENDING'::text, 'RETRY'::text])) AND suspect);
 
 CREATE INDEX idx_outbox_task_id ON public.outbox USING btree (task_id) WHERE (task_id IS NOT NULL);
+
+CREATE TRIGGER outbox_cancel_notify AFTER INSERT OR UPDATE ON public.outbox_cancel FOR EACH STATEMENT EXECUTE FUNCTION public.composer_notify_cancel();
 
 CREATE TRIGGER outbox_notify AFTER INSERT ON public.outbox FOR EACH STATEMENT WHEN ((NOT pg_try_advisory_xact_lock_shared('122468465667173'::bigint))) EXECUTE FUNCTION public.composer_notify_outbox();

@@ -67,9 +67,8 @@ async def container_env(
     }
     if kubeconfig is not None:
         system["KUBECONFIG"] = str(kubeconfig)
-    if pythonpath := os.environ.get("PYTHONPATH"):
-        # The checkout under test (a git worktree, say) before the venv's own install.
-        system["PYTHONPATH"] = pythonpath
+    if os.environ.get("PYTHONPATH"):  # a checkout put before this venv's install runs in Pods too
+        system["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return {**system, **resolved}
 
 

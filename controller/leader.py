@@ -1,0 +1,290 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease: only the leader runs passes.
+
+Several operator replicas may run (the chart's ``operator.replicas``); each watches
+every dispatcher (kopf keeps its caches warm), and only the holder of the Lease runs
+reconcile passes. ``controller.leadership.Leadership`` is the state the operator's
+loops wait on; ``LeaseElector`` drives it through the Lease, with the official
+``kubernetes`` client, as client-go's leader election does:
+
+- the Lease lasts ``duration`` (15 s); its holder renews it every ``renew_every``
+  (5 s); a candidate reads it every ``retry_every`` (1 s);
+- a candidate takes the Lease when it has no holder, or when the record has not
+  changed for ``duration`` by the candidate's *own* clock since it saw it change
+  (``renewTime`` written by another machine is never compared with ours, so clock
+  skew cannot hand the Lease over early). A process that starts counts from its
+  start, so a crashed leader's peer, which saw the last renewal earlier, takes over
+  before the crashed one's restarted container can: within ``duration`` + twice
+  ``retry_every`` of the last renewal (a read to see it, a read to find it expired);
+- the holder steps down at once when a renewal finds another holder, or when no
+  renewal succeeded for ``renew_deadline`` (10 s, less than ``duration``: it stops
+  before anyone may take over); a running pass is cancelled then;
+- on shutdown (SIGTERM) the holder clears ``holderIdentity`` so a peer takes over
+  within ``retry_every``.
+
+Every write is an update at the ``resourceVersion`` read (optimistic concurrency), so
+two candidates never both win one term. Identity: the pod's name (``POD_NAME``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from kubernetes.client import ApiClient, Configuration, CoordinationV1Api
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config import ConfigException, load_incluster_config, load_kube_config
+
+from controller.leadership import Leadership
+
+__all__ = [
+    "LeaseConfig",
+    "LeaseElector",
+    "LeaseRecord",
+    "api_client",
+    "decide",
+    "identity",
+]
+
+log = logging.getLogger("controller.leader")
+Action = Literal["create", "renew", "take", "wait"]
+
+
+def api_client(kubeconfig: str | None = None) -> ApiClient:
+    """The official client: in a pod its ServiceAccount, elsewhere the kubeconfig (as kubectl).
+
+    It is synchronous: its calls run in a thread (``asyncio.to_thread``) with a timeout.
+    """
+    configuration = Configuration()
+    if kubeconfig is None:
+        try:
+            load_incluster_config(client_configuration=configuration)
+        except ConfigException:
+            load_kube_config(client_configuration=configuration)
+    else:
+        load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    return ApiClient(configuration)
+
+
+def identity() -> str:
+    """This replica's name: the pod's (``POD_NAME``, from the downward API), else the host's."""
+    return os.environ.get("POD_NAME") or socket.gethostname()
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseRecord:
+    """The Lease's spec as read, with the version it was read at."""
+
+    holder: str | None
+    duration: float
+    transitions: int
+    resource_version: str
+    acquired: str | None = None  # acquireTime, as written
+
+    @classmethod
+    def from_api(cls, lease: Any) -> LeaseRecord:
+        spec = lease.spec
+        acquired = spec.acquire_time if spec is not None else None
+        return cls(
+            holder=(spec.holder_identity or None) if spec is not None else None,
+            duration=float((spec.lease_duration_seconds if spec is not None else None) or 0),
+            transitions=int((spec.lease_transitions if spec is not None else None) or 0),
+            resource_version=str(lease.metadata.resource_version),
+            acquired=None if acquired is None else _micro(acquired),
+        )
+
+
+def decide(
+    record: LeaseRecord | None, *, me: str, leading: bool, now: float, observed_at: float
+) -> Action:
+    """What a candidate does with the Lease it just read (``now``/``observed_at``: its clock)."""
+    if record is None:
+        return "create"
+    if record.holder == me and leading:
+        return "renew"
+    if record.holder is None or now - observed_at >= record.duration:
+        return "take"
+    return "wait"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaseConfig:
+    name: str
+    namespace: str
+    identity: str
+    duration: float = 15.0
+    renew_every: float = 5.0
+    renew_deadline: float = 10.0
+    retry_every: float = 1.0
+    request_timeout: float = 5.0
+
+
+def _micro(moment: datetime.datetime) -> str:
+    """The API's MicroTime form (exactly six fraction digits, UTC)."""
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class LeaseElector:
+    """Keeps ``leadership`` true exactly while this replica holds the Lease."""
+
+    def __init__(
+        self,
+        config: LeaseConfig,
+        *,
+        client: ApiClient,
+        leadership: Leadership,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.leadership = leadership
+        self._api = CoordinationV1Api(client)
+        self._clock = clock
+        self._seen: tuple[str, float] | None = None  # resourceVersion, when it changed (ours)
+        self._watchdog: asyncio.TimerHandle | None = None  # steps down unless renewed in time
+
+    async def run(self) -> None:
+        """Acquire, renew; never returns (cancel it, then ``release``)."""
+        while True:
+            held = False
+            try:
+                held = await self.step()
+            except (ApiException, OSError) as exc:
+                log.warning("lease %s: %s", self.config.name, _brief(exc))
+            # A failed renewal is retried soon: the watchdog ends leadership at the deadline.
+            await asyncio.sleep(self.config.renew_every if held else self.config.retry_every)
+
+    async def step(self) -> bool:
+        """Read the Lease once and act on it; whether this replica holds it (renewed) now."""
+        started = asyncio.get_running_loop().time()
+        record = await self._read()
+        now = self._clock()
+        if record is not None and (self._seen is None or self._seen[0] != record.resource_version):
+            self._seen = (record.resource_version, now)
+        observed_at = self._seen[1] if self._seen is not None else now
+        leading = self.leadership.leading
+        action = decide(
+            record, me=self.config.identity, leading=leading, now=now, observed_at=observed_at
+        )
+        if leading and action != "renew":
+            holder = record.holder if record is not None else None
+            self._step_down(f"the Lease names {holder or 'no holder'}")
+            return False
+        if action == "wait":
+            return False
+        if not await self._write(action, record):
+            if leading:  # the Lease changed since we read it: someone else wrote it
+                self._step_down("the Lease changed under a renewal")
+            return False
+        if not leading:
+            log.info("lease %s: leading as %s", self.config.name, self.config.identity)
+        self._arm(started)
+        self.leadership.gain()
+        return True
+
+    def _arm(self, started: float) -> None:
+        """Step down ``renew_deadline`` after ``started`` (before the read that led to this
+        renewal: no peer can have seen it earlier) unless renewed again by then."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        deadline = self.config.renew_deadline
+        self._watchdog = asyncio.get_running_loop().call_at(
+            started + deadline, self._step_down, f"not renewed for {deadline:g} s"
+        )
+
+    async def release(self) -> None:
+        """Step down and clear the holder, so a peer takes over at its next try."""
+        if not self.leadership.leading:
+            return
+        self._step_down("shutting down")
+        try:
+            record = await self._read()
+            if record is not None and record.holder == self.config.identity:
+                body = self._body(record, holder=None, duration=1, transitions=record.transitions)
+                await self._call(
+                    self._api.replace_namespaced_lease,
+                    self.config.name,
+                    self.config.namespace,
+                    body,
+                )
+                log.info("lease %s: released", self.config.name)
+        except (ApiException, OSError) as exc:
+            log.warning("lease %s: not released: %s", self.config.name, _brief(exc))
+
+    def _step_down(self, why: str) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        if self.leadership.leading:
+            log.warning("lease %s: no longer leading: %s", self.config.name, why)
+            self.leadership.lose()
+
+    async def _read(self) -> LeaseRecord | None:
+        try:
+            lease = await self._call(
+                self._api.read_namespaced_lease, self.config.name, self.config.namespace
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return LeaseRecord.from_api(lease)
+
+    async def _write(self, action: Action, record: LeaseRecord | None) -> bool:
+        """Create, renew or take; False when another replica wrote first (409)."""
+        name, namespace = self.config.name, self.config.namespace
+        try:
+            if record is None:
+                body = self._body(None, holder=self.config.identity, transitions=0)
+                await self._call(self._api.create_namespaced_lease, namespace, body)
+            else:
+                transitions = record.transitions + (action == "take")
+                body = self._body(record, holder=self.config.identity, transitions=transitions)
+                if action == "renew" and record.acquired is not None:
+                    body["spec"]["acquireTime"] = record.acquired
+                await self._call(self._api.replace_namespaced_lease, name, namespace, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    def _body(
+        self,
+        record: LeaseRecord | None,
+        *,
+        holder: str | None,
+        transitions: int,
+        duration: float | None = None,
+    ) -> dict[str, Any]:
+        now = _micro(datetime.datetime.now(datetime.UTC))
+        metadata: dict[str, Any] = {"name": self.config.name, "namespace": self.config.namespace}
+        if record is not None:
+            metadata["resourceVersion"] = record.resource_version
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": metadata,
+            "spec": {
+                "holderIdentity": holder,
+                "leaseDurationSeconds": round(duration or self.config.duration),
+                "acquireTime": now,
+                "renewTime": now,
+                "leaseTransitions": transitions,
+            },
+        }
+
+    async def _call(self, method: Callable[..., Any], *args: Any) -> Any:
+        timeout = self.config.request_timeout
+        return await asyncio.to_thread(method, *args, _request_timeout=timeout)
+
+
+def _brief(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"{exc.status} {exc.reason}"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
