@@ -43,6 +43,7 @@ RELAY = "pipelined relay"
 SQL_ONLY = "spec SQL-only claim->delete"
 BARE = "bare XREADGROUP + XACK/XDEL"
 WORKER = "dispatcher worker"
+LIMITED = "dispatcher worker, queue limits set, not binding"
 ONCE = {"duplicates"}  # one round: 10,000 dispatches at 20 ms are minutes already
 
 
@@ -61,7 +62,7 @@ QUICK = Scale(samples=40, dispatches=200, rows=5_000, messages=10_000)
 
 RECORDED = (
     "hops", "idle_latency", "duplicates", f"drain_{SMALL}", f"drain_{LARGE}", "worker",
-    "handled_latency", "insert_tps_16",
+    "worker_limits", "handled_latency", "insert_tps_16",
 )  # fmt: skip
 
 
@@ -111,6 +112,14 @@ def figures(scale: Scale) -> Figures:
         {
             WORKER: wc.figure(wc.workers(1), scale.messages),
             BARE: wc.figure(wc.bare, scale.messages),
+        },
+    )
+    found["worker_limits"] = (
+        f"worker on no-op handlers, queue limits (max_in_flight, rate, burst) set but never "
+        f"binding against none: {scale.messages:,} messages, 1 process, as `worker`",
+        {
+            WORKER: wc.figure(wc.workers(1), scale.messages),
+            LIMITED: wc.figure(wc.workers(1, limits=wc.LOOSE_LIMITS), scale.messages),
         },
     )
     found["handled_latency"] = hl.figure()  # procrastinate: needs .venv-bench (see module)
@@ -298,6 +307,8 @@ TARGETS: list[tuple[str, str, Compute]] = [
      _higher(f"drain_{LARGE}", ENQUEUER, SQL_ONLY, "rows_per_s", 0.8)),
     ("worker on no-op handlers >= 0.5x a bare XREADGROUP + XACK/XDEL loop", "worker",
      _higher("worker", WORKER, BARE, "msgs_per_s", 0.5)),
+    ("queue limits set, not binding: worker >= 0.9x without", "worker_limits",
+     _higher("worker_limits", LIMITED, WORKER, "msgs_per_s", 0.9)),
     ("commit -> handled p50 <= 0.8x procrastinate's defer -> start", "handled_latency",
      _lower("handled_latency", "outbox-dispatcher", "procrastinate", "p50_ms", 0.8)),
     ("duplicates per 10,000 idle dispatches, one enqueuer: 0", "duplicates",

@@ -18,7 +18,9 @@ The load average before and after is recorded, since another process on the
 machine skews every variant. Prints a markdown table and writes
 ``benchmarks/results/worker_consume.md``.
 
-``--baseline DIR`` adds the same worker variants run from another checkout
+``--limits`` adds the workers with queue limits set on the queue that never
+bind (``LOOSE_LIMITS``), beside the ones without; ``--out FILE`` writes the
+table elsewhere. ``--baseline DIR`` adds the same worker variants run from another checkout
 (say ``git worktree add /tmp/before <commit>``), interleaved with the others
 in every round: a before/after comparison under the same load.
 """
@@ -54,9 +56,12 @@ from dispatcher.stream import (
     shard_for,
     task_stream,
 )
+from dispatcher.stream.limits import QueueLimits, write_limits
 from dispatcher.stream.naming import WORKER_GROUP
 
 GROUP = WORKER_GROUP
+# Queue limits that never bind at the rates measured here: what limits cost when not binding.
+LOOSE_LIMITS = QueueLimits(max_in_flight=1_000_000, rate=1_000_000, burst=1_000_000)
 RESULT = ROOT / "benchmarks" / "results" / "worker_consume.md"
 SHARDS = 4
 
@@ -150,11 +155,20 @@ async def bare(client: RedisClient, url: str, queue: str, total: int) -> Sample:
         await asyncio.gather(*loops, return_exceptions=True)
 
 
-def workers(processes: int, *, root: Path = ROOT, around: Around | None = None) -> Variant:
+def workers(
+    processes: int,
+    *,
+    root: Path = ROOT,
+    around: Around | None = None,
+    limits: QueueLimits | None = None,
+) -> Variant:
     """``processes`` worker processes of the checkout at ``root`` (``-m`` imports from there);
-    ``around`` (a profiler) is entered with their pids while they drain."""
+    ``around`` (a profiler) is entered with their pids while they drain; ``limits`` are
+    the queue's (``composer:limits:{<queue>}``), set before they start."""
 
     async def run(client: RedisClient, url: str, queue: str, total: int) -> Sample:
+        if limits is not None:
+            await write_limits(client, queue, limits)
         procs = [
             await asyncio.create_subprocess_exec(
                 *(sys.executable, "-m", "dispatcher.cli", "worker", "--queue", queue),
@@ -176,6 +190,8 @@ def workers(processes: int, *, root: Path = ROOT, around: Around | None = None) 
     return run
 
 
+LIMITED_1 = "dispatcher worker, 1 process, queue limits set (not binding)"
+LIMITED_2 = "dispatcher worker, 2 processes, queue limits set (not binding)"
 VARIANTS: dict[str, Variant] = {
     "bare XREADGROUP + XACK/XDEL (1 process)": bare,
     "dispatcher worker, 1 process": workers(1),
@@ -207,9 +223,15 @@ def figure(variant: Variant, messages: int) -> Callable[[BenchEnv], Awaitable[di
     return run
 
 
-def chosen_variants(baseline: Path | None, *, single: bool) -> dict[str, Variant]:
-    """The variants to run: with the baseline's beside ours, and maybe without 2 processes."""
+def chosen_variants(
+    baseline: Path | None, *, single: bool, limits: bool = False
+) -> dict[str, Variant]:
+    """The variants to run: with the baseline's beside ours, with queue limits set (not
+    binding) beside none, and maybe without 2 processes."""
     found = dict(VARIANTS)
+    if limits:
+        found[LIMITED_1] = workers(1, limits=LOOSE_LIMITS)
+        found[LIMITED_2] = workers(2, limits=LOOSE_LIMITS)
     if baseline is not None:
         found["baseline worker, 1 process"] = workers(1, root=baseline)
         found["baseline worker, 2 processes"] = workers(2, root=baseline)
@@ -289,8 +311,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--baseline", type=Path, help="another checkout to run as well")
     parser.add_argument("--single", action="store_true", help="1-process variants only")
+    parser.add_argument(
+        "--limits", action="store_true", help="also the workers with queue limits, not binding"
+    )
+    parser.add_argument("--out", type=Path, default=RESULT, help="the markdown file written")
     args = parser.parse_args()
-    variants = chosen_variants(args.baseline, single=args.single)
+    variants = chosen_variants(args.baseline, single=args.single, limits=args.limits)
     workdir = Path(tempfile.mkdtemp(prefix="od-bench-worker-"))
     server = RedisProcess(workdir / "redis").start()
     before = load_average()
@@ -304,8 +330,8 @@ def main() -> None:
     load = (before, load_average())
     table = render(rates, messages=args.messages, rounds=args.rounds, load=load)
     print(table)
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(table)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from controller.limits import LimitsSpec
 from controller.podsettings import DNS_SUBDOMAIN_PATTERN, POD_RULES, PodSettings
 from controller.resource import ResourceModel, cel_rule
 from dispatcher.config import STREAM_SHARDS
@@ -253,6 +254,11 @@ class QueueSpec(PodSettings):
     resources: Resources = Field(
         default_factory=_default_resources("512Mi"),
         description="default: requests cpu 100m, memory 128Mi; limits memory 512Mi; {} for none",
+    )
+    limits: LimitsSpec | None = Field(
+        default=None,
+        description="limits across every worker of the queue, written to composer:limits:{<queue>}"
+        " (set: the operator owns them; {}: none)",
     )
 
     @model_validator(mode="after")

@@ -23,6 +23,7 @@ Job only while its image is not migrated).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import logging
@@ -38,6 +39,7 @@ from controller.conditions import SHARDS_DRAINING, OutboxDispatcherStatus, Reaso
 from controller.effects import apply_budgets, apply_deployment, drain_queues, migrate
 from controller.identity import QUEUE_LABEL, Owner, worker_name
 from controller.k8s import APIError, KubeApi, SecretMissing
+from controller.limits import publish_limits
 from controller.model import MAX_NAME, OutboxDispatcherSpec, SecretRef
 from controller.pods import WorkloadDefaults
 from controller.redis_access import Measurement, RedisProblem, measure, redis_message
@@ -132,6 +134,9 @@ async def reconcile_once(ctx: Context) -> Pass:
         await _shards(ctx, url=redis_url, measured=measured) if measured is not None else None
     )
     shards = decision.shards if decision is not None else (ctx.status.shards or spec.shards)
+    if measured is not None:  # Redis answered: the queues' limits as the spec says
+        with contextlib.suppress(*RedisProblem):
+            await publish_limits(ctx.redis(redis_url), spec.queues, events=ctx.events)
     try:
         migration = await migrate(
             api=ctx.api,

@@ -16,6 +16,7 @@ from dispatcher.outbox.queries import QUERIES
 from dispatcher.outbox.repository import STATUSES, OutboxRepository
 from dispatcher.redis_client import RedisClient, aof_enabled, server_infos
 from dispatcher.stream.cancels import count_cancelled
+from dispatcher.stream.limits import LimitUsage, limited_queues, read_usage, render_usage
 from dispatcher.stream.naming import (
     DEAD_STREAM_PREFIX,
     SHARDS_KEY,
@@ -46,6 +47,8 @@ class StatusReport:
     # enqueuer has recorded there yet (outbox_cancel).
     cancelled_runs: int = 0
     cancels_waiting: int = 0
+    # Every queue with limits: the limits and their use now.
+    limits: list[LimitUsage] = dataclasses.field(default_factory=list)
 
     @property
     def backpressure(self) -> bool:
@@ -55,6 +58,7 @@ class StatusReport:
     def to_json(self) -> dict[str, Any]:
         doc = dataclasses.asdict(self)
         doc["streams"] = [dataclasses.asdict(s) for s in self.streams]
+        doc["limits"] = [usage.to_json() for usage in self.limits]
         doc["backpressure"] = self.backpressure
         return doc
 
@@ -92,6 +96,7 @@ async def gather_status(
         redis_aof=await aof_enabled(redis),
         cancelled_runs=await count_cancelled(redis),
         cancels_waiting=int(relaying[0]) if relaying else 0,
+        limits=[await read_usage(redis, queue) for queue in await limited_queues(redis)],
     )
 
 
@@ -132,4 +137,5 @@ def render_text(report: StatusReport) -> str:
         lines.append("(no task streams yet)")
     for queue, length in report.dead_letters.items():
         lines.append(f"dead letters of {queue}: {length} ({DEAD_STREAM_PREFIX}{queue})")
+    lines += render_usage(report.limits)
     return "\n".join(lines)

@@ -86,3 +86,20 @@ async def offloaded(message: TaskMessage) -> None:
     seconds = float(message.input["sleep"]) if isinstance(message.input, dict) else 0.0
     await asyncio.to_thread(time.sleep, seconds)
     client.rpush(key, f"done:{message.task_id}")
+
+
+def timed(message: TaskMessage) -> None:
+    """Record ``start:<task>:<time>`` and ``end:<task>:<time>`` around a sleep.
+
+    Sleeps ``input["sleep"]`` seconds, or ``input["first_sleep"]`` on the
+    task's first run. The times are the machine's wall clock, taken first
+    thing and last thing, so overlapping runs of all processes can be counted.
+    """
+    started = time.time()
+    client, key = _log()
+    run = client.incr(f"{key}:runs:{message.task_id}")
+    client.rpush(key, f"start:{message.task_id}:{started!r}")
+    given = message.input if isinstance(message.input, dict) else {}
+    sleep = given.get("first_sleep", 0) if run == 1 and "first_sleep" in given else given["sleep"]
+    time.sleep(float(sleep))
+    client.rpush(key, f"end:{message.task_id}:{time.time()!r}")

@@ -8,6 +8,7 @@ from typing import Any
 
 from dispatcher.cli.cancel import register as register_cancel
 from dispatcher.cli.demo import register as register_demo
+from dispatcher.cli.limits import register as register_limits
 from dispatcher.cli.operator import register as register_operator
 from dispatcher.cli.ops import register_dlq, register_status
 from dispatcher.cli.outbox import register_enqueuer, register_migrate
@@ -23,6 +24,7 @@ REGISTRY: list[Register] = [
     register_status,
     register_dlq,
     register_shards,
+    register_limits,
     register_cancel,
     register_demo,
     register_operator,

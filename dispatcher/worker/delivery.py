@@ -55,6 +55,7 @@ from dispatcher.worker.dedup import Claim
 from dispatcher.worker.eager import Suspended, start
 from dispatcher.worker.entries import aligned, tasks_of
 from dispatcher.worker.handler import is_async
+from dispatcher.worker.limits import LimitGate
 from dispatcher.worker.metrics import QueueMetrics, WorkerMetrics, observe_many
 from dispatcher.worker.reader import StreamReader
 from dispatcher.worker.verdicts import Verdicts, left_pending
@@ -113,6 +114,7 @@ class Deliveries:
     metrics: WorkerMetrics
     max_runs: int
     spawn: Spawn
+    limits: LimitGate | None = None  # queue limits: claims take slots, entries may wait
     _inline: bool = field(init=False)  # an async handler: started inline
 
     def __post_init__(self) -> None:
@@ -136,7 +138,12 @@ class Deliveries:
             messages, tasks = await self.cancels.drop(reader, messages, tasks)
         keys = [task.dedup_key if type(task) is TaskMessage else None for task in tasks]
         try:
-            claims = await self.claims.submit([key for key in keys if key is not None])
+            if self.limits is not None and self.limits.binds(reader.queue):
+                claims, messages, tasks, keys = await self.limits.claim(
+                    reader, messages, tasks, keys
+                )
+            else:
+                claims = aligned(keys, await self.claims.submit([k for k in keys if k is not None]))
         except Exception as exc:  # the batch's claim, not one entry's fault: retried later
             log.warning(
                 "could not claim %d entries; they stay pending: %s",
@@ -147,7 +154,7 @@ class Deliveries:
             reader.settled([message.id for message in messages])
             return
         metrics = self.metrics.for_queue(reader.queue)
-        batch = _Batch(reader, metrics, messages, tasks, keys, aligned(keys, claims))
+        batch = _Batch(reader, metrics, messages, tasks, keys, claims)
         batch.started = started
         await self._go_on(batch)
 

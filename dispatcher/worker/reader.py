@@ -23,6 +23,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
@@ -31,6 +32,9 @@ from dispatcher.stream.consumer import RedisStreamConsumer
 from dispatcher.stream.entries import Message
 from dispatcher.stream.publisher import error_code
 from dispatcher.worker.slots import SlotPool
+
+if TYPE_CHECKING:
+    from dispatcher.worker.limits import LimitGate
 
 __all__ = ["StreamReader", "Submit"]
 
@@ -66,6 +70,8 @@ class StreamReader:
     in_hand: set[str] = field(default_factory=set)
     # The handlers of the last batch all finished in their first step: read ahead.
     inline: bool = False
+    # The queue limits of the worker (``limits.py``): frees slots, bounds reads while entries wait.
+    limits: LimitGate | None = None
 
     @property
     def stream(self) -> str:
@@ -74,6 +80,8 @@ class StreamReader:
     def settled(self, entry_ids: Sequence[str]) -> None:
         """``entry_ids`` are done with here (their handlers returned, or they were decided)."""
         self.in_hand.difference_update(entry_ids)
+        if self.limits is not None:
+            self.limits.settled(self.stream, entry_ids)
 
     async def read_loop(self) -> None:
         backoff = _BACKOFF_FIRST
@@ -81,8 +89,11 @@ class StreamReader:
             free = await self.slots.wait_free(within=_SLOT_POLL)
             if free == 0:
                 continue
+            want = max(free, READ_AHEAD) if self.inline else free
+            if self.limits is not None and not (want := await self.limits.room(self.queue, want)):
+                continue
             try:
-                batch = await self.consumer.read_new(max(free, READ_AHEAD) if self.inline else free)
+                batch = await self.consumer.read_new(want)
             except (RedisError, OSError) as exc:
                 backoff = await self._recover(exc, backoff, "read")
                 continue

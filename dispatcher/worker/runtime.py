@@ -42,6 +42,8 @@ from dispatcher.worker.dedup import AttemptGuard
 from dispatcher.worker.delivery import Deliveries
 from dispatcher.worker.handler import Handler
 from dispatcher.worker.leases import LeaseKeeper
+from dispatcher.worker.limit_scripts import LimitScripts
+from dispatcher.worker.limits import LimitGate
 from dispatcher.worker.metrics import WorkerMetrics
 from dispatcher.worker.reader import StreamReader
 from dispatcher.worker.settle import Settler
@@ -98,6 +100,8 @@ class Worker:
         self._cut_short: tuple[str, ...] = ()
         self._executor = ThreadPoolExecutor(config.concurrency, thread_name_prefix="handler")
         self._deliveries = self._make_deliveries()
+        self._streams.limits = self._limits
+        self._limits_task: asyncio.Task[None] | None = None
         self._watch = LoopWatch(
             threshold=config.lease_ttl / 3,
             what="the leases of runs in progress are not renewed meanwhile, and past "
@@ -145,7 +149,8 @@ class Worker:
         )
 
     def _crashed(self) -> bool:
-        return any(t.done() for t in self._loops) or bool(self._keeper and self._keeper.done())
+        keepers = (self._keeper, self._limits_task)
+        return any(t.done() for t in self._loops) or any(t and t.done() for t in keepers)
 
     def _redis_silent_for(self) -> float:
         return self._clock() - self._last_redis_ok
@@ -163,8 +168,9 @@ class Worker:
             )
             await self._drain()
             await self._streams.leave_groups()
+            await self._limits.renew()  # the slots still held: none once every run ended
         finally:
-            keeper = {self._keeper} if self._keeper else set()
+            keeper = {t for t in (self._keeper, self._limits_task) if t is not None}
             await self._cancel(self._loops | self._handlers | keeper)
             await self._deliveries.claims.aclose()
             await self._deliveries.verdicts.settler.aclose()
@@ -197,6 +203,17 @@ class Worker:
             metrics=self.metrics,
             max_runs=self.config.max_runs,
         )
+        self._limits = limits = LimitGate(
+            self.client,
+            LimitScripts(self.client, guard, max_runs=self.config.max_runs),
+            queues=self.config.queues,
+            slots=self._slots,
+            max_runs=self.config.max_runs,
+            lease_ttl=self.config.lease_ttl,
+            reclaim_idle=self.config.reclaim_idle,
+            registry=self.metrics.registry,
+        )
+        limits.waiting.retry = self._start_batch
         return Deliveries(
             claims=Coalescer(guard.claim_many, name="claim"),
             calls=calls,
@@ -205,16 +222,20 @@ class Worker:
             metrics=self.metrics,
             max_runs=self.config.max_runs,
             spawn=self._spawn_handling,
+            limits=limits,
         )
 
     async def _start(self) -> None:
         await self._deliveries.verdicts.guard.check()
+        await self._limits.refresh()  # limits in force before the first read
         await self._deliveries.cancels.check()
         shards = await self._streams.start()
         self._last_redis_ok = self._clock()
         # Not a loop of its own: it renews leases of handlers still draining.
         self._keeper = asyncio.create_task(self._deliveries.calls.leases.run(), name="lease keeper")
         self._keeper.add_done_callback(_log_crash)
+        self._limits_task = asyncio.create_task(self._limits.run(), name="queue limits")
+        self._limits_task.add_done_callback(_log_crash)
         self._spawn_loop(self._streams.watch(), "shard watch")
         self._spawn_loop(self._report_stats(), "stream stats")
         self._spawn_loop(self._deliveries.cancels.watch(self._stopping), "cancel watch")
@@ -251,8 +272,13 @@ class Worker:
         if not todo:
             return
         in_hand.update([m.id for m in todo])
+        await self._start_batch(reader, todo)
+
+    async def _start_batch(self, reader: StreamReader, batch: Sequence[Message]) -> None:
+        """Start a batch of entries in hand; return once each started or was decided."""
         started = asyncio.get_running_loop().create_future()
-        self._spawn_handling(self._deliveries.process(reader, todo, started), f"batch {todo[0].id}")
+        process = self._deliveries.process(reader, batch, started)
+        self._spawn_handling(process, f"batch {batch[0].id}")
         await started
 
     def _spawn_handling(self, coro: Coroutine[Any, Any, None], name: str) -> None:

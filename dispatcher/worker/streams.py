@@ -30,6 +30,7 @@ from dispatcher.stream.naming import parse_task_stream, queue_streams, task_stre
 from dispatcher.stream.shard_count import read_shard_count
 from dispatcher.stream.stats import stream_stats
 from dispatcher.worker.config import WorkerConfig
+from dispatcher.worker.limits import LimitGate
 from dispatcher.worker.metrics import WorkerMetrics
 from dispatcher.worker.reader import StreamReader, Submit
 from dispatcher.worker.slots import SlotPool
@@ -55,6 +56,7 @@ class WorkerStreams:
     stopping: asyncio.Event
     on_redis_ok: Callable[[], None]
     spawn_loop: Callable[[Coroutine[Any, Any, None], str], None]
+    limits: LimitGate | None = None
     readers: dict[str, StreamReader] = field(default_factory=dict)
     shards: int = 0
 
@@ -150,6 +152,7 @@ class WorkerStreams:
             stopping=self.stopping,
             reclaim_idle_ms=self.config.reclaim_idle_ms,
             on_redis_ok=self.on_redis_ok,
+            limits=self.limits,
         )
         self.readers[stream] = reader
         self.spawn_loop(reader.read_loop(), f"read {stream}")

@@ -29,6 +29,7 @@ from dispatcher._testing.cluster import HOST_IP, Cluster
 from dispatcher._testing.cluster.binaries import ROOT
 from dispatcher._testing.servers import PostgresProcess, RedisProcess
 from dispatcher._testing.waiting import eventually_sync
+from dispatcher.stream.limits import limits_key
 from dispatcher.stream.naming import SHARDS_KEY
 from dispatcher.worker import attempt_key
 
@@ -256,6 +257,47 @@ def test_a_backlog_scales_the_workers_and_the_shard_count_follows_the_spec(
         interval=1,
         what="status.shards = 8",
     )
+
+
+def test_queue_limits_in_the_spec_reach_redis_and_change_live(
+    cluster: Cluster, backends: Backends
+) -> None:
+    client = redis.Redis.from_url(backends.redis_url, decode_responses=True)
+    key = limits_key("default")
+
+    def limit(limits: dict[str, Any]) -> None:
+        queues = get(cluster, "obd", NAME)["spec"]["queues"]
+        limited = [{**q, "limits": limits} if q["name"] == "default" else q for q in queues]
+        patch = json.dumps({"spec": {"queues": limited}})
+        kubectl(cluster, "-n", NS, "patch", "obd", NAME, "--type=merge", "-p", patch)
+
+    def holds(expected: dict[str, Any]) -> bool:
+        raw = client.get(key)
+        return raw is not None and json.loads(str(raw)) == expected
+
+    limit({"maxInFlight": 3})
+    eventually_sync(lambda: holds({"max_in_flight": 3}), within=120, interval=1, what=key)
+    limit({"maxInFlight": 5, "rate": 10, "burst": 2})
+    expected = {"max_in_flight": 5, "rate": 10.0, "burst": 2}
+    eventually_sync(lambda: holds(expected), within=120, interval=1, what="the change")
+    client.set(key, json.dumps({"max_in_flight": 100}))  # by hand: the operator owns them
+    eventually_sync(lambda: holds(expected), within=120, interval=1, what="put back")
+    limit({})
+    eventually_sync(lambda: holds({}), within=120, interval=1, what="no limits")
+
+
+def test_the_api_server_refuses_nonsense_queue_limits(cluster: Cluster) -> None:
+    for limits, says in [
+        ({"burst": 5}, "burst requires rate"),
+        ({"maxInFlight": -1}, "maxInFlight"),
+        ({"rate": -2, "burst": 1}, "rate"),
+    ]:
+        bad = get(cluster, "obd", NAME)  # the example, as another resource with these limits
+        bad["metadata"] = {"name": "bad-limits", "namespace": NS}
+        bad.pop("status", None)
+        bad["spec"]["queues"][0]["limits"] = limits
+        with pytest.raises(RuntimeError, match=says):
+            kubectl(cluster, "apply", "-f", "-", stdin=json.dumps(bad))
 
 
 def test_deleting_the_dispatcher_removes_what_it_owned(cluster: Cluster) -> None:

@@ -100,6 +100,9 @@ def test_enqueuer_and_worker_run_as_the_documented_acl_users(
     enq = user_url(server.port, "dispatcher-enqueuer", passwords["dispatcher-enqueuer"])
     wrk = user_url(server.port, "dispatcher-worker", passwords["dispatcher-worker"])
     p.enqueuer(redis_url=enq)
+    # Queue limits (not binding): the workers take and free slots and tokens as their user.
+    limits = '{"max_in_flight": 1000, "rate": 100000, "burst": 1000}'
+    p.redis.set(f"composer:limits:{{{p.queue}}}", limits)
     p.worker("--max-deliveries", "2", "--reclaim-idle", "0.5", redis_url=wrk)
     p.worker("--max-deliveries", "2", "--reclaim-idle", "0.5", redis_url=wrk)
     p.start_load(LoadSpec(tasks=300, rate=150, poison_every=50))
@@ -120,6 +123,7 @@ def test_enqueuer_and_worker_run_as_the_documented_acl_users(
         (as_enqueuer, ("SCAN", "0")),
         (as_enqueuer, ("SET", "dispatcher:lease:x", "1")),
         (as_worker, ("SET", "composer:stream_shards", "1")),
+        (as_worker, ("SET", f"composer:limits:{{{p.queue}}}", "{}")),
         (as_worker, ("SET", "app:secret", "1")),
         (as_worker, ("XADD", "other.stream", "*", "a", "b")),
         (as_worker, ("ZADD", CANCELLED_RUNS, "1", "run")),

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
 import signal
-import subprocess
-import sys
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 import redis as sync_redis
@@ -24,64 +20,8 @@ from dispatcher.models import TaskDispatch
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import dead_letter_stream, publish_shard_count, queue_streams
 from dispatcher.worker import Worker, WorkerConfig
+from tests.fix_worker_process import LOG_KEY, WorkerProcess
 from tests.handlers import slow
-
-ROOT = Path(__file__).resolve().parents[2]
-LOG_KEY = "handler-log"
-
-
-class WorkerProcess:
-    """One ``python -m dispatcher.cli worker`` with its stderr in a file."""
-
-    def __init__(self, redis_url: str, tmp: Path, *flags: str) -> None:
-        self.stderr_path = tmp / f"worker-{len(list(tmp.glob('worker-*')))}.log"
-        env = {
-            **os.environ,
-            "REDIS_URL": redis_url,
-            "HANDLER_REDIS_URL": redis_url,
-            "HANDLER_LOG_KEY": LOG_KEY,
-        }
-        with open(self.stderr_path, "wb") as stderr:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "dispatcher.cli", "worker", *flags],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-            )
-
-    @property
-    def stderr(self) -> str:
-        return self.stderr_path.read_text()
-
-    def wait(self, timeout: float = 30) -> int:
-        return self.proc.wait(timeout=timeout)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-
-
-@pytest.fixture
-def spawn(redis_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    """``spawn(*flags)``: a worker process on ``redis_url``, killed at teardown in any case."""
-    started: list[WorkerProcess] = []
-
-    def start(*flags: str) -> WorkerProcess:
-        started.append(WorkerProcess(redis_url, tmp_path, *flags))
-        return started[-1]
-
-    yield start
-    for p in started:
-        p.kill()
-
-
-@pytest.fixture
-def log(redis_url: str) -> Iterator[sync_redis.Redis]:
-    client = sync_redis.Redis.from_url(redis_url, decode_responses=True)
-    yield client
-    client.close()
 
 
 def events(log: sync_redis.Redis, kind: str) -> collections.Counter[str]:

@@ -41,6 +41,8 @@ COMMANDS = [
     ["dlq", "replay"],
     ["shards"],
     ["shards", "set"],
+    ["limits"],
+    ["limits", "set"],
     ["demo"],
     ["operator"],
 ]

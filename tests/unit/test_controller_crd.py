@@ -204,6 +204,21 @@ BAD = [
     ),
     pytest.param({"logFormat": "xml"}, "logFormat: 'xml' is not one of", id="bad-log-format"),
     pytest.param(
+        {"queues": [{"name": "a", "handler": "m:f", "limits": {"burst": 5}}]},
+        "spec.queues[0].limits: burst requires rate",
+        id="burst-without-rate",
+    ),
+    pytest.param(
+        {"queues": [{"name": "a", "handler": "m:f", "limits": {"maxInFlight": -1}}]},
+        "limits.maxInFlight: -1 is less than the minimum of 1",
+        id="negative-max-in-flight",
+    ),
+    pytest.param(
+        {"queues": [{"name": "a", "handler": "m:f", "limits": {"rate": 0, "burst": 2}}]},
+        "limits.rate: 0 is less than the minimum of 0.001",
+        id="zero-rate",
+    ),
+    pytest.param(
         {"redis": {"enqueuerSecretRef": {"name": "r", "key": "url"}}},
         "spec.redis: set secretRef, or all of enqueuerSecretRef",
         id="a-role-without-url",
@@ -355,6 +370,7 @@ BREAKS_RULE = {
     LABEL_RULE["message"]: {
         "queues": [{"name": "a", "handler": "m:f", "podLabels": {"app.kubernetes.io/name": "x"}}]
     },
+    "burst requires rate": {"queues": [{"name": "a", "handler": "m:f", "limits": {"burst": 2}}]},
 }
 
 

@@ -8,8 +8,10 @@ import pydantic
 import pytest
 
 from controller.conditions import DEGRADED, READY, set_condition
+from controller.limits import limits_to_write
 from controller.model import OutboxDispatcherSpec
 from controller.shard_policy import ShardDecision, decide_shards, draining_shards
+from dispatcher.stream.limits import QueueLimits
 
 SECRETS = {
     "postgres": {"secretRef": {"name": "db", "key": "url"}},
@@ -36,6 +38,7 @@ def test_defaults_and_camel_case_aliases() -> None:
         ([{"name": "q", "handler": "m:f", "minReplicas": 4, "maxReplicas": 2}], "minReplicas"),
         ([{"name": "q", "handler": "m:f"}, {"name": "q", "handler": "m:g"}], "unique"),
         ([{"name": "q", "handler": "m:f", "maxRuns": 1, "maxDeliveries": 2}], "old name"),
+        ([{"name": "q", "handler": "m:f", "limits": {"burst": 2}}], "burst requires rate"),
     ],
 )
 def test_model_mirrors_the_cel_rules(queues: list[dict[str, object]], message: str) -> None:
@@ -189,3 +192,15 @@ def test_readme_pod_settings_example_is_a_valid_queue() -> None:
     assert queue.affinity is not None
     assert queue.topology_spread_constraints
     assert queue.env_from
+
+
+def test_queue_limits_in_the_spec_are_the_limits_workers_read() -> None:
+    spec = OutboxDispatcherSpec.model_validate(
+        {**SECRETS, "queues": [{"name": "q", "handler": "m:f", "limits": {"maxInFlight": 4}}]}
+    )
+    limits = spec.queues[0].limits
+    assert limits is not None
+    assert limits.limits() == QueueLimits(max_in_flight=4)
+    wanted = {"a": QueueLimits(max_in_flight=4), "b": QueueLimits(rate=2), "c": QueueLimits()}
+    found = {"a": '{"max_in_flight": 4}', "b": "garbage", "c": None}
+    assert limits_to_write(wanted, found) == {"b": QueueLimits(rate=2), "c": QueueLimits()}

@@ -47,7 +47,8 @@ async def container_env(
     home: Path,
     kubeconfig: Path | None,
 ) -> dict[str, str]:
-    """The container's env: this venv's bin first on PATH, then what the spec resolves to."""
+    """The container's env: this venv's bin first on PATH (and the kubelet's PYTHONPATH, if
+    set), then what the spec resolves to."""
     namespace = pod["metadata"]["namespace"]
     resolved = envs.resolve_env(
         pod,
