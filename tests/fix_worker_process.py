@@ -14,7 +14,7 @@ import redis as sync_redis
 
 __all__ = ["LOG_KEY", "WorkerProcess"]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]  # the repository: where `tests.handlers` imports from
 LOG_KEY = "handler-log"
 
 
