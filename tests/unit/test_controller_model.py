@@ -9,7 +9,9 @@ import pytest
 
 from controller.conditions import DEGRADED, READY, set_condition
 from controller.limits import limits_to_write
-from controller.model import OutboxDispatcherSpec
+from controller.model import MAX_NAME, OutboxDispatcherSpec
+from controller.reconcile import parse_spec
+from controller.report import Failure
 from controller.shard_policy import ShardDecision, decide_shards, draining_shards
 from dispatcher.stream.limits import QueueLimits
 
@@ -204,3 +206,19 @@ def test_queue_limits_in_the_spec_are_the_limits_workers_read() -> None:
     wanted = {"a": QueueLimits(max_in_flight=4), "b": QueueLimits(rate=2), "c": QueueLimits()}
     found = {"a": '{"max_in_flight": 4}', "b": "garbage", "c": None}
     assert limits_to_write(wanted, found) == {"b": QueueLimits(rate=2), "c": QueueLimits()}
+
+
+def test_parse_spec_reports_what_the_api_server_would_refuse_as_invalid_spec() -> None:
+    """The operator's second line behind the CRD's CEL rules: every problem, one line."""
+    bad = {
+        **SECRETS,
+        "queues": [{"name": "q", "handler": "m:f", "minReplicas": 3, "maxReplicas": 1}],
+    }
+    with pytest.raises(Failure) as caught:
+        parse_spec(bad, name="orders")
+    assert caught.value.reason == "InvalidSpec"
+    assert caught.value.message.startswith("invalid spec: spec.queues.0")
+    assert "minReplicas must be <= maxReplicas" in caught.value.message
+    with pytest.raises(Failure, match=f"at most {MAX_NAME} characters"):
+        parse_spec(SECRETS, name="n" * (MAX_NAME + 1))
+    assert parse_spec(SECRETS, name="orders").shards == 4
