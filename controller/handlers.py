@@ -10,21 +10,17 @@ registers a default one, so ``kopf run -m controller.handlers`` works too.
 
 from __future__ import annotations
 
-import os
-import socket
 from typing import Any
 
 import kopf
 
-from controller.identity import MANAGED_BY
-from controller.operator import Operator, WatchEvent
+from controller.operator import Operator, WatchEvent, reporting_instance
 from controller.operator_config import OperatorConfig
 from controller.resource import API_GROUP, API_VERSION, PLURAL
 
 __all__ = ["OPERATOR", "configure", "login", "register", "register_login"]
 
 RESOURCE = (API_GROUP, API_VERSION, PLURAL)
-OWNED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -36,7 +32,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
         prefix=API_GROUP, key="last-handled-configuration"
     )
     settings.posting.loggers = False
-    settings.posting.reporting_instance = os.environ.get("POD_NAME") or socket.gethostname()
+    settings.posting.reporting_instance = reporting_instance()
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -55,7 +51,7 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> Operator:
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
-        operator.settings = settings
+        await operator.start()
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
@@ -68,10 +64,6 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> Operator:
     @kopf.on.event(*RESOURCE, registry=registry, id="dispatchers")
     async def dispatchers(**kwargs: Any) -> None:
         await operator.dispatcher_seen(WatchEvent.from_kopf(kwargs))
-
-    @kopf.on.event("apps", "v1", "deployments", labels=OWNED, registry=registry, id="owned")
-    async def deployments(**kwargs: Any) -> None:
-        operator.deployment_seen(WatchEvent.from_kopf(kwargs))
 
     return operator
 

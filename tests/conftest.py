@@ -8,6 +8,7 @@ pytest_plugins = [
     "tests.fix_proxy",
     "tests.fix_pgbouncer",
     "tests.fix_cluster",
+    "tests.fix_live_operator",
 ]
 
 
