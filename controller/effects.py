@@ -136,13 +136,10 @@ async def migrate(
         manifest = build_migration_job(spec, owner=owner, defaults=defaults)
         try:
             job = await api.create(manifest)
-            log.info(
-                "%s/%s: created Job %s (dispatcher migrate)", owner.namespace, owner.name, name
-            )
-        except APIConflictError:  # created by an earlier pass; the watch has not said so yet
-            job = await api.get("Job", namespace=owner.namespace, name=name)
-        if job is not None:
-            cache.put(job, "Job")
+        except APIConflictError:  # created by an earlier pass; the watch will show it
+            raise NotYetKnown(f"Job {owner.namespace}/{name}") from None
+        log.info("%s/%s: created Job %s (migrate)", owner.namespace, owner.name, name)
+        cache.put(job, "Job")
     return migration_state(
         enabled=spec.migrate,
         image=image,

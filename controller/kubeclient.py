@@ -86,7 +86,9 @@ class KubeClient:
 
     def __init__(self, api: client.ApiClient) -> None:
         self._api = api
-        self.calls: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()  # by verb ("apply": a server-side apply)
+        self.requests: Counter[tuple[str, str]] = Counter()  # by ("group/resource", verb)
+        self.refused: Counter[tuple[str, str]] = Counter()  # those answered 403 Forbidden
 
     @classmethod
     async def connect(cls, kubeconfig: str | None = None) -> KubeClient:
@@ -148,7 +150,10 @@ class KubeClient:
         content_type: str,
         seconds: float,
     ) -> Any:
-        self.calls[_verb(method, path, content_type)] += 1
+        verb = _verb(method, path, content_type)
+        self.calls[verb] += 1
+        key = (_resource(path), verb)
+        self.requests[key] += 1
         try:
             return await self._api.call_api(
                 path,
@@ -162,6 +167,8 @@ class KubeClient:
                 _request_timeout=seconds,
             )
         except client.ApiException as exc:
+            if exc.status == 403:
+                self.refused[key] += 1
             raise _error(int(exc.status or 0), exc.body) from None
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise APIError(0, f"no answer from the API server: {type(exc).__name__}") from None
@@ -172,6 +179,7 @@ class KubeClient:
         """The events of a watch of ``path`` (``{"type": ..., "object": ...}``) until the API
         server ends it after ``seconds``; an ``ERROR`` event is raised as ``APIError``."""
         self.calls["watch"] += 1
+        self.requests[(_resource(path), "watch")] += 1
         params = {**query, "watch": "true", "timeoutSeconds": seconds}
         timeout = aiohttp.ClientTimeout(connect=30, sock_read=seconds + 30)
         try:
@@ -188,6 +196,8 @@ class KubeClient:
             raise APIError(0, f"no answer from the API server: {type(exc).__name__}") from None
         async with response:
             if response.status >= 400:
+                if response.status == 403:
+                    self.refused[(_resource(path), "watch")] += 1
                 raise _error(response.status, await response.text())
             async for event in _lines(response):
                 if event.get("type") == "ERROR":
@@ -222,6 +232,16 @@ def _verb(method: str, path: str, content_type: str) -> str:
     if method == "get":
         return "list" if _collection(path) else "get"
     return {"post": "create", "delete": "delete", "put": "update"}.get(method, method)
+
+
+def _resource(path: str) -> str:
+    """``group/plural[/subresource]`` of a resource path ("" group for the core API)."""
+    parts = path.split("?")[0].strip("/").split("/")
+    group = "" if parts[0] == "api" else parts[1]
+    rest = parts[2 if parts[0] == "api" else 3 :]
+    if rest[:1] == ["namespaces"] and len(rest) > 2:
+        rest = rest[2:]
+    return "/".join([group, rest[0], *rest[2:3]]) if rest else group
 
 
 def _collection(path: str) -> bool:

@@ -89,10 +89,16 @@ def live_namespace(cluster: Cluster, redis_url: str) -> Iterator[LiveNamespace]:
         cluster.run("kubectl", "delete", "namespace", name, "--wait=false")
 
 
-def kubeconfig_via(cluster: Cluster, server: str, path: Path) -> Path:
-    """A copy of the cluster's admin kubeconfig that reaches the API server at ``server``."""
+def kubeconfig_via(
+    cluster: Cluster, path: Path, *, server: str | None = None, token: str | None = None
+) -> Path:
+    """A copy of the cluster's admin kubeconfig that reaches the API server at ``server``,
+    or (with ``token``) authenticates with that bearer token instead of the admin's
+    certificate."""
     config = json.loads(cluster.kubeconfig.read_text())
-    config["clusters"][0]["cluster"]["server"] = server
+    config["clusters"][0]["cluster"]["server"] = server or cluster.server
+    if token is not None:
+        config["users"][0]["user"] = {"token": token}
     path.write_text(json.dumps(config))
     return path
 
@@ -109,16 +115,17 @@ async def running_live_operator(
     client = await KubeClient.connect(str(kubeconfig or live.cluster.kubeconfig))
     registry = kopf.OperatorRegistry()
     running = register(registry, Operator(config, client=client))
-    admin = json.loads((kubeconfig or live.cluster.kubeconfig).read_text())
-    user = admin["users"][0]["user"]
+    found = json.loads((kubeconfig or live.cluster.kubeconfig).read_text())
+    user = found["users"][0]["user"]
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
         return kopf.ConnectionInfo(
-            server=admin["clusters"][0]["cluster"]["server"],
-            ca_path=admin["clusters"][0]["cluster"]["certificate-authority"],
-            certificate_path=user["client-certificate"],
-            private_key_path=user["client-key"],
+            server=found["clusters"][0]["cluster"]["server"],
+            ca_path=found["clusters"][0]["cluster"]["certificate-authority"],
+            token=user.get("token"),
+            certificate_path=user.get("client-certificate"),
+            private_key_path=user.get("client-key"),
             default_namespace=live.name,
         )
 

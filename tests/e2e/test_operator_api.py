@@ -149,8 +149,8 @@ async def test_a_deployment_deleted_while_the_watch_is_cut_is_created_again(
     api = urlsplit(live.cluster.server)
     proxy = TcpProxy(int(api.port or 443), target_host=api.hostname or HOST_IP).start()
     try:
-        kubeconfig = kubeconfig_via(live.cluster, f"https://127.0.0.1:{proxy.port}",
-                                    tmp_path / "kubeconfig")  # fmt: skip
+        server = f"https://127.0.0.1:{proxy.port}"
+        kubeconfig = kubeconfig_via(live.cluster, tmp_path / "kubeconfig", server=server)
         async with running_live_operator(live, kubeconfig=kubeconfig) as operator:
             await asyncio.to_thread(live.apply, idle_dispatcher(live))
             first = await eventually(lambda: deployment(live), within=60, what=WORKER)
