@@ -176,7 +176,9 @@ class KubeApi:
         listing = await self._client.request(
             "get", object_url(kind, namespace=namespace), query={"labelSelector": selector}
         )
-        items = [dict(o) for o in (listing.get("items") or [])]
+        # A list's items carry no apiVersion and kind; the watch's objects and applies do.
+        head = {"apiVersion": listing.get("apiVersion"), "kind": kind}
+        items = [{**head, **o} for o in (listing.get("items") or [])]
         return items, str((listing.get("metadata") or {}).get("resourceVersion") or "")
 
     def watch(
