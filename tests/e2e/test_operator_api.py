@@ -7,6 +7,8 @@ run): what is checked is what the API server stores.
 - A pod setting removed from the spec is removed from the Deployment (server-side apply
   under one field manager removes what the render leaves out), while what another manager
   wrote (a user's annotation) stays.
+- An unchanged dispatcher (a spec change that renders the same objects, then more passes)
+  leaves every owned object's ``resourceVersion`` as it was (ported from kmock).
 - A Deployment deleted while the operator's watches are cut (the TCP proxy in front of the
   API server holds, then drops, the DELETED event, and the version the watches had seen
   expires meanwhile, so none can resume and replay it) is re-created, and the dispatcher
@@ -199,3 +201,47 @@ async def test_a_deployment_deleted_while_the_watch_is_cut_is_created_again(
             await eventually(settled, within=60, interval=0.5)
     finally:
         proxy.stop()
+
+
+async def test_an_unchanged_dispatcher_is_never_written(live_namespace: LiveNamespace) -> None:
+    """Ported from kmock: a spec change that renders the same objects (the API server stores
+    ``1Gi`` for ``1024Mi``) and later passes leave every owned object's version as it was."""
+    live = live_namespace
+    resources = {"requests": {"memory": "1024Mi"}, "limits": {"memory": "2048Mi"}}
+    async with running_live_operator(live):
+        await asyncio.to_thread(live.apply, idle_dispatcher(live, resources=resources))
+
+        async def versions() -> dict[str, str]:
+            found = {}
+            for kind in ("deployments", "pdb"):
+                listed = await asyncio.to_thread(live.kubectl, "get", kind, "-o", "json")
+                for item in json.loads(listed)["items"]:
+                    found[f"{kind}/{item['metadata']['name']}"] = item["metadata"][
+                        "resourceVersion"
+                    ]
+            return found
+
+        async def settled() -> bool:
+            return (
+                await asyncio.to_thread(live.condition, NAME, "Degraded")
+                == (
+                    "False",
+                    "AsExpected",
+                )
+                and len(await versions()) == 4
+            )
+
+        await eventually(settled, within=60, interval=0.5)
+        # The Deployment controller writes the new Deployments' status once: let it.
+        await asyncio.sleep(3)
+        before = await versions()
+        same = idle_dispatcher(live, resources=resources, scaleDownStabilizationSeconds=600)
+        await asyncio.to_thread(live.apply, same)
+
+        async def observed() -> bool:
+            cr = await asyncio.to_thread(live.get, "obd", NAME) or {}
+            return (cr.get("status") or {}).get("observedGeneration") == 2
+
+        await eventually(observed, within=60, interval=0.5)
+        await asyncio.sleep(3)  # a few more passes (one a second)
+        assert await versions() == before
