@@ -7,6 +7,8 @@ run): what is checked is what the API server stores.
 - A pod setting removed from the spec is removed from the Deployment (server-side apply
   under one field manager removes what the render leaves out), while what another manager
   wrote (a user's annotation) stays.
+- Under ``autoscaling: external`` the replica count another manager set survives a backlog
+  and an apply (ported from kmock).
 - An unchanged dispatcher (a spec change that renders the same objects, then more passes)
   leaves every owned object's ``resourceVersion`` as it was (ported from kmock).
 - A Deployment deleted while the operator's watches are cut (the TCP proxy in front of the
@@ -25,6 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import redis
 
 from dispatcher._testing.cluster import HOST_IP
 from dispatcher._testing.waiting import eventually
@@ -245,3 +248,37 @@ async def test_an_unchanged_dispatcher_is_never_written(live_namespace: LiveName
         await eventually(observed, within=60, interval=0.5)
         await asyncio.sleep(3)  # a few more passes (one a second)
         assert await versions() == before
+
+
+async def test_external_autoscaling_leaves_replicas_to_the_users_scaler(
+    live_namespace: LiveNamespace, redis_url: str
+) -> None:
+    """Ported from kmock: under ``autoscaling: external`` the replica count another manager
+    sets (``kubectl scale`` here, an HPA in a cluster) survives a backlog the builtin
+    autoscaler would act on, and an apply of a spec change."""
+    live = live_namespace
+    external = {"autoscaling": "external", "minReplicas": 1}
+    async with running_live_operator(live):
+        await asyncio.to_thread(live.apply, idle_dispatcher(live, **external))
+        await eventually(lambda: deployment(live), within=60, what=WORKER)
+        await asyncio.to_thread(live.kubectl, "scale", "deployment", WORKER, "--replicas=0")
+        client = redis.Redis.from_url(redis_url)
+        for i in range(900):  # the builtin autoscaler would want ceil(900/100) = 9
+            client.xadd(f"workflow.tasks.emails.{i % 2}", {"task_id": f"t{i}"})
+        client.close()
+        annotated = {**external, "podAnnotations": {"team.example/owner": "billing"}}
+        await asyncio.to_thread(live.apply, idle_dispatcher(live, **annotated))
+
+        async def measured_and_applied() -> bool:
+            cr = await asyncio.to_thread(live.get, "obd", NAME) or {}
+            rows = (cr.get("status") or {}).get("queues") or []
+            found = await deployment(live) or {}
+            template = found.get("spec", {}).get("template", {}).get("metadata", {})
+            return any(r["name"] == "emails" and r.get("backlog") == 900 for r in rows) and (
+                (template.get("annotations") or {}).get("team.example/owner") == "billing"
+            )
+
+        await eventually(measured_and_applied, within=60, interval=0.5)
+        found = await deployment(live)
+        assert found is not None
+        assert found["spec"]["replicas"] == 0
