@@ -7,6 +7,8 @@ run): what is checked is what the API server stores.
 - A pod setting removed from the spec is removed from the Deployment (server-side apply
   under one field manager removes what the render leaves out), while what another manager
   wrote (a user's annotation) stays.
+- A deleted Deployment comes back, and a field another manager took is taken back (ported
+  from kmock).
 - Under ``autoscaling: external`` the replica count another manager set survives a backlog
   and an apply (ported from kmock).
 - An unchanged dispatcher (a spec change that renders the same objects, then more passes)
@@ -282,3 +284,36 @@ async def test_external_autoscaling_leaves_replicas_to_the_users_scaler(
         found = await deployment(live)
         assert found is not None
         assert found["spec"]["replicas"] == 0
+
+
+async def test_a_deleted_or_edited_deployment_is_restored(live_namespace: LiveNamespace) -> None:
+    """Ported from kmock: a deleted Deployment comes back (the watch reports it gone), and a
+    field another manager changed (``kubectl edit``-style, so that manager now owns it) is
+    taken back: the unforced apply conflicts, the forced one wins."""
+    live = live_namespace
+    async with running_live_operator(live):
+        await asyncio.to_thread(live.apply, idle_dispatcher(live))
+        first = await eventually(lambda: deployment(live), within=60, what=WORKER)
+        enqueuer = f"{NAME}-enqueuer"
+        found = await eventually(lambda: deployment(live, enqueuer), within=60, what=enqueuer)
+        wanted = found["spec"]["template"]["spec"]["containers"][0]["args"]
+        edited = {"spec": {"template": {"spec": {"containers": [
+            {"name": "enqueuer", "args": ["enqueuer", "--edited"]}]}}}}  # fmt: skip
+        await asyncio.to_thread(
+            live.kubectl, "patch", "deployment", enqueuer, "--type=strategic",
+            "-p", json.dumps(edited),
+        )  # fmt: skip
+        await asyncio.to_thread(live.kubectl, "delete", "deployment", WORKER)
+
+        async def restored() -> bool:
+            worker = await deployment(live)
+            found = await deployment(live, enqueuer) or {}
+            args = found.get("spec", {}).get("template", {}).get("spec", {}).get("containers")
+            return (
+                worker is not None
+                and worker["metadata"]["uid"] != first["metadata"]["uid"]
+                and bool(args)
+                and args[0].get("args") == wanted
+            )
+
+        await eventually(restored, within=60, interval=0.5)
