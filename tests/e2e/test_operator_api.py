@@ -317,3 +317,32 @@ async def test_a_deleted_or_edited_deployment_is_restored(live_namespace: LiveNa
             )
 
         await eventually(restored, within=60, interval=0.5)
+
+
+async def test_two_dispatchers_never_share_a_deployment(live_namespace: LiveNamespace) -> None:
+    """Ported from kmock: a dispatcher whose render names another's Deployment is
+    ``Degraded=NameConflict`` and leaves that Deployment (owner, arguments) as it was."""
+    live = live_namespace
+
+    def named(name: str, queue: str) -> dict[str, Any]:
+        body = idle_dispatcher(live)
+        body["metadata"]["name"] = name
+        body["spec"]["queues"][0]["name"] = queue
+        return body
+
+    async with running_live_operator(live):
+        await asyncio.to_thread(live.apply, named("a", "worker-b"))
+        taken = "a-worker-worker-b"
+        found = await eventually(lambda: deployment(live, taken), within=60, what=taken)
+        owner = found["metadata"]["ownerReferences"]
+        await asyncio.to_thread(live.apply, named("a-worker", "b"))  # renders the same name
+
+        async def refused() -> bool:
+            found = await asyncio.to_thread(live.condition, "a-worker", "Degraded")
+            return found == ("True", "NameConflict")
+
+        await eventually(refused, within=60, interval=0.5)
+        found = await deployment(live, taken)
+        assert found is not None
+        assert found["metadata"]["ownerReferences"] == owner
+        assert "--queue=worker-b" in json.dumps(found["spec"]["template"]["spec"])
