@@ -108,23 +108,6 @@ async def test_an_upgraded_operator_removes_the_finalizer_an_older_one_added(
     await eventually(released, within=10)
 
 
-async def test_a_deleted_or_edited_deployment_is_restored(
-    kube: KubeEmulator, operator: Operator, redis_url: str
-) -> None:
-    await _deploy(kube, redis_url)
-    wanted = _args(kube, "orders-enqueuer")
-
-    await kube.send("delete", f"{DEPLOYMENTS_URL}/orders-worker-emails")
-    edited = {"spec": {"template": {"spec": {"containers": [{"name": "enqueuer", "args": []}]}}}}
-    await kube.send("patch", f"{DEPLOYMENTS_URL}/orders-enqueuer", edited)
-
-    async def restored() -> bool:
-        worker = kube.live(DEPLOYMENTS, "orders-worker-emails")
-        return worker is not None and _args(kube, "orders-enqueuer") == wanted
-
-    await eventually(restored, within=10)
-
-
 async def test_ready_follows_the_deployments_and_progressing_their_rollouts(
     kube: KubeEmulator, operator: Operator, redis_url: str
 ) -> None:
@@ -288,73 +271,3 @@ async def test_workload_images_follow_the_operator_unless_the_spec_pins_them(
 
         await eventually(upgraded, within=15)
     assert image("orders-worker-invoices") == "registry.example.com/billing:7"
-
-
-async def test_an_unchanged_dispatcher_is_never_patched(
-    kube: KubeEmulator, operator: Operator, redis_url: str
-) -> None:
-    await post_secrets(kube, redis_url)
-    queues = dispatcher()["spec"]["queues"]
-    queues[0]["resources"] = {"requests": {"memory": "1024Mi"}, "limits": {"memory": "2048Mi"}}
-    await kube.send("post", CR_URL, dispatcher(queues=queues))
-    await _ready(kube)
-
-    def versions() -> dict[str, str]:
-        return {
-            name: (kube.live(DEPLOYMENTS, name) or {})["metadata"]["resourceVersion"]
-            for name in ALL
-        }
-
-    before = versions()
-    # A spec change that renders the same Deployments (the API server stored 1Gi for 1024Mi).
-    queues[0]["scaleDownStabilizationSeconds"] = 600
-    await kube.send("patch", f"{CR_URL}/{NAME}", {"spec": {"queues": queues}})
-
-    async def observed() -> bool:
-        return _status(kube).get("observedGeneration") == 2
-
-    await eventually(observed, within=15)
-    await _ready(kube)
-    assert versions() == before
-
-
-async def test_two_dispatchers_never_share_a_deployment(
-    kube: KubeEmulator, operator: Operator, redis_url: str
-) -> None:
-    await post_secrets(kube, redis_url)
-    first = [{"name": "worker-b", "handler": "a.tasks:run"}]
-    await kube.send("post", CR_URL, dispatcher("a", queues=first))
-    await _ready(kube, "a")
-    owner = (kube.live(DEPLOYMENTS, "a-worker-worker-b") or {})["metadata"]["ownerReferences"]
-
-    second = [{"name": "b", "handler": "b.tasks:run"}]  # renders a-worker-worker-b as well
-    await kube.send("post", CR_URL, dispatcher("a-worker", queues=second))
-
-    async def refused() -> bool:
-        return _is(kube, "Degraded", "True", "NameConflict", "a-worker")
-
-    await eventually(refused, within=15)
-    assert "a-worker-worker-b" in _condition(kube, "Degraded", "a-worker")["message"]
-    live = kube.live(DEPLOYMENTS, "a-worker-worker-b") or {}
-    assert live["metadata"]["ownerReferences"] == owner
-    assert "--queue=worker-b" in _args(kube, "a-worker-worker-b")
-
-
-async def test_external_autoscaling_leaves_replicas_to_the_users_scaler(
-    kube: KubeEmulator, operator: Operator, redis_url: str, redis_standalone: RedisClient
-) -> None:
-    await post_secrets(kube, redis_url)
-    queues = [{"name": "emails", "handler": "app.tasks:send", "autoscaling": "external"}]
-    await kube.send("post", CR_URL, dispatcher(queues=queues))
-    await _ready(kube)
-    await kube.send("patch", f"{DEPLOYMENTS_URL}/orders-worker-emails", {"spec": {"replicas": 7}})
-    for i in range(900):  # the builtin autoscaler would want ceil(900/100) = 9, clamped to 10
-        await redis_standalone.xadd(f"workflow.tasks.emails.{i % 2}", {"task_id": f"t{i}"})
-
-    async def measured() -> bool:
-        rows = _status(kube).get("queues") or []
-        return any(r["name"] == "emails" and r.get("backlog") == 900 for r in rows)
-
-    await eventually(measured, within=15)
-    await _ready(kube)
-    assert (kube.live(DEPLOYMENTS, "orders-worker-emails") or {})["spec"]["replicas"] == 7
