@@ -7,11 +7,13 @@ Same setting as ``test_operator_api``: the operator in the test's event loop
   a removed queue's worker Deployment is deleted once its (empty) streams are drained.
 - Budgets: the enqueuer's and each multi-replica queue's; lowering a queue to one replica
   drops its budget.
+- A rotated Secret rolls the pods that read it (within ``secret_ttl``), and only those.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from typing import Any
 
@@ -20,6 +22,7 @@ import pytest
 from dispatcher._testing.waiting import eventually
 from tests.fix_kube import dispatcher
 from tests.fix_live_operator import LiveNamespace, running_live_operator
+from tests.suite_servers import postgres_admin_url
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -101,3 +104,44 @@ async def test_budgets_for_the_enqueuer_and_multi_replica_queues(
 
         await eventually(dropped, within=60, interval=0.5)
         assert await get(live, "pdb", "orders-enqueuer") is not None
+
+
+def annotations(deployment: dict[str, Any] | None) -> dict[str, str]:
+    template = (deployment or {}).get("spec", {}).get("template", {})
+    return dict(template.get("metadata", {}).get("annotations") or {})
+
+
+async def test_rotating_a_referenced_secret_rolls_the_pods_that_use_it(
+    live_namespace: LiveNamespace, redis_url: str
+) -> None:
+    """Within ``secret_ttl`` (1 s here) of a rotation, the pods that read it roll, and only
+    those; no URL is written into a Deployment."""
+    live = live_namespace
+    emails = {"name": "emails", "handler": "app.tasks:send"}
+    names = ("orders-enqueuer", "orders-worker-emails")
+    async with running_live_operator(live, secret_ttl=1.0):
+        await asyncio.to_thread(live.apply, idle(live, [emails]))
+        await eventually(lambda: get(live, "deployment", names[1]), within=60, interval=0.5)
+        await eventually(lambda: get(live, "deployment", names[0]), within=60, interval=0.5)
+        before = {name: annotations(await get(live, "deployment", name)) for name in names}
+
+        def rotate(secret: str, url: str) -> None:
+            encoded = base64.b64encode(url.encode()).decode()
+            patch = json.dumps({"data": {"url": encoded}})
+            live.kubectl("patch", "secret", secret, "--type=merge", "-p", patch)
+
+        await asyncio.to_thread(rotate, "pg", postgres_admin_url() + "?application_name=rotated")
+
+        async def enqueuer_rolled() -> bool:
+            return annotations(await get(live, "deployment", names[0])) != before[names[0]]
+
+        await eventually(enqueuer_rolled, within=60, interval=0.5)
+        assert annotations(await get(live, "deployment", names[1])) == before[names[1]]
+        await asyncio.to_thread(rotate, "rd", redis_url + "?health_check_interval=10")
+
+        async def worker_rolled() -> bool:
+            return annotations(await get(live, "deployment", names[1])) != before[names[1]]
+
+        await eventually(worker_rolled, within=60, interval=0.5)
+        listed = await asyncio.to_thread(live.kubectl, "get", "deployments", "-o", "json")
+        assert redis_url not in listed

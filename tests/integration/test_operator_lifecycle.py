@@ -27,7 +27,6 @@ from tests.fix_kube import (
     running_operator,
     secret,
 )
-from tests.suite_servers import postgres_admin_url
 
 DEPLOYMENTS_URL = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments"
 WORKERS = ("orders-worker-emails", "orders-worker-invoices")
@@ -215,32 +214,6 @@ async def test_a_removed_queue_keeps_its_workers_until_its_streams_are_drained(
         )
 
     await eventually(deleted, within=15)
-
-
-async def test_rotating_a_referenced_secret_rolls_the_pods_that_use_it(
-    kube: KubeEmulator, operator: Operator, redis_url: str
-) -> None:
-    await _deploy(kube, redis_url)
-    before = {name: _template_annotations(kube, name) for name in ALL}
-
-    rotated = secret("pg", url=postgres_admin_url() + "?application_name=rotated")
-    await kube.send("patch", f"{SECRETS_URL}/pg", {"data": rotated["data"]})
-
-    async def enqueuer_rolled() -> bool:
-        return _template_annotations(kube, "orders-enqueuer") != before["orders-enqueuer"]
-
-    await eventually(enqueuer_rolled, within=15)
-    for name in WORKERS:  # they do not read DATABASE_URL
-        assert _template_annotations(kube, name) == before[name]
-
-    rotated = secret("rd", url=redis_url + "?health_check_interval=10")
-    await kube.send("patch", f"{SECRETS_URL}/rd", {"data": rotated["data"]})
-
-    async def workers_rolled() -> bool:
-        return all(_template_annotations(kube, name) != before[name] for name in WORKERS)
-
-    await eventually(workers_rolled, within=15)
-    assert redis_url not in repr(kube.all(DEPLOYMENTS))
 
 
 async def test_workload_images_follow_the_operator_unless_the_spec_pins_them(
