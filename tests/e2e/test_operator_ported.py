@@ -8,6 +8,7 @@ Same setting as ``test_operator_api``: the operator in the test's event loop
 - Budgets: the enqueuer's and each multi-replica queue's; lowering a queue to one replica
   drops its budget.
 - A rotated Secret rolls the pods that read it (within ``secret_ttl``), and only those.
+- Deleting a dispatcher needs no operator (no finalizer; an older one's is released).
 """
 
 from __future__ import annotations
@@ -145,3 +146,30 @@ async def test_rotating_a_referenced_secret_rolls_the_pods_that_use_it(
         await eventually(worker_rolled, within=60, interval=0.5)
         listed = await asyncio.to_thread(live.kubectl, "get", "deployments", "-o", "json")
         assert redis_url not in listed
+
+
+async def test_deleting_a_dispatcher_needs_no_operator(live_namespace: LiveNamespace) -> None:
+    """The operator puts no finalizer on a dispatcher (and releases the one an older version
+    added): with the operator gone, deleting it completes, and the garbage collector takes
+    the Deployments it owned."""
+    live = live_namespace
+    body = idle(live, [{"name": "emails", "handler": "app.tasks:send"}])
+    body["metadata"]["finalizers"] = ["kopf.zalando.org/KopfFinalizerMarker"]
+    async with running_live_operator(live):
+        await asyncio.to_thread(live.apply, body)
+
+        async def released() -> bool:
+            cr = await get(live, "obd", "orders") or {}
+            worker = await get(live, "deployment", "orders-worker-emails")
+            return worker is not None and not cr.get("metadata", {}).get("finalizers")
+
+        await eventually(released, within=60, interval=0.5)
+    # The operator is gone (helm uninstall).
+    await asyncio.to_thread(live.kubectl, "delete", "obd", "orders", "--wait=false")
+
+    async def gone() -> bool:
+        return await get(live, "obd", "orders") is None and (
+            await get(live, "deployment", "orders-worker-emails") is None
+        )
+
+    await eventually(gone, within=60, interval=0.5)

@@ -75,38 +75,6 @@ async def _ready(kube: KubeEmulator, name: str = NAME) -> None:
     await eventually(check, within=20)
 
 
-async def test_deleting_a_dispatcher_needs_no_operator(
-    kube: KubeEmulator, redis_url: str, clock: FakeClock
-) -> None:
-    await post_secrets(kube, redis_url)
-    await kube.send("post", CR_URL, dispatcher())
-    async with running_operator(kube, clock):
-        await _ready(kube)
-    assert not (kube.live(CR_RESOURCE, NAME) or {})["metadata"].get("finalizers")
-
-    await kube.send("delete", f"{CR_URL}/{NAME}")  # the operator is gone (helm uninstall)
-
-    async def gone() -> bool:
-        return kube.live(CR_RESOURCE, NAME) is None
-
-    await eventually(gone, within=5)
-
-
-async def test_an_upgraded_operator_removes_the_finalizer_an_older_one_added(
-    kube: KubeEmulator, operator: Operator, redis_url: str
-) -> None:
-    await post_secrets(kube, redis_url)
-    body = dispatcher()
-    body["metadata"]["finalizers"] = [KOPF_FINALIZER]
-    await kube.send("post", CR_URL, body)
-    await _ready(kube)
-
-    async def released() -> bool:
-        return not (kube.live(CR_RESOURCE, NAME) or {})["metadata"].get("finalizers")
-
-    await eventually(released, within=10)
-
-
 async def test_ready_follows_the_deployments_and_progressing_their_rollouts(
     kube: KubeEmulator, operator: Operator, redis_url: str
 ) -> None:
