@@ -18,16 +18,14 @@ from typing import Any
 
 import kopf
 
-from controller.identity import MANAGED_BY
-from controller.leader import LeaseConfig, LeaseElector, api_client, identity
-from controller.operator import Operator, WatchEvent
+from controller.leader import LeaseConfig, LeaseElector, api_client
+from controller.operator import Operator, WatchEvent, reporting_instance
 from controller.operator_config import OperatorConfig
 from controller.resource import API_GROUP, API_VERSION, PLURAL
 
 __all__ = ["OPERATOR", "configure", "login", "register", "register_login"]
 
 RESOURCE = (API_GROUP, API_VERSION, PLURAL)
-OWNED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -39,7 +37,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
         prefix=API_GROUP, key="last-handled-configuration"
     )
     settings.posting.loggers = False
-    settings.posting.reporting_instance = identity()
+    settings.posting.reporting_instance = reporting_instance()
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -65,7 +63,8 @@ def register(
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
-        operator.starting(settings)
+        await operator.start()
+        operator.starting()
         if election is not None:
             client = api_client()
             elector = LeaseElector(election, client=client, leadership=operator.leadership)
@@ -87,10 +86,6 @@ def register(
     @kopf.on.event(*RESOURCE, registry=registry, id="dispatchers")
     async def dispatchers(**kwargs: Any) -> None:
         await operator.dispatcher_seen(WatchEvent.from_kopf(kwargs))
-
-    @kopf.on.event("apps", "v1", "deployments", labels=OWNED, registry=registry, id="owned")
-    async def deployments(**kwargs: Any) -> None:
-        operator.deployment_seen(WatchEvent.from_kopf(kwargs))
 
     return operator
 
