@@ -18,8 +18,8 @@ from typing import Any
 
 import kopf
 
-from controller.leader import LeaseConfig, LeaseElector, api_client
-from controller.operator import Operator, WatchEvent, reporting_instance
+from controller.leader import LeaseConfig, LeaseElector, identity
+from controller.operator import Operator, WatchEvent
 from controller.operator_config import OperatorConfig
 from controller.resource import API_GROUP, API_VERSION, PLURAL
 
@@ -37,7 +37,7 @@ def configure(settings: kopf.OperatorSettings) -> None:
         prefix=API_GROUP, key="last-handled-configuration"
     )
     settings.posting.loggers = False
-    settings.posting.reporting_instance = reporting_instance()
+    settings.posting.reporting_instance = identity()
 
 
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -66,7 +66,7 @@ def register(
         await operator.start()
         operator.starting()
         if election is not None:
-            client = api_client()
+            client = operator.connected()
             elector = LeaseElector(election, client=client, leadership=operator.leadership)
             electing.append((elector, asyncio.create_task(elector.run(), name="lease")))
 

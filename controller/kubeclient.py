@@ -26,7 +26,7 @@ import contextlib
 import json
 import os
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -122,14 +122,16 @@ class KubeClient:
         body: object | None = None,
         content_type: str = "application/json",
         seconds: float = 60,
+        retries: Sequence[float] = RETRIES,
     ) -> Any:
         """One request; its decoded JSON answer. ``APIError`` if refused or unanswered.
 
         A request the API server did not answer, or answered "busy" (429, 5xx), is sent
-        again after ``RETRIES`` pauses (each write the operator makes can be repeated: an
-        apply or a patch to the same content, or a create that then finds the name taken).
+        again after each pause of ``retries`` (each write the operator makes can be repeated:
+        an apply or a patch to the same content, or a create that then finds the name taken;
+        the Lease's calls pass none: its loop reads again on its own schedule).
         """
-        for pause in (*RETRIES, None):
+        for pause in (*retries, None):
             try:
                 return await self._request_once(
                     method, path, query=query, body=body, content_type=content_type, seconds=seconds

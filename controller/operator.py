@@ -31,9 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import random
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +44,7 @@ from controller.identity import Owner
 from controller.informer import Informers
 from controller.k8s import KubeApi
 from controller.kubeclient import KubeClient
+from controller.leader import identity
 from controller.leadership import Leadership, NotLeading
 from controller.metrics import OperatorMetrics
 from controller.operator_config import OperatorConfig
@@ -57,7 +56,7 @@ from controller.resource import KIND
 from controller.secrets import SecretCache
 from controller.shard_owner import in_conflict, release_marker
 
-__all__ = ["Operator", "WatchEvent", "reporting_instance"]
+__all__ = ["Operator", "WatchEvent"]
 
 log = logging.getLogger("controller")
 Key = tuple[str, str]
@@ -115,7 +114,7 @@ class Operator:
         )
         self.secrets = SecretCache(ttl=self.config.secret_ttl)
         self.informers: Informers | None = None
-        self.instance = reporting_instance()
+        self.instance = identity()  # the reporting instance of its Events
 
     async def start(self) -> None:
         """Connect (unless given a client) and get ready to fill the cache."""
@@ -129,10 +128,14 @@ class Operator:
             retry=self.config.retry_base,
         )
 
-    def api(self, logger: logging.Logger | logging.LoggerAdapter[Any] = log) -> KubeApi:
+    def connected(self) -> KubeClient:
+        """The one API client (the Lease's calls go through it too)."""
         if self.client is None:
             raise RuntimeError("the operator is not started: no API client yet")
-        return KubeApi(client=self.client, logger=logger, reporting_instance=self.instance)
+        return self.client
+
+    def api(self, logger: logging.Logger | logging.LoggerAdapter[Any] = log) -> KubeApi:
+        return KubeApi(client=self.connected(), logger=logger, reporting_instance=self.instance)
 
     async def crd_probe(self, logger: logging.Logger | logging.LoggerAdapter[Any]) -> str:
         """kopf's liveness probe (``controller.probes.CrdProbe``)."""
@@ -317,9 +320,3 @@ class Operator:
         else:
             self._migrating.discard(key)
         self.metrics.count_pass(namespace=key[0], dispatcher=key[1], result=result)
-
-
-def reporting_instance() -> str:
-    """The pod's name (``POD_NAME``, from the downward API) for the Events it posts, so a
-    Warning says which replica posted it; the host's name elsewhere."""
-    return os.environ.get("POD_NAME") or socket.gethostname()
