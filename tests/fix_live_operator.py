@@ -51,6 +51,12 @@ class LiveNamespace:
         for obj in objects:
             self.kubectl("apply", *flags, "-f", "-", stdin=json.dumps(obj))
 
+    def secret(self, name: str, url: str) -> None:
+        """A Secret ``name`` whose ``url`` key holds ``url``."""
+        data = {"url": base64.b64encode(url.encode()).decode()}
+        self.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name},
+                    "data": data})  # fmt: skip
+
     def get(self, kind: str, name: str) -> dict[str, Any] | None:
         """The object, or None if there is none."""
         found = self.kubectl(
@@ -80,9 +86,7 @@ def live_namespace(cluster: Cluster, redis_url: str) -> Iterator[LiveNamespace]:
     cluster.run("kubectl", "create", "namespace", name)
     live = LiveNamespace(cluster, name)
     for secret, url in (("pg", postgres_admin_url()), ("rd", redis_url)):
-        data = {"url": base64.b64encode(url.encode()).decode()}
-        live.apply({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret},
-                    "data": data})  # fmt: skip
+        live.secret(secret, url)
     try:
         yield live
     finally:

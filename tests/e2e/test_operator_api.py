@@ -319,15 +319,20 @@ async def test_a_deleted_or_edited_deployment_is_restored(live_namespace: LiveNa
         await eventually(restored, within=60, interval=0.5)
 
 
-async def test_two_dispatchers_never_share_a_deployment(live_namespace: LiveNamespace) -> None:
+async def test_two_dispatchers_never_share_a_deployment(
+    live_namespace: LiveNamespace, another_redis_url: str
+) -> None:
     """Ported from kmock: a dispatcher whose render names another's Deployment is
-    ``Degraded=NameConflict`` and leaves that Deployment (owner, arguments) as it was."""
+    ``Degraded=NameConflict`` and leaves that Deployment (owner, arguments) as it was.
+    Each has a Redis database of its own (on one, the second is ``RedisConflict``)."""
     live = live_namespace
+    await asyncio.to_thread(live.secret, "rd2", another_redis_url)
 
-    def named(name: str, queue: str) -> dict[str, Any]:
+    def named(name: str, queue: str, redis: str = "rd") -> dict[str, Any]:
         body = idle_dispatcher(live)
         body["metadata"]["name"] = name
         body["spec"]["queues"][0]["name"] = queue
+        body["spec"]["redis"] = {"secretRef": {"name": redis, "key": "url"}}
         return body
 
     async with running_live_operator(live):
@@ -335,7 +340,8 @@ async def test_two_dispatchers_never_share_a_deployment(live_namespace: LiveName
         taken = "a-worker-worker-b"
         found = await eventually(lambda: deployment(live, taken), within=60, what=taken)
         owner = found["metadata"]["ownerReferences"]
-        await asyncio.to_thread(live.apply, named("a-worker", "b"))  # renders the same name
+        # Its render names the same Deployment.
+        await asyncio.to_thread(live.apply, named("a-worker", "b", redis="rd2"))
 
         async def refused() -> bool:
             found = await asyncio.to_thread(live.condition, "a-worker", "Degraded")

@@ -4,7 +4,8 @@ The real operator runs (in the test's loop, ``tests.fix_live_operator``) as a Se
 bound to the Role of ``deploy/base/rbac.yaml`` (the chart's Role is the same object: see
 ``test_deploy_kustomize``), on the real API server, which refuses whatever the Role does not
 allow. A scenario that creates, changes and shrinks an ``OutboxDispatcher`` (whose older
-operator left a kopf finalizer to release) must then reach its end with nothing refused,
+operator left a kopf finalizer to release; a second one on the same Redis database makes
+the operator read the first one's resource) must then reach its end with nothing refused,
 and every verb the Role grants must have been used: the operator's own requests are counted
 by its client (``KubeClient.requests``); kopf's are its list and watch of the dispatchers and
 the patch that releases the finalizer, which the scenario waits for. A server-side apply
@@ -85,6 +86,17 @@ async def test_the_role_grants_exactly_what_the_operator_uses(
             return bool(invoices_worker and job.strip() and not cr["metadata"].get("finalizers"))
 
         await eventually(created, within=120, interval=1)
+        # A second dispatcher on the same Redis database: the operator reads whether the
+        # owner of its shard key still exists (get), and reports the conflict.
+        second = dispatcher("payments", queues=[emails], enqueuer={"replicas": 0})
+        second["metadata"]["namespace"] = live.name
+        await asyncio.to_thread(live.apply, second)
+
+        async def conflict() -> bool:
+            found = await asyncio.to_thread(live.condition, "payments", "Degraded")
+            return found == ("True", "RedisConflict")
+
+        await eventually(conflict, within=120, interval=1)
         # Someone loosens a budget by hand: the next pass applies it back.
         await asyncio.to_thread(
             live.kubectl, "patch", "pdb", "orders-worker-emails", "--type=merge",
@@ -116,7 +128,7 @@ async def test_the_role_grants_exactly_what_the_operator_uses(
         }
         refused = dict(operator.client.refused)
     assert refused == {}, "the Role lacks these"
-    (role,) = [o for o in objects if o["kind"] == "Role"]
+    (role,) = [o for o in objects if o["kind"] == "Role" and o["metadata"]["name"] == ACCOUNT]
     # The client names the core group "": "/secrets" is the Role's ("", "secrets").
     assert used - granted(role) == set(), "used but not granted"
     assert granted(role) - used - KOPFS - ADMISSION == set(), "granted but never used"
