@@ -70,19 +70,24 @@ class LeaseRecord:
     acquired: str | None = None  # acquireTime, as written
 
     @classmethod
-    def from_api(cls, lease: Mapping[str, Any]) -> LeaseRecord:
+    def from_api(cls, lease: Any) -> LeaseRecord:
         """From the Lease as the API server returned it (JSON); ``ValueError`` if malformed."""
-        spec = lease.get("spec") or {}
-        if not isinstance(spec, Mapping):
-            raise ValueError(f"a Lease whose spec is not an object: {spec!r:.80}")
+        spec = lease.get("spec") if isinstance(lease, Mapping) else None
+        meta = lease.get("metadata") if isinstance(lease, Mapping) else None
+        if not isinstance(spec or {}, Mapping) or not isinstance(meta, Mapping):
+            raise ValueError(f"not a Lease: {lease!r:.80}")
+        spec = spec or {}
         acquired = spec.get("acquireTime")
-        return cls(
-            holder=str(spec.get("holderIdentity") or "") or None,
-            duration=float(spec.get("leaseDurationSeconds") or 0),
-            transitions=int(spec.get("leaseTransitions") or 0),
-            resource_version=str((lease.get("metadata") or {}).get("resourceVersion") or ""),
-            acquired=None if acquired is None else str(acquired),
-        )
+        try:
+            return cls(
+                holder=str(spec.get("holderIdentity") or "") or None,
+                duration=float(spec.get("leaseDurationSeconds") or 0),
+                transitions=int(spec.get("leaseTransitions") or 0),
+                resource_version=str(meta.get("resourceVersion") or ""),
+                acquired=None if acquired is None else str(acquired),
+            )
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"a Lease with a malformed spec: {exc}") from None
 
 
 def decide(
@@ -210,8 +215,6 @@ class LeaseElector:
             lease = await self._call("get", None, name=self.config.name)
         except APINotFoundError:
             return None
-        if not isinstance(lease, Mapping):
-            raise ValueError(f"a Lease that is not an object: {lease!r:.80}")
         return LeaseRecord.from_api(lease)
 
     async def _write(self, action: Action, record: LeaseRecord | None) -> bool:
