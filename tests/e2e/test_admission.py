@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from controller.crd import cel_rules
+from controller.limits import BURST_RULE
 from controller.model import MAX_NAME, MAX_RUNS_CONFLICT
 from controller.podsettings import (
     ENV_RULE,
@@ -131,6 +132,12 @@ CASES = [
         resource("redis", redis={"workerSecretRef": {"name": "w", "key": "url"}}),
         resource("redis", redis={"secretRef": {"name": "r", "key": "url"}}),
         id="redis-role-without-url",
+    ),
+    pytest.param(
+        BURST_RULE["message"],
+        resource("burst", queues=[queue(limits={"maxInFlight": 4, "burst": 5})]),
+        resource("burst", queues=[queue(limits={"maxInFlight": 4, "rate": 20, "burst": 5})]),
+        id="burst-without-rate",
     ),
     pytest.param(
         f"metadata.name must be at most {MAX_NAME} characters",
