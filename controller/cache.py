@@ -1,13 +1,16 @@
-"""The operator's watch cache: the Deployments it owns, as the watch last reported them.
+"""The operator's watch cache: the Deployments, PodDisruptionBudgets and Jobs it owns.
 
-Passes read live Deployments from here, not with GETs; every write puts the API's answer
-back, and a watch event never replaces a newer version with an older one (``resourceVersion``
-orders the writes of one object).
+Passes read live objects from here, not with GETs. ``controller.informer`` fills it: a
+label-selected LIST replaces what it held of a kind in a namespace (relist semantics: an
+object deleted while the watch was cut disappears here too), then the watch's events
+update it. Every write puts the API's answer back, and an event never replaces a newer
+version with an older one (``resourceVersion`` orders the writes of one object).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,31 +23,64 @@ Key = tuple[str, str]
 
 @dataclass
 class Cache:
-    """What the watches saw: owned Deployments by (namespace, name)."""
+    """What the lists and watches saw, by kind and (namespace, name)."""
 
-    deployments: dict[Key, dict[str, Any]] = field(default_factory=dict)
+    objects: dict[str, dict[Key, dict[str, Any]]] = field(default_factory=dict)
+    _synced: dict[tuple[str, str], asyncio.Event] = field(default_factory=dict)
 
-    def put(self, body: Mapping[str, Any]) -> None:
+    @property
+    def deployments(self) -> dict[Key, dict[str, Any]]:
+        return self.of("Deployment")
+
+    def of(self, kind: str) -> dict[Key, dict[str, Any]]:
+        return self.objects.setdefault(kind, {})
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.of(kind).get((namespace, name))
+
+    def put(self, body: Mapping[str, Any], kind: str = "Deployment") -> None:
         """Keep ``body`` unless the cache already holds a newer version of it."""
-        meta = body.get("metadata", {})
-        key = (str(meta.get("namespace")), str(meta.get("name")))
-        held = self.deployments.get(key)
-        if held is None or _version(body) >= _version(held):
-            self.deployments[key] = dict(body)
+        held = self.of(kind)
+        key = _key(body)
+        old = held.get(key)
+        if old is None or _version(body) >= _version(old):
+            held[key] = dict(body)
 
-    def drop(self, body: Mapping[str, Any]) -> None:
-        meta = body.get("metadata", {})
-        self.deployments.pop((str(meta.get("namespace")), str(meta.get("name"))), None)
+    def drop(self, body: Mapping[str, Any], kind: str = "Deployment") -> None:
+        self.of(kind).pop(_key(body), None)
 
-    def owned(self, owner: Owner, component: str) -> list[dict[str, Any]]:
+    def replace(
+        self, kind: str, namespace: str, items: Iterable[Mapping[str, Any]]
+    ) -> list[Mapping[str, Any]]:
+        """What a LIST of ``kind`` in ``namespace`` found becomes all the cache holds of it
+        there; returns the objects that appeared, changed or went (their owners need a pass)."""
+        held = self.of(kind)
+        before = {k: v for k, v in held.items() if k[0] == namespace}
+        found = {_key(o): dict(o) for o in items}
+        for key in before:
+            held.pop(key)
+        held.update(found)
+        gone = [v for k, v in before.items() if k not in found]
+        return gone + [v for k, v in found.items() if _version(before.get(k) or {}) != _version(v)]
+
+    def synced(self, kind: str, namespace: str) -> asyncio.Event:
+        """Set once a LIST of ``kind`` in ``namespace`` filled the cache."""
+        return self._synced.setdefault((kind, namespace), asyncio.Event())
+
+    def owned(self, owner: Owner, component: str, kind: str = "Deployment") -> list[dict[str, Any]]:
         labels = instance_labels(owner, component).items()
         return [
             d
-            for (ns, _), d in self.deployments.items()
+            for (ns, _), d in self.of(kind).items()
             if ns == owner.namespace
             and controller_uid(d) == owner.uid
             and labels <= (d.get("metadata", {}).get("labels") or {}).items()
         ]
+
+
+def _key(body: Mapping[str, Any]) -> Key:
+    meta = body.get("metadata", {})
+    return (str(meta.get("namespace")), str(meta.get("name")))
 
 
 def _version(body: Mapping[str, Any]) -> int:

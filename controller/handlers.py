@@ -18,8 +18,7 @@ from typing import Any
 
 import kopf
 
-from controller.identity import MANAGED_BY
-from controller.leader import LeaseConfig, LeaseElector, api_client, identity
+from controller.leader import LeaseConfig, LeaseElector, identity
 from controller.operator import Operator, WatchEvent
 from controller.operator_config import OperatorConfig
 from controller.resource import API_GROUP, API_VERSION, PLURAL
@@ -27,7 +26,6 @@ from controller.resource import API_GROUP, API_VERSION, PLURAL
 __all__ = ["OPERATOR", "configure", "login", "register", "register_login"]
 
 RESOURCE = (API_GROUP, API_VERSION, PLURAL)
-OWNED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -65,9 +63,10 @@ def register(
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
-        operator.starting(settings)
+        await operator.start()
+        operator.starting()
         if election is not None:
-            client = api_client()
+            client = operator.connected()
             elector = LeaseElector(election, client=client, leadership=operator.leadership)
             electing.append((elector, asyncio.create_task(elector.run(), name="lease")))
 
@@ -87,10 +86,6 @@ def register(
     @kopf.on.event(*RESOURCE, registry=registry, id="dispatchers")
     async def dispatchers(**kwargs: Any) -> None:
         await operator.dispatcher_seen(WatchEvent.from_kopf(kwargs))
-
-    @kopf.on.event("apps", "v1", "deployments", labels=OWNED, registry=registry, id="owned")
-    async def deployments(**kwargs: Any) -> None:
-        operator.deployment_seen(WatchEvent.from_kopf(kwargs))
 
     return operator
 

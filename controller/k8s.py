@@ -1,46 +1,67 @@
-"""The one thin layer that talks to the Kubernetes API.
+"""The one thin layer that names the operator's Kubernetes API calls.
 
-It rides on kopf's own API client (``kopf._cogs.clients.api``): the same
-authenticated session, re-login on 401 and retries with backoff on 5xx and
-timeouts as kopf's watchers, with no second client library. That module is
-private to kopf, which is why kopf is pinned to one minor version; nothing
-else in ``controller/`` imports it.
+Each method is one request through ``controller.kubeclient.KubeClient`` (the official
+asyncio client, counted). Owned objects (Deployments, PodDisruptionBudgets) are written
+with server-side apply under one field manager, ``FIELD_MANAGER``: the applied manifest is
+the whole of what the operator owns, so a field it stops rendering is removed, and fields
+other managers own (an HPA's ``replicas``, a user's annotation) are left alone. An apply
+is sent without ``force`` first; a conflict means another manager took over a field the
+operator renders (``kubectl edit`` of the image), and only then is it sent again forced,
+with the conflict logged: the fields in the manifest are the operator's by definition.
 
-Writes are JSON merge patches of the rendered manifests, sent only when the
-live object does not already contain what we render, quantities compared as
-numbers (the API server rewrites ``1024Mi`` as ``1Gi``). Secret values are
-decoded here and handed back, never logged. Events are posted here too (the
-operator's own loop runs outside kopf's handlers, where ``kopf.info`` works).
+Secrets are read here and handed back raw (``controller.secrets`` decodes and caches
+them), never logged. Events are posted here too (the operator's own loop runs outside
+kopf's handlers).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import datetime
 import logging
-from collections.abc import Mapping
-from typing import Any, Literal
-from urllib.parse import quote, urlencode
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+from urllib.parse import quote
 
-import kopf
-from kopf._cogs.clients import api as kopf_api
-from kopf._cogs.clients import errors as kopf_errors
-
-from controller.model import SecretRef
+from controller.kubeclient import (
+    FIELD_MANAGER,
+    APIConflictError,
+    APIError,
+    APIGoneError,
+    APINotFoundError,
+    KubeClient,
+)
 from controller.quantity import same_quantity
 from controller.resource import API_GROUP, API_VERSION, KIND, PLURAL
 
-__all__ = ["APIConflictError", "APIError", "KubeApi", "SecretMissing", "contains", "object_url"]
+__all__ = [
+    "OWNED_KINDS",
+    "APIConflictError",
+    "APIError",
+    "APIGoneError",
+    "APINotFoundError",
+    "KubeApi",
+    "SecretMissing",
+    "contains",
+    "object_url",
+]
 
-APIError = kopf_errors.APIError
-APIConflictError = kopf_errors.APIConflictError
 # Where the API server stores quantities in canonical form.
 _QUANTITY_KEYS = frozenset({"requests", "limits", "sizeLimit"})
 COMPONENT = "outbox-dispatcher-operator"
-MERGE_PATCH = {"Content-Type": "application/merge-patch+json"}
+MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML
 Logger = logging.Logger | logging.LoggerAdapter[Any]
+
+# The namespaced kinds the operator owns: API path prefix and plural.
+OWNED_KINDS = {
+    "Deployment": ("/apis/apps/v1", "deployments"),
+    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
+    "Job": ("/apis/batch/v1", "jobs"),
+}
+# What the operator addresses by URL: its owned kinds, and its resource (read: who owns a
+# Redis database's shard key, controller.shard_owner).
+_KINDS = {**OWNED_KINDS, KIND: (f"/apis/{API_GROUP}/{API_VERSION}", PLURAL)}
 
 
 class SecretMissing(Exception):
@@ -67,77 +88,111 @@ def contains(live: Any, wanted: Any, *, quantities: bool = False) -> bool:
     return bool(live == wanted)
 
 
-# The namespaced kinds the operator owns besides Deployments: API path prefix and plural.
-_KINDS = {
-    "Deployment": ("/apis/apps/v1", "deployments"),
-    "PodDisruptionBudget": ("/apis/policy/v1", "poddisruptionbudgets"),
-    "Job": ("/apis/batch/v1", "jobs"),
-    KIND: (f"/apis/{API_GROUP}/{API_VERSION}", PLURAL),  # read: who owns a shard key
-}
-
-
-def object_url(kind: str, *, namespace: str, name: str | None = None) -> str:
+def object_url(kind: str, *, namespace: str | None, name: str | None = None) -> str:
+    """The path of an owned object, of its kind in a namespace, or (no namespace) everywhere."""
     prefix, plural = _KINDS[kind]
-    url = f"{prefix}/namespaces/{quote(namespace)}/{plural}"
-    return url if name is None else f"{url}/{quote(name)}"
-
-
-def _deployments(namespace: str, name: str | None = None) -> str:
-    url = f"/apis/apps/v1/namespaces/{quote(namespace)}/deployments"
+    url = (
+        f"{prefix}/{plural}"
+        if namespace is None
+        else (f"{prefix}/namespaces/{quote(namespace)}/{plural}")
+    )
     return url if name is None else f"{url}/{quote(name)}"
 
 
 class KubeApi:
-    """The API calls the operator makes, on kopf's authenticated session."""
+    """The API calls the operator makes, on one counted ``KubeClient``."""
 
-    def __init__(self, *, settings: kopf.OperatorSettings, logger: Logger) -> None:
-        self._settings = settings
+    def __init__(self, *, client: KubeClient, logger: Logger, reporting_instance: str) -> None:
+        self._client = client
         self._logger = logger
+        self._instance = reporting_instance
 
-    async def _call(self, method: str, url: str, *, payload: object | None = None) -> Any:
-        kwargs: dict[str, Any] = {"settings": self._settings, "logger": self._logger}
-        if method == "get":
-            return await kopf_api.get(url, **kwargs)
-        if method == "post":
-            return await kopf_api.post(url, payload=payload, **kwargs)
-        if method == "patch":
-            return await kopf_api.patch(url, payload=payload, headers=MERGE_PATCH, **kwargs)
-        return await kopf_api.delete(url, **kwargs)
-
-    async def secret_value(self, *, namespace: str, ref: SecretRef) -> str:
-        """The decoded value of ``ref``; ``SecretMissing`` names what is missing."""
-        url = f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(ref.name)}"
+    async def secret_data(self, *, namespace: str, name: str) -> dict[str, str]:
+        """The (base64) ``data`` of a Secret; ``SecretMissing`` if there is none."""
+        url = f"/api/v1/namespaces/{quote(namespace)}/secrets/{quote(name)}"
         try:
-            secret = await self._call("get", url)
-        except kopf_errors.APINotFoundError:
-            raise SecretMissing(f"Secret {namespace}/{ref.name} does not exist") from None
-        encoded = (secret.get("data") or {}).get(ref.key)
-        if encoded is None:
-            raise SecretMissing(f"Secret {namespace}/{ref.name} has no key {ref.key!r}")
-        try:
-            return base64.b64decode(encoded, validate=True).decode("utf-8").strip()
-        except (binascii.Error, UnicodeDecodeError):
-            raise SecretMissing(
-                f"Secret {namespace}/{ref.name} key {ref.key!r} is not valid UTF-8 text"
-            ) from None
+            secret = await self._client.request("get", url)
+        except APINotFoundError:
+            raise SecretMissing(f"Secret {namespace}/{name} does not exist") from None
+        data = (secret or {}).get("data") or {}
+        return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
-    async def create_deployment(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+    async def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply ``manifest`` (creates it if absent); the object as stored."""
+        meta = manifest["metadata"]
+        url = object_url(manifest["kind"], namespace=meta["namespace"], name=meta["name"])
+        query: dict[str, str | int | bool] = {"fieldManager": FIELD_MANAGER}
+        try:
+            applied = await self._client.request(
+                "patch", url, query=query, body=manifest, content_type=APPLY_PATCH
+            )
+        except APIConflictError as exc:
+            self._logger.info(
+                "%s %s: taking back fields another manager changed (%s)",
+                manifest["kind"], meta["name"], exc,
+            )  # fmt: skip
+            query["force"] = True
+            applied = await self._client.request(
+                "patch", url, query=query, body=manifest, content_type=APPLY_PATCH
+            )
+        return dict(applied)
+
+    async def create(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Create it; ``APIConflictError`` if the name is taken."""
-        url = _deployments(manifest["metadata"]["namespace"])
-        created: dict[str, Any] = await self._call("post", url, payload=manifest)
-        return created
+        url = object_url(manifest["kind"], namespace=manifest["metadata"]["namespace"])
+        query = {"fieldManager": FIELD_MANAGER}
+        return dict(await self._client.request("post", url, query=query, body=manifest))
 
-    async def patch_deployment(
-        self, *, namespace: str, name: str, patch: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        patched: dict[str, Any] = await self._call(
-            "patch", _deployments(namespace, name), payload=patch
+    async def get(self, kind: str, *, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            found = await self._client.request(
+                "get", object_url(kind, namespace=namespace, name=name)
+            )
+        except APINotFoundError:
+            return None
+        return dict(found)
+
+    async def patch(
+        self, kind: str, *, namespace: str, name: str, patch: Mapping[str, Any]
+    ) -> dict[str, Any] | None:
+        """Merge-patch an object; None if it is gone."""
+        url = object_url(kind, namespace=namespace, name=name)
+        query = {"fieldManager": FIELD_MANAGER}
+        try:
+            return dict(
+                await self._client.request(
+                    "patch", url, query=query, body=patch, content_type=MERGE_PATCH
+                )
+            )
+        except APINotFoundError:
+            return None
+
+    async def delete(self, kind: str, *, namespace: str, name: str) -> None:
+        with contextlib.suppress(APINotFoundError):
+            await self._client.request("delete", object_url(kind, namespace=namespace, name=name))
+
+    async def list_objects(
+        self, kind: str, *, namespace: str | None, selector: str
+    ) -> tuple[list[dict[str, Any]], str]:
+        """Objects of ``kind`` matching the label ``selector`` (server-side), and the list's
+        ``resourceVersion`` (a watch from there misses nothing)."""
+        listing = await self._client.request(
+            "get", object_url(kind, namespace=namespace), query={"labelSelector": selector}
         )
-        return patched
+        # A list's items carry no apiVersion and kind; the watch's objects and applies do.
+        head = {"apiVersion": listing.get("apiVersion"), "kind": kind}
+        items = [{**head, **o} for o in (listing.get("items") or [])]
+        return items, str((listing.get("metadata") or {}).get("resourceVersion") or "")
 
-    async def delete_deployment(self, *, namespace: str, name: str) -> None:
-        with contextlib.suppress(kopf_errors.APINotFoundError):
-            await self._call("delete", _deployments(namespace, name))
+    def watch(
+        self, kind: str, *, namespace: str | None, selector: str, version: str, seconds: int
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The events of ``kind`` matching ``selector`` after ``version``, for ``seconds``."""
+        query = {"labelSelector": selector, "resourceVersion": version}
+        query["allowWatchBookmarks"] = "true"
+        return self._client.watch(
+            object_url(kind, namespace=namespace), query=query, seconds=seconds
+        )
 
     async def patch_status(self, *, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         """Merge-patch the status subresource of an ``OutboxDispatcher``."""
@@ -145,7 +200,10 @@ class KubeApi:
             f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{quote(namespace)}/"
             f"{PLURAL}/{quote(name)}/status"
         )
-        await self._call("patch", url, payload={"status": status})
+        query = {"fieldManager": FIELD_MANAGER}
+        await self._client.request(
+            "patch", url, query=query, body={"status": status}, content_type=MERGE_PATCH
+        )
 
     async def post_event(
         self,
@@ -176,73 +234,23 @@ class KubeApi:
             "type": "Warning" if warning else "Normal",
             "source": {"component": COMPONENT},
             "reportingComponent": COMPONENT,
-            "reportingInstance": self._settings.posting.reporting_instance,
+            "reportingInstance": self._instance,
             "firstTimestamp": now,
             "lastTimestamp": now,
             "eventTime": now,
         }
+        url = f"/api/v1/namespaces/{quote(namespace)}/events"
         try:
-            await self._call("post", f"/api/v1/namespaces/{quote(namespace)}/events", payload=event)
+            await self._client.request("post", url, body=event)
         except APIError as exc:
             self._logger.warning("cannot post Event %s: %s", reason, exc)
-
-    # -- any owned kind (PodDisruptionBudgets, Jobs) -------------------------------------------
-
-    async def get_object(self, kind: str, *, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            found: dict[str, Any] = await self._call(
-                "get", object_url(kind, namespace=namespace, name=name)
-            )
-        except kopf_errors.APINotFoundError:
-            return None
-        return found
-
-    async def create_object(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        namespace = manifest["metadata"]["namespace"]
-        created: dict[str, Any] = await self._call(
-            "post", object_url(manifest["kind"], namespace=namespace), payload=manifest
-        )
-        return created
-
-    async def apply_object(
-        self, manifest: dict[str, Any]
-    ) -> Literal["created", "updated", "unchanged"]:
-        """Create the object, or merge-patch it if it differs from ``manifest``."""
-        kind, meta = manifest["kind"], manifest["metadata"]
-        live = await self.get_object(kind, namespace=meta["namespace"], name=meta["name"])
-        if live is None:
-            await self.create_object(manifest)
-            return "created"
-        if contains(live, manifest):
-            return "unchanged"
-        await self._call(
-            "patch",
-            object_url(kind, namespace=meta["namespace"], name=meta["name"]),
-            payload=manifest,
-        )
-        return "updated"
-
-    async def list_objects(
-        self, kind: str, *, namespace: str, selector: Mapping[str, str]
-    ) -> list[dict[str, Any]]:
-        """Objects of ``kind`` carrying every label of ``selector`` (checked here too)."""
-        query = urlencode({"labelSelector": ",".join(f"{k}={v}" for k, v in selector.items())})
-        listing = await self._call("get", f"{object_url(kind, namespace=namespace)}?{query}")
-        items: list[dict[str, Any]] = listing.get("items") or []
-        return [
-            o
-            for o in items
-            if selector.items() <= (o.get("metadata", {}).get("labels") or {}).items()
-        ]
-
-    async def delete_object(self, kind: str, *, namespace: str, name: str) -> None:
-        with contextlib.suppress(kopf_errors.APINotFoundError):
-            await self._call("delete", object_url(kind, namespace=namespace, name=name))
 
     async def served(self, *, group: str, version: str, plural: str) -> bool:
         """Whether API discovery lists ``plural`` in ``group/version`` (a CRD established)."""
         try:
-            found = await self._call("get", f"/apis/{quote(group)}/{quote(version)}")
-        except (kopf_errors.APINotFoundError, kopf_errors.APIForbiddenError):
-            return False
+            found = await self._client.request("get", f"/apis/{quote(group)}/{quote(version)}")
+        except APIError as exc:
+            if exc.status in (403, 404):
+                return False
+            raise
         return any(r.get("name") == plural for r in (found or {}).get("resources") or [])

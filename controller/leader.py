@@ -3,8 +3,9 @@
 Several operator replicas may run (the chart's ``operator.replicas``); each watches
 every dispatcher (kopf keeps its caches warm), and only the holder of the Lease runs
 reconcile passes. ``controller.leadership.Leadership`` is the state the operator's
-loops wait on; ``LeaseElector`` drives it through the Lease, with the official
-``kubernetes`` client, as client-go's leader election does:
+loops wait on; ``LeaseElector`` drives it through the Lease, on the operator's one
+``controller.kubeclient.KubeClient`` (``kubernetes_asyncio``), as client-go's leader
+election does:
 
 - the Lease lasts ``duration`` (15 s); its holder renews it every ``renew_every``
   (5 s); a candidate reads it every ``retry_every`` (1 s);
@@ -33,43 +34,24 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import quote
 
-from kubernetes.client import ApiClient, Configuration, CoordinationV1Api
-from kubernetes.client.exceptions import ApiException
-from kubernetes.config import ConfigException, load_incluster_config, load_kube_config
-
+from controller.kubeclient import APIConflictError, APIError, APINotFoundError, KubeClient
 from controller.leadership import Leadership
 
 __all__ = [
     "LeaseConfig",
     "LeaseElector",
     "LeaseRecord",
-    "api_client",
     "decide",
     "identity",
 ]
 
 log = logging.getLogger("controller.leader")
 Action = Literal["create", "renew", "take", "wait"]
-
-
-def api_client(kubeconfig: str | None = None) -> ApiClient:
-    """The official client: in a pod its ServiceAccount, elsewhere the kubeconfig (as kubectl).
-
-    It is synchronous: its calls run in a thread (``asyncio.to_thread``) with a timeout.
-    """
-    configuration = Configuration()
-    if kubeconfig is None:
-        try:
-            load_incluster_config(client_configuration=configuration)
-        except ConfigException:
-            load_kube_config(client_configuration=configuration)
-    else:
-        load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    return ApiClient(configuration)
 
 
 def identity() -> str:
@@ -89,15 +71,23 @@ class LeaseRecord:
 
     @classmethod
     def from_api(cls, lease: Any) -> LeaseRecord:
-        spec = lease.spec
-        acquired = spec.acquire_time if spec is not None else None
-        return cls(
-            holder=(spec.holder_identity or None) if spec is not None else None,
-            duration=float((spec.lease_duration_seconds if spec is not None else None) or 0),
-            transitions=int((spec.lease_transitions if spec is not None else None) or 0),
-            resource_version=str(lease.metadata.resource_version),
-            acquired=None if acquired is None else _micro(acquired),
-        )
+        """From the Lease as the API server returned it (JSON); ``ValueError`` if malformed."""
+        spec = lease.get("spec") if isinstance(lease, Mapping) else None
+        meta = lease.get("metadata") if isinstance(lease, Mapping) else None
+        if not isinstance(spec or {}, Mapping) or not isinstance(meta, Mapping):
+            raise ValueError(f"not a Lease: {lease!r:.80}")
+        spec = spec or {}
+        acquired = spec.get("acquireTime")
+        try:
+            return cls(
+                holder=str(spec.get("holderIdentity") or "") or None,
+                duration=float(spec.get("leaseDurationSeconds") or 0),
+                transitions=int(spec.get("leaseTransitions") or 0),
+                resource_version=str(meta.get("resourceVersion") or ""),
+                acquired=None if acquired is None else str(acquired),
+            )
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"a Lease with a malformed spec: {exc}") from None
 
 
 def decide(
@@ -137,13 +127,14 @@ class LeaseElector:
         self,
         config: LeaseConfig,
         *,
-        client: ApiClient,
+        client: KubeClient,
         leadership: Leadership,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.leadership = leadership
-        self._api = CoordinationV1Api(client)
+        self._client = client
+        self._url = f"/apis/coordination.k8s.io/v1/namespaces/{quote(config.namespace)}/leases"
         self._clock = clock
         self._seen: tuple[str, float] | None = None  # resourceVersion, when it changed (ours)
         self._watchdog: asyncio.TimerHandle | None = None  # steps down unless renewed in time
@@ -154,8 +145,8 @@ class LeaseElector:
             held = False
             try:
                 held = await self.step()
-            except (ApiException, OSError) as exc:
-                log.warning("lease %s: %s", self.config.name, _brief(exc))
+            except (APIError, ValueError) as exc:
+                log.warning("lease %s: %s", self.config.name, exc)
             # A failed renewal is retried soon: the watchdog ends leadership at the deadline.
             await asyncio.sleep(self.config.renew_every if held else self.config.retry_every)
 
@@ -206,15 +197,10 @@ class LeaseElector:
             record = await self._read()
             if record is not None and record.holder == self.config.identity:
                 body = self._body(record, holder=None, duration=1, transitions=record.transitions)
-                await self._call(
-                    self._api.replace_namespaced_lease,
-                    self.config.name,
-                    self.config.namespace,
-                    body,
-                )
+                await self._call("put", body, name=self.config.name)
                 log.info("lease %s: released", self.config.name)
-        except (ApiException, OSError) as exc:
-            log.warning("lease %s: not released: %s", self.config.name, _brief(exc))
+        except (APIError, ValueError) as exc:
+            log.warning("lease %s: not released: %s", self.config.name, exc)
 
     def _step_down(self, why: str) -> None:
         if self._watchdog is not None:
@@ -226,32 +212,25 @@ class LeaseElector:
 
     async def _read(self) -> LeaseRecord | None:
         try:
-            lease = await self._call(
-                self._api.read_namespaced_lease, self.config.name, self.config.namespace
-            )
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+            lease = await self._call("get", None, name=self.config.name)
+        except APINotFoundError:
+            return None
         return LeaseRecord.from_api(lease)
 
     async def _write(self, action: Action, record: LeaseRecord | None) -> bool:
         """Create, renew or take; False when another replica wrote first (409)."""
-        name, namespace = self.config.name, self.config.namespace
         try:
             if record is None:
                 body = self._body(None, holder=self.config.identity, transitions=0)
-                await self._call(self._api.create_namespaced_lease, namespace, body)
+                await self._call("post", body)
             else:
                 transitions = record.transitions + (action == "take")
                 body = self._body(record, holder=self.config.identity, transitions=transitions)
                 if action == "renew" and record.acquired is not None:
                     body["spec"]["acquireTime"] = record.acquired
-                await self._call(self._api.replace_namespaced_lease, name, namespace, body)
-        except ApiException as exc:
-            if exc.status == 409:
-                return False
-            raise
+                await self._call("put", body, name=self.config.name)
+        except APIConflictError:
+            return False
         return True
 
     def _body(
@@ -279,12 +258,9 @@ class LeaseElector:
             },
         }
 
-    async def _call(self, method: Callable[..., Any], *args: Any) -> Any:
-        timeout = self.config.request_timeout
-        return await asyncio.to_thread(method, *args, _request_timeout=timeout)
-
-
-def _brief(exc: BaseException) -> str:
-    if isinstance(exc, ApiException):
-        return f"{exc.status} {exc.reason}"
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    async def _call(self, method: str, body: object | None, *, name: str | None = None) -> Any:
+        """One request, not repeated (the next step reads the Lease again anyway)."""
+        url = self._url if name is None else f"{self._url}/{quote(name)}"
+        return await self._client.request(
+            method, url, body=body, seconds=self.config.request_timeout, retries=()
+        )

@@ -1,11 +1,13 @@
 """The operator's own loop: one task per ``OutboxDispatcher``, woken by what it watches.
 
-kopf feeds two watch caches (handlers in ``controller.handlers``): the
-dispatchers and the Deployments they own. Each dispatcher gets one task that
-runs ``reconcile_once`` every ``autoscale_interval`` seconds and whenever its
-resource or one of its Deployments changes (so a deleted or edited Deployment
-is restored within seconds, and ``Ready`` follows rollouts). Reconcile and
-autoscale are one pass, so neither can undo the other.
+kopf watches the dispatchers (handlers in ``controller.handlers``); the objects they
+own (Deployments, PodDisruptionBudgets, Jobs) are listed and watched, label-selected,
+by ``controller.informer`` into ``controller.cache``, with every API call on one
+``controller.kubeclient.KubeClient`` (the official asyncio client). Each dispatcher gets
+one task that runs ``reconcile_once`` every ``autoscale_interval`` seconds (jittered by a
+tenth, so dispatchers drift apart) and whenever its resource or one of its objects
+changes (so a deleted or edited Deployment is restored within seconds, and ``Ready``
+follows rollouts). Reconcile and autoscale are one pass, so neither can undo the other.
 
 None of this uses kopf's per-object handlers (timers, daemons, change
 handlers): those need a finalizer on the resource, which makes deleting it
@@ -29,17 +31,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import kopf
 from prometheus_client import CollectorRegistry
 
 from controller.cache import Cache
 from controller.effects import NotYetKnown
 from controller.identity import Owner
+from controller.informer import Informers
 from controller.k8s import KubeApi
+from controller.kubeclient import KubeClient
+from controller.leader import identity
 from controller.leadership import Leadership, NotLeading
 from controller.metrics import OperatorMetrics
 from controller.operator_config import OperatorConfig
@@ -48,6 +53,7 @@ from controller.reconcile import Context, parse_spec, parse_status, reconcile_on
 from controller.redis_access import RedisPool
 from controller.report import Failure, Pass, degraded_events, status_after
 from controller.resource import KIND
+from controller.secrets import SecretCache
 from controller.shard_owner import in_conflict, release_marker
 
 __all__ = ["Operator", "WatchEvent"]
@@ -79,7 +85,8 @@ class Operator:
     """The watch caches, one loop per dispatcher, and the clients they share."""
 
     config: OperatorConfig = field(default_factory=OperatorConfig)
-    settings: kopf.OperatorSettings = field(default_factory=kopf.OperatorSettings)
+    # None until ``start`` connects as the pod's ServiceAccount or the kubeconfig says.
+    client: KubeClient | None = None
     cache: Cache = field(default_factory=Cache)
     dispatchers: dict[Key, dict[str, Any]] = field(default_factory=dict)
     _written: dict[Key, dict[str, Any]] = field(default_factory=dict)
@@ -105,18 +112,37 @@ class Operator:
         self.metrics = OperatorMetrics(
             self.registry if self.registry is not None else CollectorRegistry()
         )
+        self.secrets = SecretCache(ttl=self.config.secret_ttl)
+        self.informers: Informers | None = None
+        self.instance = identity()  # the reporting instance of its Events
+
+    async def start(self) -> None:
+        """Connect (unless given a client) and get ready to fill the cache."""
+        if self.client is None:
+            self.client = await KubeClient.connect()
+        self.informers = Informers(
+            api=self.api(),
+            cache=self.cache,
+            on_change=self.owned_changed,
+            resync=self.config.resync_interval,
+            retry=self.config.retry_base,
+        )
+
+    def connected(self) -> KubeClient:
+        """The one API client (the Lease's calls go through it too)."""
+        if self.client is None:
+            raise RuntimeError("the operator is not started: no API client yet")
+        return self.client
 
     def api(self, logger: logging.Logger | logging.LoggerAdapter[Any] = log) -> KubeApi:
-        return KubeApi(settings=self.settings, logger=logger)
+        return KubeApi(client=self.connected(), logger=logger, reporting_instance=self.instance)
 
     async def crd_probe(self, logger: logging.Logger | logging.LoggerAdapter[Any]) -> str:
         """kopf's liveness probe (``controller.probes.CrdProbe``)."""
         return await self.crd.check(self.api(logger))
 
-    def starting(self, settings: kopf.OperatorSettings) -> None:
-        """From kopf's start-up handler: its settings, and the CRD asked once kopf started."""
-        self.settings = settings
-        # Created here, so it runs in kopf's context, where its API client has credentials.
+    def starting(self) -> None:
+        """From kopf's start-up handler, after ``start``: the CRD is asked once kopf started."""
         self._first_probe = asyncio.create_task(self._probe_crd_once(), name="first CRD probe")
 
     async def _probe_crd_once(self) -> None:
@@ -146,17 +172,16 @@ class Operator:
             return
         old = self.dispatchers.get(key)
         self.dispatchers[key] = dict(event.body)
+        if self.informers is not None:
+            self.informers.start(key[0])
         if old is None or old.get("metadata", {}).get("generation") != meta.get("generation"):
             self.wake(key)
         if old is not None and old.get("metadata", {}).get("uid") != meta.get("uid"):
             self._written.pop(key, None)  # deleted and created again: a new resource
 
-    def deployment_seen(self, event: WatchEvent) -> None:
-        if event.deleted:
-            self.cache.drop(event.body)
-        else:
-            self.cache.put(event.body)
-        meta = event.meta
+    def owned_changed(self, kind: str, body: Mapping[str, Any]) -> None:
+        """An object the operator owns appeared, changed or went: its dispatcher looks."""
+        meta = body.get("metadata", {})
         for ref in meta.get("ownerReferences") or []:
             if ref.get("kind") == KIND and ref.get("controller"):
                 self.wake((str(meta.get("namespace")), str(ref.get("name"))), quiet=True)
@@ -198,6 +223,10 @@ class Operator:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.redis.close()
+        if self.informers is not None:
+            await self.informers.close()
+        if self.client is not None:
+            await self.client.close()
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -221,6 +250,7 @@ class Operator:
                 log.exception("%s/%s: reconcile failed", *key)
                 healthy = False
             delay = self.config.autoscale_interval if healthy else self.config.backoff(retry)
+            delay *= random.uniform(0.9, 1.0)
             if healthy and key in self._migrating:
                 delay = min(delay, self.config.migration_poll)
             retry = 0 if healthy else retry + 1
@@ -249,6 +279,8 @@ class Operator:
         status = parse_status(before)
         now = self.config.clock()
         api = self.api()
+        if self.informers is None or not await self.informers.synced(key[0], within=30):
+            raise NotYetKnown(f"the owned objects of namespace {key[0]}")
         try:
             spec = parse_spec(body.get("spec") or {}, name=owner.name)
         except Failure as failure:
@@ -257,6 +289,7 @@ class Operator:
             ctx = Context(
                 api=api,
                 cache=self.cache,
+                secrets=self.secrets,
                 owner=owner,
                 spec=spec,
                 status=status,

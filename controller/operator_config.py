@@ -54,6 +54,8 @@ class OperatorConfig:
     postgres_timeout: float = 5.0
     postgres_interval: float = 30.0  # between two connection checks of one unchanged URL
     migration_poll: float = 5.0  # how often to look at a running migration Job
+    resync_interval: float = 300.0  # between two LISTs of each owned kind (jittered)
+    secret_ttl: float = 60.0  # how long a Secret read serves every pass (a rotation shows then)
     clock: Callable[[], datetime.datetime] = utcnow
     enqueuer_image: str | None = None  # None: default_workloads()
     worker_image: str | None = None

@@ -15,10 +15,11 @@ fix: problems come back in ``Pass.problem`` and become conditions. The
 writes to the API are ``controller.effects``; the status made of the result is
 ``controller.report``.
 
-Live Deployments come from the operator's watch cache (``controller.cache``), not from
-GETs; every write puts the API's answer back into the cache. Jobs and
-PodDisruptionBudgets are few and written rarely: they are read with GETs (a
-Job only while its image is not migrated).
+Live Deployments, PodDisruptionBudgets and Jobs come from the operator's watch cache
+(``controller.cache``), not from GETs; every write puts the API's answer back into the
+cache, and nothing is written when the render matches what is live. Secrets come from
+``controller.secrets`` (one GET per Secret per ``secret_ttl``). In a steady state (nothing
+changed) a pass therefore makes no API call but those Secret reads.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import pydantic
 from controller.autoscale import autoscale_queue
 from controller.cache import Cache
 from controller.conditions import SHARDS_DRAINING, OutboxDispatcherStatus, Reason, rollout
-from controller.effects import apply_budgets, apply_deployment, drain_queues, migrate
+from controller.effects import apply_budgets, apply_owned, drain_queues, migrate
 from controller.identity import QUEUE_LABEL, Owner, worker_name
 from controller.k8s import APIError, KubeApi, SecretMissing
 from controller.limits import publish_limits
@@ -45,6 +46,7 @@ from controller.pods import WorkloadDefaults
 from controller.redis_access import Measurement, RedisProblem, measure, redis_message
 from controller.render import build_enqueuer_deployment, build_worker_deployment
 from controller.report import Failure, Pass
+from controller.secrets import SecretCache
 from controller.shard_owner import ownership_problem
 from controller.shard_policy import ShardDecision, decide_shards, draining_shards
 from dispatcher.redis_client import RedisClient
@@ -96,6 +98,7 @@ class Context:
 
     api: KubeApi
     cache: Cache
+    secrets: SecretCache
     owner: Owner
     spec: OutboxDispatcherSpec
     status: OutboxDispatcherStatus
@@ -140,6 +143,7 @@ async def reconcile_once(ctx: Context) -> Pass:
     try:
         migration = await migrate(
             api=ctx.api,
+            cache=ctx.cache,
             spec=spec,
             owner=owner,
             migrated_image=ctx.status.migrated_image,
@@ -151,8 +155,8 @@ async def reconcile_once(ctx: Context) -> Pass:
     manifests, rows = _desired(ctx, measured, values=values, enqueuer=migration.done)
     try:
         for manifest in manifests:
-            await apply_deployment(api=ctx.api, cache=ctx.cache, owner=owner, manifest=manifest)
-        await apply_budgets(api=ctx.api, spec=spec, owner=owner)
+            await apply_owned(api=ctx.api, cache=ctx.cache, owner=owner, manifest=manifest)
+        await apply_budgets(api=ctx.api, cache=ctx.cache, spec=spec, owner=owner)
         draining = await drain_queues(
             api=ctx.api,
             cache=ctx.cache,
@@ -200,10 +204,7 @@ async def _secret_values(ctx: Context) -> dict[SecretRef, str]:
     ]
     if spec.migrate:
         refs.append(spec.postgres.migration())
-    values = {}
-    for ref in dict.fromkeys(refs):
-        values[ref] = await ctx.api.secret_value(namespace=ctx.owner.namespace, ref=ref)
-    return values
+    return await ctx.secrets.values(ctx.api, namespace=ctx.owner.namespace, refs=refs)
 
 
 def _desired(

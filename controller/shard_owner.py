@@ -175,7 +175,7 @@ def _held(holder: ShardKeyOwner | None) -> str:
 
 async def _alive(api: KubeApi, holder: ShardKeyOwner) -> bool:
     """Whether the resource the marker names still exists (the same uid)."""
-    found = await api.get_object(KIND, namespace=holder.namespace, name=holder.name)
+    found = await api.get(KIND, namespace=holder.namespace, name=holder.name)
     return found is not None and found.get("metadata", {}).get("uid") == holder.uid
 
 

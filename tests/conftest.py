@@ -9,6 +9,7 @@ pytest_plugins = [
     "tests.fix_pgbouncer",
     "tests.fix_cluster",
     "tests.fix_worker_process",
+    "tests.fix_live_operator",
 ]
 
 

@@ -31,9 +31,11 @@ import kopf
 import pytest
 from kmock._internal import dicts as kmock_dicts
 from kmock._internal import rendering
+from kubernetes_asyncio.client import Configuration
 
 from controller.conditions import OutboxDispatcherStatus
 from controller.handlers import register
+from controller.kubeclient import KubeClient
 from controller.operator import Operator
 from controller.operator_config import OperatorConfig
 from tests.suite_servers import postgres_admin_url
@@ -240,7 +242,8 @@ async def running_operator(
         **config_,
     )
     registry = kopf.OperatorRegistry()
-    running = register(registry, Operator(config))
+    connection = Configuration(host=str(kube.url).rstrip("/"))
+    running = register(registry, Operator(config, client=KubeClient.at(connection)))
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -252,6 +255,20 @@ async def running_operator(
     settings.watching.reconnect_backoff = 0.1
     settings.queueing.idle_timeout = 1.0
     settings.scanning.disabled = True  # the namespace and CRD lists of a cluster are not here
+    async with kopf_running(registry, settings, namespace=NAMESPACE, liveness=liveness):
+        yield running
+
+
+@contextlib.asynccontextmanager
+async def kopf_running(
+    registry: kopf.OperatorRegistry,
+    settings: kopf.OperatorSettings,
+    *,
+    namespace: str,
+    liveness: str | None = None,
+    seconds: float = 30,
+) -> AsyncIterator[None]:
+    """kopf with ``registry``'s handlers, watching ``namespace``, until the block ends."""
     stop, ready = asyncio.Event(), asyncio.Event()
     # spawn_tasks + run_tasks instead of kopf.operator(): at the end kopf cancels every task
     # born after its start, and pytest-asyncio's teardown is one of those.
@@ -260,18 +277,18 @@ async def running_operator(
         registry=registry,
         settings=settings,
         standalone=True,
-        namespaces=[NAMESPACE],
+        namespaces=[namespace],
         liveness_endpoint=liveness,
         stop_flag=stop,
         ready_flag=ready,
     )
-    await asyncio.wait_for(ready.wait(), 30)
+    await asyncio.wait_for(ready.wait(), seconds)
     try:
-        yield running
+        yield
     finally:
         stop.set()
         ignored = before | {t for t in asyncio.all_tasks() if not spawned_by_kopf(t)}
-        await asyncio.wait_for(kopf.run_tasks(tasks, ignored=ignored), 30)
+        await asyncio.wait_for(kopf.run_tasks(tasks, ignored=ignored), seconds)
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from controller.leader import LeaseConfig, LeaseElector, api_client
+from controller.kubeclient import KubeClient
+from controller.leader import LeaseConfig, LeaseElector
 from controller.leadership import Leadership, NotLeading
 from dispatcher._testing.cluster import Cluster
 from dispatcher._testing.waiting import eventually
@@ -55,12 +56,14 @@ class Candidate:
 async def candidate(name: str, lease: str, *, kubeconfig: Path) -> AsyncIterator[Candidate]:
     leadership = Leadership()
     config = LeaseConfig(name=lease, namespace=NS, identity=name, **SHORT)
-    elector = LeaseElector(config, client=api_client(str(kubeconfig)), leadership=leadership)
+    client = await KubeClient.connect(str(kubeconfig))
+    elector = LeaseElector(config, client=client, leadership=leadership)
     running = Candidate(elector, leadership, asyncio.create_task(elector.run()))
     try:
         yield running
     finally:
         await running.stop()
+        await client.close()
 
 
 def lease_spec(cluster: Cluster, name: str) -> dict[str, object]:

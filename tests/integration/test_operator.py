@@ -16,7 +16,6 @@ import pytest
 import redis.asyncio
 
 from controller.operator import Operator
-from controller.pods import CONFIG_HASH_ANNOTATION
 from dispatcher._testing.waiting import eventually
 from dispatcher.stream.naming import SHARDS_KEY
 from tests.fix_kube import (
@@ -133,43 +132,6 @@ async def test_apply_creates_enqueuer_and_one_worker_per_queue(
     assert ready.last_transition_time is not None
     assert ready.observed_generation == 1
     assert redis_url not in repr(kube.all("v1/events"))  # no secret in any event
-
-
-async def test_spec_change_patches_deployments_and_removed_queue_is_deleted(
-    kube: KubeEmulator, operator: Operator, redis_url: str
-) -> None:
-    await post_secrets(kube, redis_url)
-    await _apply(kube, dispatcher())
-    await _ready(kube)
-    old_hash = _deployment(kube, "orders-worker-emails")["spec"]["template"]["metadata"][
-        "annotations"
-    ][CONFIG_HASH_ANNOTATION]
-
-    new_spec = copy.deepcopy(dispatcher()["spec"])
-    new_spec["queues"] = [
-        {"name": "emails", "handler": "app.tasks:send_v2", "concurrency": 32, "maxReplicas": 5}
-    ]
-    new_spec["enqueuer"] = {"batchSize": 200}
-    await _patch_spec(kube, new_spec)
-
-    async def applied() -> bool:
-        worker = kube.live(DEPLOYMENTS, "orders-worker-emails") or {}
-        args = _container(worker)["args"] if worker else []
-        return "--handler=app.tasks:send_v2" in args and (
-            kube.live(DEPLOYMENTS, "orders-worker-invoices") is None
-        )
-
-    await eventually(applied, within=20)
-    worker = _deployment(kube, "orders-worker-emails")
-    assert "--concurrency=32" in _container(worker)["args"]
-    new_hash = worker["spec"]["template"]["metadata"]["annotations"][CONFIG_HASH_ANNOTATION]
-    assert new_hash != old_hash
-    assert "--batch-size=200" in _container(_deployment(kube, "orders-enqueuer"))["args"]
-
-    async def observed() -> bool:
-        return status_of(kube).observed_generation == 2
-
-    await eventually(observed, within=10)
 
 
 def _templates(kube: KubeEmulator) -> dict[str, Any]:

@@ -27,7 +27,6 @@ from tests.fix_kube import (
     running_operator,
     secret,
 )
-from tests.suite_servers import postgres_admin_url
 
 DEPLOYMENTS_URL = f"/apis/apps/v1/namespaces/{NAMESPACE}/deployments"
 WORKERS = ("orders-worker-emails", "orders-worker-invoices")
@@ -74,55 +73,6 @@ async def _ready(kube: KubeEmulator, name: str = NAME) -> None:
         return _is(kube, "Ready", "True", "Reconciled", name)
 
     await eventually(check, within=20)
-
-
-async def test_deleting_a_dispatcher_needs_no_operator(
-    kube: KubeEmulator, redis_url: str, clock: FakeClock
-) -> None:
-    await post_secrets(kube, redis_url)
-    await kube.send("post", CR_URL, dispatcher())
-    async with running_operator(kube, clock):
-        await _ready(kube)
-    assert not (kube.live(CR_RESOURCE, NAME) or {})["metadata"].get("finalizers")
-
-    await kube.send("delete", f"{CR_URL}/{NAME}")  # the operator is gone (helm uninstall)
-
-    async def gone() -> bool:
-        return kube.live(CR_RESOURCE, NAME) is None
-
-    await eventually(gone, within=5)
-
-
-async def test_an_upgraded_operator_removes_the_finalizer_an_older_one_added(
-    kube: KubeEmulator, operator: Operator, redis_url: str
-) -> None:
-    await post_secrets(kube, redis_url)
-    body = dispatcher()
-    body["metadata"]["finalizers"] = [KOPF_FINALIZER]
-    await kube.send("post", CR_URL, body)
-    await _ready(kube)
-
-    async def released() -> bool:
-        return not (kube.live(CR_RESOURCE, NAME) or {})["metadata"].get("finalizers")
-
-    await eventually(released, within=10)
-
-
-async def test_a_deleted_or_edited_deployment_is_restored(
-    kube: KubeEmulator, operator: Operator, redis_url: str
-) -> None:
-    await _deploy(kube, redis_url)
-    wanted = _args(kube, "orders-enqueuer")
-
-    await kube.send("delete", f"{DEPLOYMENTS_URL}/orders-worker-emails")
-    edited = {"spec": {"template": {"spec": {"containers": [{"name": "enqueuer", "args": []}]}}}}
-    await kube.send("patch", f"{DEPLOYMENTS_URL}/orders-enqueuer", edited)
-
-    async def restored() -> bool:
-        worker = kube.live(DEPLOYMENTS, "orders-worker-emails")
-        return worker is not None and _args(kube, "orders-enqueuer") == wanted
-
-    await eventually(restored, within=10)
 
 
 async def test_ready_follows_the_deployments_and_progressing_their_rollouts(
@@ -234,32 +184,6 @@ async def test_a_removed_queue_keeps_its_workers_until_its_streams_are_drained(
     await eventually(deleted, within=15)
 
 
-async def test_rotating_a_referenced_secret_rolls_the_pods_that_use_it(
-    kube: KubeEmulator, operator: Operator, redis_url: str
-) -> None:
-    await _deploy(kube, redis_url)
-    before = {name: _template_annotations(kube, name) for name in ALL}
-
-    rotated = secret("pg", url=postgres_admin_url() + "?application_name=rotated")
-    await kube.send("patch", f"{SECRETS_URL}/pg", {"data": rotated["data"]})
-
-    async def enqueuer_rolled() -> bool:
-        return _template_annotations(kube, "orders-enqueuer") != before["orders-enqueuer"]
-
-    await eventually(enqueuer_rolled, within=15)
-    for name in WORKERS:  # they do not read DATABASE_URL
-        assert _template_annotations(kube, name) == before[name]
-
-    rotated = secret("rd", url=redis_url + "?health_check_interval=10")
-    await kube.send("patch", f"{SECRETS_URL}/rd", {"data": rotated["data"]})
-
-    async def workers_rolled() -> bool:
-        return all(_template_annotations(kube, name) != before[name] for name in WORKERS)
-
-    await eventually(workers_rolled, within=15)
-    assert redis_url not in repr(kube.all(DEPLOYMENTS))
-
-
 async def test_workload_images_follow_the_operator_unless_the_spec_pins_them(
     kube: KubeEmulator, redis_url: str, clock: FakeClock
 ) -> None:
@@ -288,74 +212,3 @@ async def test_workload_images_follow_the_operator_unless_the_spec_pins_them(
 
         await eventually(upgraded, within=15)
     assert image("orders-worker-invoices") == "registry.example.com/billing:7"
-
-
-async def test_an_unchanged_dispatcher_is_never_patched(
-    kube: KubeEmulator, operator: Operator, redis_url: str
-) -> None:
-    await post_secrets(kube, redis_url)
-    queues = dispatcher()["spec"]["queues"]
-    queues[0]["resources"] = {"requests": {"memory": "1024Mi"}, "limits": {"memory": "2048Mi"}}
-    await kube.send("post", CR_URL, dispatcher(queues=queues))
-    await _ready(kube)
-
-    def versions() -> dict[str, str]:
-        return {
-            name: (kube.live(DEPLOYMENTS, name) or {})["metadata"]["resourceVersion"]
-            for name in ALL
-        }
-
-    before = versions()
-    # A spec change that renders the same Deployments (the API server stored 1Gi for 1024Mi).
-    queues[0]["scaleDownStabilizationSeconds"] = 600
-    await kube.send("patch", f"{CR_URL}/{NAME}", {"spec": {"queues": queues}})
-
-    async def observed() -> bool:
-        return _status(kube).get("observedGeneration") == 2
-
-    await eventually(observed, within=15)
-    await _ready(kube)
-    assert versions() == before
-
-
-async def test_two_dispatchers_never_share_a_deployment(
-    kube: KubeEmulator, operator: Operator, redis_url: str, another_redis_url: str
-) -> None:
-    await post_secrets(kube, redis_url, rd2=another_redis_url)  # one Redis database each
-    first = [{"name": "worker-b", "handler": "a.tasks:run"}]
-    await kube.send("post", CR_URL, dispatcher("a", queues=first))
-    await _ready(kube, "a")
-    owner = (kube.live(DEPLOYMENTS, "a-worker-worker-b") or {})["metadata"]["ownerReferences"]
-
-    second = [{"name": "b", "handler": "b.tasks:run"}]  # renders a-worker-worker-b as well
-    redis = {"secretRef": {"name": "rd2", "key": "url"}}
-    await kube.send("post", CR_URL, dispatcher("a-worker", queues=second, redis=redis))
-
-    async def refused() -> bool:
-        return _is(kube, "Degraded", "True", "NameConflict", "a-worker")
-
-    await eventually(refused, within=15)
-    assert "a-worker-worker-b" in _condition(kube, "Degraded", "a-worker")["message"]
-    live = kube.live(DEPLOYMENTS, "a-worker-worker-b") or {}
-    assert live["metadata"]["ownerReferences"] == owner
-    assert "--queue=worker-b" in _args(kube, "a-worker-worker-b")
-
-
-async def test_external_autoscaling_leaves_replicas_to_the_users_scaler(
-    kube: KubeEmulator, operator: Operator, redis_url: str, redis_standalone: RedisClient
-) -> None:
-    await post_secrets(kube, redis_url)
-    queues = [{"name": "emails", "handler": "app.tasks:send", "autoscaling": "external"}]
-    await kube.send("post", CR_URL, dispatcher(queues=queues))
-    await _ready(kube)
-    await kube.send("patch", f"{DEPLOYMENTS_URL}/orders-worker-emails", {"spec": {"replicas": 7}})
-    for i in range(900):  # the builtin autoscaler would want ceil(900/100) = 9, clamped to 10
-        await redis_standalone.xadd(f"workflow.tasks.emails.{i % 2}", {"task_id": f"t{i}"})
-
-    async def measured() -> bool:
-        rows = _status(kube).get("queues") or []
-        return any(r["name"] == "emails" and r.get("backlog") == 900 for r in rows)
-
-    await eventually(measured, within=15)
-    await _ready(kube)
-    assert (kube.live(DEPLOYMENTS, "orders-worker-emails") or {})["spec"]["replicas"] == 7

@@ -25,7 +25,6 @@ from tests.fix_kube import (
     DEPLOYMENTS,
     JOBS,
     NAMESPACE,
-    PDBS,
     FakeClock,
     KubeEmulator,
     _declare_resources,
@@ -221,35 +220,6 @@ async def test_each_role_uses_its_own_redis_secret(
     assert redis_ref("orders-worker-emails") == {"name": "rd-worker", "key": "url"}
     assert await redis_standalone.get(SHARDS_KEY) == "2"
     assert redis_url not in repr(kube.all("v1/events"))
-
-
-async def test_budgets_for_the_enqueuer_and_multi_replica_queues(
-    kube: KubeEmulator, operator: Operator, redis_url: str
-) -> None:
-    await post_secrets(
-        kube, pg="postgresql://app@db/app", pg_owner="postgresql://owner@db/app", rd=redis_url
-    )
-    await kube.send("post", CR_URL, _cr())
-
-    async def budgets() -> bool:
-        return bool(kube.live(PDBS, "orders-enqueuer")) and bool(
-            kube.live(PDBS, "orders-worker-emails")
-        )
-
-    await eventually(budgets, within=20)
-    assert kube.live(PDBS, "orders-worker-single") is None  # maxReplicas 1: nothing to keep
-    for budget in kube.all(PDBS):
-        assert kubernetes_validate.validate(budget, K8S_VERSION, strict=True)
-        assert budget["spec"]["maxUnavailable"] == 1
-    # Lowering a queue to one replica drops its budget (a drain must be able to move it).
-    queues = [{"name": "emails", "handler": "app.tasks:send", "maxReplicas": 1}]
-    await kube.send("patch", f"{CR_URL}/{NAME}", {"spec": {"queues": queues}})
-
-    async def dropped() -> bool:
-        return kube.live(PDBS, "orders-worker-emails") is None
-
-    await eventually(dropped, within=20)
-    assert kube.live(PDBS, "orders-enqueuer") is not None
 
 
 async def test_pod_settings_reach_the_deployments(

@@ -17,6 +17,35 @@ def record(holder: str | None, *, duration: float = 15) -> LeaseRecord:
     return LeaseRecord(holder=holder, duration=duration, transitions=3, resource_version="42")
 
 
+def test_a_lease_is_read_from_the_api_servers_json() -> None:
+    lease = {
+        "metadata": {"name": "op", "resourceVersion": "7"},
+        "spec": {"holderIdentity": PEER, "leaseDurationSeconds": 15, "leaseTransitions": 2,
+                 "acquireTime": "2026-12-05T00:00:00.000000Z"},
+    }  # fmt: skip
+    assert LeaseRecord.from_api(lease) == LeaseRecord(
+        holder=PEER, duration=15, transitions=2, resource_version="7",
+        acquired="2026-12-05T00:00:00.000000Z",
+    )  # fmt: skip
+    assert LeaseRecord.from_api({"metadata": {"resourceVersion": "8"}}).holder is None
+
+
+@pytest.mark.parametrize(
+    "lease",
+    [
+        [],
+        {"spec": {}},  # no metadata
+        {"metadata": {}, "spec": "holder"},
+        {"metadata": {}, "spec": {"leaseDurationSeconds": "long"}},
+        {"metadata": {}, "spec": {"leaseTransitions": [1]}},
+    ],
+)
+def test_a_malformed_lease_is_a_clear_error(lease: object) -> None:
+    """Whoever else may write the Lease: garbage is a ValueError the loop logs, not a crash."""
+    with pytest.raises(ValueError, match="Lease"):
+        LeaseRecord.from_api(lease)
+
+
 def test_no_lease_is_created() -> None:
     assert decide(None, me=ME, leading=False, now=100, observed_at=100) == "create"
 
