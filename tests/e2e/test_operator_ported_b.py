@@ -130,22 +130,16 @@ async def test_unreachable_redis_or_postgres_is_degraded_and_not_ready(
         await eventually(ready, within=60, interval=0.5)
         await asyncio.to_thread(put_secret, live, "rd", "redis://:hunter2@127.0.0.1:1/0")
 
-        async def redis_down() -> bool:
-            return await is_(live, "Degraded", "True", "RedisUnavailable") and await is_(
-                live, "Ready", "False", "RedisUnavailable"
+        async def down(reason: str) -> bool:
+            return await is_(live, "Degraded", "True", reason) and await is_(
+                live, "Ready", "False", reason
             )
 
-        await eventually(redis_down, within=60, interval=0.5)
+        await eventually(lambda: down("RedisUnavailable"), within=60, interval=0.5)
         await asyncio.to_thread(put_secret, live, "rd", redis_url)
         await eventually(ready, within=60, interval=0.5)
         await asyncio.to_thread(put_secret, live, "pg", "postgresql://app:hunter2@127.0.0.1:1/app")
-
-        async def postgres_down() -> bool:
-            return await is_(live, "Degraded", "True", "PostgresUnavailable") and await is_(
-                live, "Ready", "False", "PostgresUnavailable"
-            )
-
-        await eventually(postgres_down, within=60, interval=0.5)
+        await eventually(lambda: down("PostgresUnavailable"), within=60, interval=0.5)
         degraded = await condition(live, "Degraded")
         assert "127.0.0.1:1" in degraded["message"]
         cr = await get(live, "obd", NAME) or {}
