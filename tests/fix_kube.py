@@ -4,8 +4,8 @@
 adds and kopf relies on: ``uid``, ``resourceVersion``, ``generation`` (bumped
 when the spec changes), ``creationTimestamp`` and names from ``generateName``; and,
 for Deployments, what the API server and the Deployment controller do: quantities
-written in canonical form (``1024Mi`` is stored as ``1Gi``) and, unless a test
-stalls it, a rollout that completes at once (``status`` at the new generation,
+written in canonical form (``1024Mi`` is stored as ``1Gi``) and a rollout that
+completes at once (``status`` at the new generation,
 every replica available). It also stands in for the Job controller: a Job is
 stored as finished with ``job_outcome`` ("Complete" by default, "Failed", or None
 to leave it running until the test writes its status).
@@ -57,13 +57,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     """kmock's emulator with metadata bookkeeping done before it stores a write."""
 
     _versions = itertools.count(1)
-    # Deployments whose rollouts never finish (a pull error, a crash loop): a test adds names.
-    stalled: set[str]
     job_outcome: str | None = "Complete"
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.stalled = set()
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         if request.resource is not None and isinstance(request.data, dict):
@@ -108,10 +102,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             self._roll_out(request.data, new)
 
     def _roll_out(self, data: dict[str, Any], new: dict[str, Any]) -> None:
-        """The Deployment controller: the rollout of ``new`` completes, unless stalled."""
+        """The Deployment controller: the rollout of ``new`` completes."""
         meta = new.get("metadata", {})
-        if meta.get("name") in self.stalled:
-            return
         replicas = int(new.get("spec", {}).get("replicas", 1))
         data["status"] = {
             "observedGeneration": int(meta.get("generation", 1)),
