@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import signal
 import sys
-from typing import Any, cast
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from dispatcher.cli.main import Common
 from dispatcher.config import Settings
@@ -97,7 +99,8 @@ def _with_progress(
             bar.update(rows["published"], completed=len(p.published_at), total=expected)
             bar.update(rows["handled"], completed=len(p.handled_runs), total=expected)
 
-        demo = run_demo(
+        demo = functools.partial(
+            run_demo,
             database_url=db,
             redis_url=rd,
             tasks=args.tasks,
@@ -113,14 +116,18 @@ def _with_progress(
             raise KeyboardInterrupt from None  # stopped as Ctrl-C stops it
 
 
-async def _cancelled_by_sigterm(demo: Any) -> DemoResult:
-    """Run ``demo``; SIGTERM cancels it (its parts stop, as on Ctrl-C) through the loop."""
+async def _cancelled_by_sigterm(demo: Callable[[], Awaitable[DemoResult]]) -> DemoResult:
+    """Run ``demo()``; SIGTERM cancels it (its parts stop, as on Ctrl-C) through the loop.
+
+    The coroutine is made here, once the handler is in place: a SIGTERM that cancels this
+    task before it ran leaves no coroutine never awaited (and no warning as the last line).
+    """
     task = asyncio.current_task()
     assert task is not None
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, task.cancel)
     try:
-        return cast(DemoResult, await demo)
+        return await demo()
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
         signal.signal(signal.SIGTERM, _sigterm_as_sigint)
