@@ -55,7 +55,15 @@ async def replay_outbox_dlq(
             raise ReplayError(f"not in outbox_dlq: {', '.join(missing)}; nothing replayed")
         if dry_run:
             return Replayed(found, dry_run=True)
-        cur = await conn.execute(QUERIES["dlq_replay"], params)
+        try:
+            cur = await conn.execute(QUERIES["dlq_replay"], params)
+        except psycopg.errors.CheckViolation as exc:
+            if exc.diag.constraint_name != "outbox_stream_check":
+                raise
+            raise ReplayError(
+                "a chosen row names a stream that is not a task stream (workflow.tasks.<queue>) "
+                "and can never be published; nothing replayed (replay the others with --id)"
+            ) from exc
         return Replayed(sorted(str(r[0]) for r in await cur.fetchall()), dry_run=False)
 
 

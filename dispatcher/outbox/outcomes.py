@@ -2,7 +2,8 @@
 
 ``ClaimedRow`` is one row of a batch's claim; ``plan_outcomes`` sorts a batch
 by its publish results into rows to delete (sent), to retry after a backoff,
-to dead-letter (out of attempts) and to hold back (Redis is full). The
+to dead-letter (out of attempts, or naming no task stream: it never could be
+published) and to hold back (Redis is full). The
 repository applies the ``Outcomes`` in the batch's transaction.
 """
 
@@ -16,6 +17,7 @@ from redis.exceptions import OutOfMemoryError
 
 from dispatcher.outbox.backoff import DEFAULT_MAX_RETRIES, retry_delay
 from dispatcher.stream.entries import PublishResult
+from dispatcher.stream.naming import NotATaskStream
 
 __all__ = [
     "ClaimedRow",
@@ -73,7 +75,7 @@ def plan_outcomes(
         attempt = row.attempt_count + 1
         limit = row.max_retries if row.max_retries > 0 else DEFAULT_MAX_RETRIES
         error = _describe(result.error)
-        if attempt > limit:
+        if attempt > limit or isinstance(result.error, NotATaskStream):
             out.dead.append(Retry(row.id, attempt, 0.0, error))
         else:
             out.retry.append(

@@ -8,7 +8,11 @@ coordinator and this package agree on every stream name.
 An outbox row stores its queue's stream (``workflow.tasks.<queue>``, or with a
 shard number as older writers put it); ``route_stream`` picks the shard when
 the row is published, from the count in force at that moment, so rows waiting
-for a retry or a ``not_before`` follow a change of the count.
+for a retry or a ``not_before`` follow a change of the count. A row's stream is
+written by the application, so it is trusted for nothing more: any other name
+(a control key such as ``workflow.cancel.runs`` or ``composer:limits:{q}``) is
+``NotATaskStream``, never published (the schema refuses such rows too, migration
+0012, with the same pattern as ``TASK_STREAM_PATTERN``).
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ __all__ = [
     "DEFAULT_SHARDS",
     "SHARDS_KEY",
     "SHARDS_OWNER_KEY",
+    "TASK_STREAM_PATTERN",
     "TASK_STREAM_PREFIX",
     "WORKER_GROUP",
     "InvalidQueueName",
+    "NotATaskStream",
     "Router",
     "dead_letter_stream",
     "fnv1a_32",
@@ -57,10 +63,24 @@ WORKER_GROUP = "workers"
 # queue name can never end in ``.<digits>``, so ``workflow.tasks.<queue>`` and
 # ``workflow.tasks.<queue>.<n>`` never read as each other.
 _QUEUE_RE = re.compile(r"^[A-Za-z0-9_-]{1,200}$")
+# What a row's ``stream`` may be: ``workflow.tasks.<queue>``, or ``.<n>`` after it as older
+# writers put it (ASCII digits only). The CHECK of migration 0012 is this pattern, anchored.
+TASK_STREAM_PATTERN = r"workflow\.tasks\.([A-Za-z0-9_-]{1,200})(\.[0-9]+)?"
+_TASK_STREAM_RE = re.compile(TASK_STREAM_PATTERN)
 
 
 class InvalidQueueName(ValueError):
     """A queue name that cannot be turned into an unambiguous stream name."""
+
+
+class NotATaskStream(ValueError):
+    """A row names a stream that is not a task queue's: it is never published."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(
+            f"{stream[:200]!r} is not a task stream (workflow.tasks.<queue>): "
+            "refused, nothing written to Redis"
+        )
 
 
 def validate_queue(queue: str) -> str:
@@ -95,18 +115,14 @@ def queue_stream(queue: str) -> str:
 
 def queue_of_stream(stream: str) -> str | None:
     """The queue of ``workflow.tasks.<queue>`` or ``workflow.tasks.<queue>.<n>``, else None."""
-    if not stream.startswith(TASK_STREAM_PREFIX):
-        return None
-    rest = stream[len(TASK_STREAM_PREFIX) :]
-    head, dot, tail = rest.rpartition(".")
-    queue = head if dot and tail.isdigit() else rest
-    return queue if _QUEUE_RE.fullmatch(queue) else None
+    found = _TASK_STREAM_RE.fullmatch(stream)
+    return found.group(1) if found else None
 
 
 def route_stream(stream: str, task_id: str, shards: int) -> str:
     """The shard stream a row stored with ``stream`` is published to at ``shards`` shards.
 
-    Streams that are not a task queue's (a custom name) are published as stored.
+    Raise ``NotATaskStream`` for any other name: a row never names a key of its own choosing.
     """
     return Router(shards)(stream, task_id)
 
@@ -123,7 +139,7 @@ class Router:
 
     def __init__(self, shards: int) -> None:
         self._shards = max(shards, 1)
-        # stored stream -> the names of its shard streams (one name: published as stored)
+        # stored stream -> the names of its shard streams
         self._names: dict[str, list[str]] = {}
 
     @property
@@ -141,7 +157,7 @@ class Router:
     def _shard_names(self, stream: str) -> list[str]:
         queue = queue_of_stream(stream)
         if queue is None:
-            return [stream]
+            raise NotATaskStream(stream)
         return [task_stream(queue, shard) for shard in range(self._shards)]
 
 

@@ -16,6 +16,7 @@ from dispatcher.stream import (
     SHARDS_KEY,
     TASK_STREAM_PREFIX,
     InvalidQueueName,
+    NotATaskStream,
     Router,
     dead_letter_stream,
     fnv1a_32,
@@ -132,9 +133,17 @@ def test_route_picks_the_shard_of_the_current_count_for_any_stored_form() -> Non
     assert route_stream("workflow.tasks.http.3", "t8", 1) == "workflow.tasks.http.0"
 
 
-@pytest.mark.parametrize("other", ["workflow.tasks", "custom.stream", "workflow.dead.http", ""])
-def test_route_leaves_streams_that_are_not_task_queues_alone(other: str) -> None:
-    assert route_stream(other, "t8", 4) == other
+@pytest.mark.parametrize(
+    "other",
+    [
+        *("workflow.tasks", "custom.stream", "workflow.dead.http", "", "workflow.cancel.runs"),
+        *("composer:limits:{q}", "composer:stream_shards", "workflow.tasks.q\n"),
+        "workflow.tasks.q.\u0661",  # a digit, but not an ASCII one (the schema's [0-9])
+    ],
+)
+def test_route_refuses_streams_that_are_not_task_queues(other: str) -> None:
+    with pytest.raises(NotATaskStream, match="is not a task stream"):
+        route_stream(other, "t8", 4)
 
 
 def test_queue_stream_is_the_unsharded_name_and_routes_back() -> None:
@@ -180,8 +189,13 @@ def test_router_routes_as_route_stream_for_every_row(
     stream: str, task_id: str, shards: int
 ) -> None:
     queue = queue_of_stream(stream)
-    want = stream if queue is None else task_stream(queue, shard_for(task_id, shards))
     route = Router(shards)
+    if queue is None:
+        for _twice in range(2):  # and again, not from a cache
+            with pytest.raises(NotATaskStream):
+                route(stream, task_id)
+        return
+    want = task_stream(queue, shard_for(task_id, shards))
     assert route(stream, task_id) == want
     assert route(stream, task_id) == want  # again, from its cache
     assert route_stream(stream, task_id, shards) == want

@@ -11,6 +11,7 @@ import re
 
 from dispatcher.outbox.backoff import DEFAULT_BACKOFF_SECONDS, DEFAULT_MAX_RETRIES
 from dispatcher.outbox.idle_flag import IDLE_FLAG_KEY
+from dispatcher.stream.naming import TASK_STREAM_PATTERN
 from tests.schema_file import SCHEMA_FILE
 
 
@@ -32,3 +33,8 @@ def test_the_tables_default_retries_and_backoff_are_the_enqueuers() -> None:
     for table in ("outbox", "outbox_dlq"):
         assert _column_default(table, "max_retries") == DEFAULT_MAX_RETRIES
         assert _column_default(table, "backoff_seconds") == DEFAULT_BACKOFF_SECONDS
+
+
+def test_the_tables_stream_check_is_the_enqueuers_pattern() -> None:
+    checks = re.findall(r"CHECK \(\(stream ~ '(.*?)'::text\)\)", SCHEMA_FILE.read_text())
+    assert checks == [f"^{TASK_STREAM_PATTERN}$"]

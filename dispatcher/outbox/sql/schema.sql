@@ -103,6 +103,9 @@ ALTER TABLE ONLY public.outbox
 ALTER TABLE ONLY public.outbox_schema_version
     ADD CONSTRAINT outbox_schema_version_pkey PRIMARY KEY (version);
 
+ALTER TABLE public.outbox
+    ADD CONSTRAINT outbox_stream_check CHECK ((stream ~ '^workflow\.tasks\.([A-Za-z0-9_-]{1,200})(\.[0-9]+)?$'::text)) NOT VALID;
+
 CREATE INDEX idx_outbox_fresh ON public.outbox USING btree (created_at) WHERE ((status = ANY (ARRAY['PENDING'::text, 'RETRY'::text])) AND (next_attempt_at IS NULL) AND (NOT suspect));
 
 CREATE INDEX idx_outbox_scheduled ON public.outbox USING btree (next_attempt_at) WHERE ((status = ANY (ARRAY['PENDING'::text, 'RETRY'::text])) AND (next_attempt_at IS NOT NULL) AND (NOT suspect));
