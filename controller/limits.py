@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ConfigDict, Field, model_validator
 
 from controller.resource import ResourceModel, cel_rule
-from dispatcher.redis_client import RedisClient
+from dispatcher.redis_client import RedisClient, queue_get_raw
 from dispatcher.stream.limits import (
     MAX_RATE,
     MAX_SLOTS,
@@ -89,7 +89,7 @@ async def publish_limits(
         return
     pipe = client.pipeline(transaction=False)
     for queue in wanted:
-        pipe.get(limits_key(queue))
+        queue_get_raw(pipe, limits_key(queue))  # bytes: not UTF-8 is rewritten, not a crash
     found = dict(zip(wanted, await pipe.execute(), strict=True))
     for queue, limits in limits_to_write(wanted, found).items():
         await client.set(limits_key(queue), limits.to_json())

@@ -20,7 +20,7 @@ from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
 
-from dispatcher.redis_client import RedisClient, connect_redis
+from dispatcher.redis_client import RedisClient, connect_redis, queue_get_raw
 from dispatcher.stream.naming import SHARDS_KEY, SHARDS_OWNER_KEY, WORKER_GROUP, task_stream
 from dispatcher.stream.shard_count import InvalidShardCount, parse_shard_count
 
@@ -77,7 +77,7 @@ async def _pipelined_once(
 ) -> tuple[int | None, Any, dict[str, tuple[int, int]]]:
     streams = [task_stream(q, s) for q in queues for s in range(shards)]
     pipe: Any = client.pipeline(transaction=False)
-    pipe.get(SHARDS_KEY)
+    queue_get_raw(pipe, SHARDS_KEY)  # bytes: not UTF-8 is an invalid count, not a crash
     if marker:
         pipe.get(SHARDS_OWNER_KEY)
     else:

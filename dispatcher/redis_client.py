@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
+from redis.client import NEVER_DECODE
 from redis.exceptions import RedisError
 
 from dispatcher.config import ConfigError
@@ -23,12 +24,28 @@ __all__ = [
     "check_eviction_policy",
     "check_persistence",
     "connect_redis",
+    "get_raw",
+    "queue_get_raw",
     "server_infos",
 ]
 
 log = logging.getLogger(__name__)
 
 RedisClient = Redis | RedisCluster
+# A reply kept as bytes by a client that decodes: a control key may hold bytes that are not
+# UTF-8, which its reader must refuse as a value, not crash on (with the connection's reply).
+_RAW = {NEVER_DECODE: True}
+
+
+async def get_raw(client: RedisClient, key: str) -> bytes | None:
+    """``GET key`` as bytes (None if absent), whatever the client decodes."""
+    raw: bytes | None = await client.execute_command("GET", key, **_RAW)
+    return raw
+
+
+def queue_get_raw(pipe: Any, key: str) -> None:
+    """Queue ``GET key`` on a pipeline, its reply as bytes."""
+    pipe.execute_command("GET", key, **_RAW)
 
 
 def connect_redis(

@@ -23,7 +23,7 @@ from dispatcher.stream.naming import (
     TASK_STREAM_PREFIX,
     WORKER_GROUP,
 )
-from dispatcher.stream.shard_count import parse_shard_count
+from dispatcher.stream.shard_count import read_published_count
 from dispatcher.stream.stats import StreamStats, streams_stats
 
 __all__ = ["StatusReport", "gather_status", "render_text"]
@@ -49,6 +49,8 @@ class StatusReport:
     cancels_waiting: int = 0
     # Every queue with limits: the limits and their use now.
     limits: list[LimitUsage] = dataclasses.field(default_factory=list)
+    # Why composer:stream_shards cannot be read as a count (stream_shards is then None).
+    stream_shards_error: str | None = None
 
     @property
     def backpressure(self) -> bool:
@@ -81,14 +83,15 @@ async def gather_status(
     }
     async with pool.connection() as conn:
         relaying = await (await conn.execute(QUERIES["cancels_waiting"])).fetchone()
-    raw_shards = await redis.get(SHARDS_KEY)
+    shards, shards_error = await read_published_count(redis)
     infos = await server_infos(redis, "memory")
     ratios = [memory_ratio(info) for info in infos if int(info.get("maxmemory", 0) or 0)]
     return StatusReport(
         outbox={**{s: counts.by_status.get(s, 0) for s in STATUSES}, "IN_FLIGHT": counts.in_flight},
         oldest_pending_age_seconds=max(waiting) if waiting else None,
         dlq=counts.dlq,
-        stream_shards=None if raw_shards is None else parse_shard_count(raw_shards),
+        stream_shards=shards,
+        stream_shards_error=shards_error,
         group=group,
         streams=streams,
         dead_letters=dead,
@@ -124,7 +127,7 @@ def render_text(report: StatusReport) -> str:
         f"oldest pending: {'-' if age is None else f'{age:.1f} s'}",
         f"outbox_dlq: {report.dlq}",
         f"cancelled runs: {report.cancelled_runs} (not yet recorded: {report.cancels_waiting})",
-        f"{SHARDS_KEY}: {report.stream_shards or '(not set)'}",
+        f"{SHARDS_KEY}: {report.stream_shards or report.stream_shards_error or '(not set)'}",
         _memory_line(report),
         _persistence_line(report),
         "",

@@ -22,7 +22,11 @@ from dispatcher.config import Settings
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.discovery import ShardState, queue_shards, task_queues
 from dispatcher.stream.naming import SHARDS_KEY
-from dispatcher.stream.shard_count import REFRESH_EVERY, parse_shard_count, publish_shard_count
+from dispatcher.stream.shard_count import (
+    REFRESH_EVERY,
+    publish_shard_count,
+    read_published_count,
+)
 
 __all__ = ["register"]
 
@@ -92,15 +96,18 @@ def _describe(state: ShardState) -> str:
 
 async def _show(args: argparse.Namespace, settings: Settings) -> int:
     async with redis_client(settings) as client:
-        raw = await client.get(SHARDS_KEY)
-        if raw is None:
+        published, invalid = await read_published_count(client)
+        if invalid is not None:
+            shards = settings.stream_shards
+            print(f"shard count: INVALID ({invalid}); showing STREAM_SHARDS={shards}")
+        elif published is None:
             print(
                 f"shard count: not set ({SHARDS_KEY} absent; the first enqueuer writes "
                 f"STREAM_SHARDS={settings.stream_shards})"
             )
             shards = settings.stream_shards
         else:
-            shards = parse_shard_count(raw)
+            shards = published
             print(f"shard count: {shards} ({SHARDS_KEY})")
         for queue, states in (await _states(client, shards=shards, group=args.group)).items():
             print(f"queue {queue}:")
@@ -113,9 +120,9 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _set(args: argparse.Namespace, settings: Settings) -> int:
     async with redis_client(settings) as client:
-        before = await client.get(SHARDS_KEY)
+        published, invalid = await read_published_count(client)
         await publish_shard_count(client, args.count)
-        was = "(not set)" if before is None else str(before)
+        was = invalid or ("(not set)" if published is None else str(published))
         print(f"{SHARDS_KEY}: {was} -> {args.count}", flush=True)
         if args.no_wait:
             print("not waiting: removed shards drain as workers read them")

@@ -23,8 +23,9 @@ from typing import Any
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
+from redis.exceptions import ResponseError
 
-from dispatcher.redis_client import RedisClient
+from dispatcher.redis_client import RedisClient, get_raw
 from dispatcher.stream.naming import validate_queue
 
 __all__ = [
@@ -111,7 +112,10 @@ class QueueLimits(BaseModel):
 
 def parse_limits(raw: str | bytes, *, source: str) -> QueueLimits:
     """A queue's limits from the JSON of its key; ``InvalidLimits`` naming ``source`` else."""
-    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    try:
+        text = raw.decode() if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError:
+        raise InvalidLimits(f"{source} holds invalid limits (not UTF-8): {raw!r:.200}") from None
     try:
         return QueueLimits.model_validate_json(text)
     except pydantic.ValidationError as exc:
@@ -153,7 +157,10 @@ def queue_of_limits_key(key: str) -> str | None:
 async def read_limits(client: RedisClient, queue: str) -> QueueLimits | None:
     """The queue's limits; None when it has none. Raises ``InvalidLimits`` on a bad key."""
     key = limits_key(queue)
-    raw = await client.get(key)
+    try:
+        raw = await get_raw(client, key)
+    except ResponseError as exc:  # WRONGTYPE: a hash, a stream... written by hand
+        raise InvalidLimits(f"{key} cannot be read as limits: {exc}") from None
     return None if raw is None else parse_limits(raw, source=key)
 
 
@@ -209,17 +216,28 @@ async def read_usage(client: RedisClient, queue: str) -> LimitUsage:
         limits = await read_limits(client, queue)
     except InvalidLimits as exc:
         return LimitUsage(queue, None, 0, None, error=str(exc))
-    found = await client.zrangebyscore(alive_key(queue), now_ms, "+inf")
-    alive = [token if isinstance(token, str | bytes) else str(token) for token in found]
-    counts = await client.hmget(held_key(queue), alive) if alive else []
-    in_use = sum(int(count) for count in counts if count is not None and str(count).isdigit())
-    raw_tat = await client.get(tokens_key(queue))
+    try:  # raw: any bytes; a key of the wrong type counts nothing (a claim clears it)
+        in_use = await _slots_in_use(client, queue, now_ms)
+        raw_tat = await get_raw(client, tokens_key(queue))
+    except ResponseError:
+        in_use, raw_tat = 0, None
     try:
         tat = float(raw_tat) if raw_tat is not None else None
     except ValueError:
         tat = None  # garbage there is overwritten by the next claim; show a full bucket
     tokens = None if limits is None else tokens_left(limits, tat_ms=tat, now_ms=now_ms)
     return LimitUsage(queue, limits, in_use, tokens)
+
+
+async def _slots_in_use(client: RedisClient, queue: str, now_ms: float) -> int:
+    """The slots held by workers alive now, as the claims count them (numbers only)."""
+    alive = await client.execute_command(
+        "ZRANGEBYSCORE", alive_key(queue), now_ms, "+inf", NEVER_DECODE=True
+    )
+    if not alive:
+        return 0
+    counts = await client.execute_command("HMGET", held_key(queue), *alive, NEVER_DECODE=True)
+    return sum(int(count) for count in counts if count is not None and count.isdigit())
 
 
 def render_usage(usages: list[LimitUsage]) -> list[str]:

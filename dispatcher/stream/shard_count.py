@@ -13,10 +13,10 @@ import logging
 import time
 from collections.abc import Callable
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from dispatcher.outage import REDIS
-from dispatcher.redis_client import RedisClient
+from dispatcher.redis_client import RedisClient, get_raw
 from dispatcher.stream.naming import DEFAULT_SHARDS, SHARDS_KEY
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "ensure_shard_count",
     "parse_shard_count",
     "publish_shard_count",
+    "read_published_count",
     "read_shard_count",
 ]
 
@@ -41,7 +42,10 @@ class InvalidShardCount(ValueError):
 
 def parse_shard_count(raw: str | bytes | int, *, source: str = SHARDS_KEY) -> int:
     """Parse a shard count; raise ``InvalidShardCount`` with the source named."""
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    try:
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    except UnicodeDecodeError:
+        raise InvalidShardCount(f"{source} must be an integer >= 1, got {raw!r:.100}") from None
     try:
         value = int(text.strip())
     except ValueError:
@@ -92,7 +96,7 @@ async def read_shard_count(
     fallback: reading the wrong number of shards would strand messages.
     """
     global _warned_unset
-    raw = await client.get(SHARDS_KEY)
+    raw = await _get_count(client)
     if raw is None:
         shards = fallback if fallback is not None else DEFAULT_SHARDS
         # Read every few seconds by every process: say it once, not on every refresh.
@@ -106,12 +110,35 @@ async def read_shard_count(
     return parse_shard_count(raw)
 
 
+async def read_published_count(client: RedisClient) -> tuple[int | None, str | None]:
+    """What the key holds, for a report: the count (None if unset), or why it is invalid."""
+    try:
+        raw = await _get_count(client)
+        return (None if raw is None else parse_shard_count(raw)), None
+    except InvalidShardCount as exc:
+        return None, str(exc)
+
+
+async def _get_count(client: RedisClient) -> bytes | None:
+    """The key's value as bytes; ``InvalidShardCount`` if it is not a string."""
+    try:
+        return await get_raw(client, SHARDS_KEY)
+    except ResponseError as exc:
+        if "WRONGTYPE" not in str(exc):
+            raise
+        raise InvalidShardCount(f"{SHARDS_KEY} must be an integer >= 1, not a {exc}") from None
+
+
 class LiveShardCount:
     """The count in force, read at most every ``refresh_every`` seconds.
 
-    A failed or invalid read keeps the last good value (and says so); with no
-    good value yet it raises, so the caller fails its publish and retries
-    instead of routing by a guess.
+    A failed read keeps the last good value (and says so); with no good value
+    yet it raises, so the caller fails its publish and retries. An invalid value
+    (not an integer >= 1, not UTF-8, a key of another type) keeps the last good
+    value too, or else is the fallback (``STREAM_SHARDS``): the workers read the
+    shard streams of their count and any other that holds work, so nothing
+    routed by it is stranded, and a bad key written by hand must not stop every
+    queue. Said once per bad value.
     """
 
     def __init__(
@@ -128,6 +155,7 @@ class LiveShardCount:
         self._clock = clock
         self._value: int | None = None
         self._next_read = 0.0
+        self._invalid: str | None = None  # the bad value said last
 
     def fresh(self) -> int | None:
         """The count in force if it was read lately, else None (``current`` reads it)."""
@@ -140,21 +168,24 @@ class LiveShardCount:
             return self._value
         self._next_read = now + self.refresh_every
         try:
-            raw = await self._client.get(SHARDS_KEY)
+            raw = await _get_count(self._client)
+            REDIS.ok()
+            value = self.store(raw)
+        except InvalidShardCount as exc:
+            kept = self._value if self._value is not None else self._fallback
+            if str(exc) != self._invalid:
+                self._invalid = str(exc)
+                log.warning("%s; routing by %d shards, the count in force, until it is", exc, kept)
+            self._value = kept
+            return kept
         except (RedisError, OSError) as exc:
             if self._value is None:
                 raise
             if not REDIS.failed(exc, what="refreshing the shard count"):
                 log.warning("cannot refresh the shard count, keeping %d: %s", self._value, exc)
             return self._value
-        REDIS.ok()
-        try:
-            return self.store(raw)
-        except InvalidShardCount as exc:
-            if self._value is None:
-                raise
-            log.warning("cannot refresh the shard count, keeping %d: %s", self._value, exc)
-            return self._value
+        self._invalid = None
+        return value
 
     def store(self, raw: str | bytes | int | None) -> int:
         """Take ``raw`` (the key's value, None if absent) as read now; the count in force.

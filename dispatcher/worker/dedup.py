@@ -89,6 +89,19 @@ local function parse(value)
   end
   return tonumber(value) or 0, nil, nil
 end
+-- redis.call(...) on ``key``, one of ours: if it holds another type (written by hand or by
+-- a handler, never by us), it is garbage and goes, and the call is made again.
+local function on(key, ...)
+  local reply = redis.pcall(...)
+  if type(reply) == 'table' and reply.err then
+    if not string.find(reply.err, 'WRONGTYPE', 1, true) then
+      error(reply)
+    end
+    redis.call('del', key)
+    return redis.call(...)
+  end
+  return reply
+end
 """
 # ARGV: token, lease TTL ms, attempt TTL ms. One integer per attempt: 0 done, -1 busy
 # (a run holds the lease), n > 0 the lease is now ours and this is run n.
@@ -98,7 +111,7 @@ _CLAIM = (
 local lease = '|' .. ARGV[1] .. '|' .. string.format('%d', now + tonumber(ARGV[2]))
 local found = {}
 for i = 1, #KEYS do
-  local was = redis.call('set', KEYS[i], '1' .. lease, 'NX', 'GET', 'PX', ARGV[3])
+  local was = on(KEYS[i], 'set', KEYS[i], '1' .. lease, 'NX', 'GET', 'PX', ARGV[3])
   if not was then
     found[i] = 1
   elseif was == 'done' then
@@ -123,7 +136,7 @@ _LET_GO = (
     _PRELUDE
     + """
 for i = 1, #KEYS do
-  local value = redis.call('get', KEYS[i])
+  local value = on(KEYS[i], 'get', KEYS[i])
   if value then
     local runs, holder = parse(value)
     if holder == ARGV[1] then
@@ -143,7 +156,7 @@ return 0
 _RENEW = (
     _PRELUDE
     + """
-local value = redis.call('get', KEYS[1])
+local value = on(KEYS[1], 'get', KEYS[1])
 if not value then
   return 0
 end

@@ -55,23 +55,34 @@ local function limits_open(n, first)
   L.interval = tonumber(ARGV[first + 3])
   L.tolerance = L.interval * tonumber(ARGV[first + 4])
   local freed = tonumber(ARGV[first + 5])
-  local ends = tonumber(redis.call('zscore', L.alive, L.token))
+  local ends = tonumber(on(L.alive, 'zscore', L.alive, L.token))
   if freed > 0 and ends and ends > now then
-    if redis.call('hincrby', L.held, L.token, -freed) < 0 then
-      redis.call('hset', L.held, L.token, 0)
+    local mine = tonumber(on(L.held, 'hget', L.held, L.token)) or 0
+    redis.call('hset', L.held, L.token, math.max(mine - freed, 0))
+  end
+  -- Slots count while their worker's end lies ahead, and no further ahead than a worker
+  -- pushes it (a slot TTL, three of them at most across workers of other settings): an
+  -- end past that, or a count that is not a count, was written by no worker and goes.
+  local horizon = now + L.ttl * 3
+  local live = {}
+  for _, token in ipairs(redis.call('zrangebyscore', L.alive, now, string.format('%d', horizon))) do
+    live[token] = true
+  end
+  redis.call('zremrangebyscore', L.alive, '-inf', string.format('(%d', now))
+  redis.call('zremrangebyscore', L.alive, string.format('(%d', horizon), '+inf')
+  L.in_use = 0
+  local held = on(L.held, 'hgetall', L.held)
+  for i = 1, #held, 2 do
+    local count = tonumber(held[i + 1])
+    if live[held[i]] and count and count >= 0 and count <= 1e9 then
+      L.in_use = L.in_use + math.floor(count)
+    else
+      redis.call('hdel', L.held, held[i])
     end
   end
-  for _, gone in ipairs(redis.call('zrangebyscore', L.alive, '-inf', now)) do
-    redis.call('hdel', L.held, gone)
-    redis.call('zrem', L.alive, gone)
-  end
-  L.in_use = 0
-  for _, count in ipairs(redis.call('hvals', L.held)) do
-    L.in_use = L.in_use + tonumber(count)
-  end
-  L.tat = tonumber(redis.call('get', L.tat_key)) or 0
-  if L.tat < now then
-    L.tat = now
+  L.tat = tonumber(on(L.tat_key, 'get', L.tat_key)) or 0
+  if L.tat < now or L.tat > now + L.tolerance + L.interval then
+    L.tat = now  -- not a number, or further ahead than a claim puts it: as if absent
   end
   local room = 1e9
   if L.max > 0 then
@@ -84,7 +95,8 @@ local function limits_open(n, first)
 end
 local function limits_close(taken)
   if taken > 0 then
-    redis.call('hincrby', L.held, L.token, taken)
+    local mine = tonumber(redis.call('hget', L.held, L.token)) or 0
+    redis.call('hset', L.held, L.token, mine + taken)
     redis.call('zadd', L.alive, now + L.ttl, L.token)
     redis.call('pexpire', L.held, L.ttl * 3)
     redis.call('pexpire', L.alive, L.ttl * 3)
@@ -118,9 +130,9 @@ local found = {}
 for i = 1, n do
   local was
   if taken < room then
-    was = redis.call('set', KEYS[i], '1' .. lease, 'NX', 'GET', 'PX', ARGV[2])
+    was = on(KEYS[i], 'set', KEYS[i], '1' .. lease, 'NX', 'GET', 'PX', ARGV[2])
   else
-    was = redis.call('get', KEYS[i])
+    was = on(KEYS[i], 'get', KEYS[i])
   end
   if not was and taken < room then
     found[i], taken = 1, taken + 1
@@ -175,13 +187,13 @@ _RENEW = (
     + """
 local held, alive, token, ttl = KEYS[1], KEYS[2], ARGV[1], tonumber(ARGV[2])
 if tonumber(ARGV[3]) > 0 then
-  redis.call('hset', held, token, ARGV[3])
-  redis.call('zadd', alive, now + ttl, token)
+  on(held, 'hset', held, token, ARGV[3])
+  on(alive, 'zadd', alive, now + ttl, token)
   redis.call('pexpire', held, ttl * 3)
   redis.call('pexpire', alive, ttl * 3)
 else
-  redis.call('hdel', held, token)
-  redis.call('zrem', alive, token)
+  on(held, 'hdel', held, token)
+  on(alive, 'zrem', alive, token)
 end
 return 0
 """

@@ -2,7 +2,8 @@
 
 ``LimitGate`` reads each of the worker's queues' limits key every
 ``REFRESH_EVERY`` seconds (``dispatcher.stream.limits``); a key that cannot
-be read as limits keeps the last good value, with a warning. For a queue
+be read as limits (not UTF-8, not JSON, not numbers, a key of another type)
+keeps the last good value, with a warning once per change. For a queue
 with limits, the claim of a read batch goes through ``LimitScripts`` (a slot
 and a token per run, in the same round trip as the leases, joined across
 concurrent batches); the entries that found no room wait in the
@@ -29,7 +30,7 @@ from redis.exceptions import NoPermissionError, RedisError
 from dispatcher.models import MalformedMessage, TaskMessage
 from dispatcher.observability import PrefixedMetrics
 from dispatcher.outage import REDIS
-from dispatcher.redis_client import RedisClient
+from dispatcher.redis_client import RedisClient, queue_get_raw
 from dispatcher.stream.entries import Message
 from dispatcher.stream.limits import (
     REFRESH_EVERY,
@@ -223,7 +224,7 @@ class LimitGate:
         """Read every queue's limits key once."""
         pipe = self._client.pipeline(transaction=False)
         for queue in self._queues:
-            pipe.get(limits_key(queue))
+            queue_get_raw(pipe, limits_key(queue))  # bytes: not UTF-8 is invalid, not a crash
         try:
             raws = await pipe.execute(raise_on_error=False)
         except (RedisError, OSError) as exc:
@@ -243,7 +244,7 @@ class LimitGate:
             self._warn(queue, f"cannot read {key}; limits kept as they were: {raw}")
             return
         try:
-            limits = None if raw is None else parse_limits(_text(raw), source=key)
+            limits = None if raw is None else parse_limits(_raw(raw), source=key)
         except InvalidLimits as exc:
             self._warn(queue, f"{exc}; limits kept as they were")
             return
@@ -276,5 +277,5 @@ class LimitGate:
                 log.warning("cannot renew slots: %s", exc, extra={"queue": queue})
 
 
-def _text(raw: object) -> str | bytes:
+def _raw(raw: object) -> str | bytes:
     return raw if isinstance(raw, str | bytes) else str(raw)

@@ -26,8 +26,8 @@ from dispatcher.outage import REDIS
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.consumer import RedisStreamConsumer
 from dispatcher.stream.discovery import existing_shards
-from dispatcher.stream.naming import parse_task_stream, queue_streams, task_stream
-from dispatcher.stream.shard_count import read_shard_count
+from dispatcher.stream.naming import DEFAULT_SHARDS, parse_task_stream, queue_streams, task_stream
+from dispatcher.stream.shard_count import InvalidShardCount, read_shard_count
 from dispatcher.stream.stats import stream_stats
 from dispatcher.worker.config import WorkerConfig
 from dispatcher.worker.limits import LimitGate
@@ -59,10 +59,11 @@ class WorkerStreams:
     limits: LimitGate | None = None
     readers: dict[str, StreamReader] = field(default_factory=dict)
     shards: int = 0
+    invalid_count: str | None = None  # the bad shard count said last
 
     async def start(self) -> int:
         """Read the streams of the current count and the left-over ones; the count."""
-        shards = await read_shard_count(self.client, fallback=self.config.shards)
+        shards = await self._read_count(in_force=False)
         await self.grow_to(shards)
         await self.discover()
         return shards
@@ -73,9 +74,7 @@ class WorkerStreams:
         while not await self._stopped_within(self.config.shard_poll_interval):
             polls += 1
             try:
-                shards = await read_shard_count(
-                    self.client, fallback=self.shards, fallback_in_force=True
-                )
+                shards = await self._read_count(in_force=True)
                 if shards != self.shards:
                     log.info("shard count changed from %d to %d", self.shards, shards)
                 dropped = shards < self.shards
@@ -85,6 +84,23 @@ class WorkerStreams:
             except (RedisError, OSError, ValueError) as exc:
                 if not REDIS.failed(exc, what="refreshing the shard count"):
                     log.warning("cannot refresh the shard count: %s", exc)
+
+    async def _read_count(self, *, in_force: bool) -> int:
+        """The published count; while it is invalid, the count in force (at start, the
+        configured one), said once per bad value: the left-over streams are read anyway."""
+        fallback = self.shards if in_force else self.config.shards
+        try:
+            shards = await read_shard_count(
+                self.client, fallback=fallback, fallback_in_force=in_force
+            )
+        except InvalidShardCount as exc:
+            shards = fallback or DEFAULT_SHARDS
+            if str(exc) != self.invalid_count:
+                self.invalid_count = str(exc)
+                log.warning("%s; reading %d shards and any other that holds work", exc, shards)
+            return shards
+        self.invalid_count = None
+        return shards
 
     async def grow_to(self, shards: int) -> None:
         """Start reading the streams of ``shards`` shards that are not read yet."""

@@ -36,7 +36,7 @@ def test_a_limits_key_round_trips() -> None:
         ('{"max_in_flight": 1.5}', "max_in_flight"),
         ('{"max": 3}', "max: Extra inputs are not permitted"),
         ("not json", "Invalid JSON"),
-        (b"\xff\xfe", "Invalid JSON"),
+        (b"\xff\xfe", "not UTF-8"),
         ("[]", "Input should be an object"),
     ],
 )
