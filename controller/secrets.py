@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from controller.k8s import KubeApi, SecretMissing
 from controller.model import SecretRef
+from dispatcher.logs import hide
 
 __all__ = ["SecretCache"]
 
@@ -73,8 +74,10 @@ def _decode(data: dict[str, str], *, namespace: str, ref: SecretRef) -> str:
     if encoded is None:
         raise SecretMissing(f"Secret {namespace}/{ref.name} has no key {ref.key!r}")
     try:
-        return base64.b64decode(encoded, validate=True).decode("utf-8").strip()
+        value = base64.b64decode(encoded, validate=True).decode("utf-8").strip()
     except (binascii.Error, UnicodeDecodeError):
         raise SecretMissing(
             f"Secret {namespace}/{ref.name} key {ref.key!r} is not valid UTF-8 text"
         ) from None
+    hide(value, encoded)  # never in a log line, whoever would write it
+    return value

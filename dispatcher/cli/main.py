@@ -28,7 +28,7 @@ from dispatcher.config import (
     ConfigError,
     Settings,
 )
-from dispatcher.logs import configure_logging
+from dispatcher.logs import configure_logging, hide
 from dispatcher.outbox.schema import SchemaNotReady
 
 __all__ = ["Common", "UsageError", "main"]
@@ -118,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = settings_from(args)
         configure_logging(settings.log_level, settings.log_format)
+        urls = (settings.database_url, settings.redis_url)
+        hide(*(url.get_secret_value() for url in urls if url), whole=False)
         result = handler(args, settings)
         if asyncio.iscoroutine(result):
             result = asyncio.run(result)
