@@ -7,14 +7,16 @@ it has.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
 from redis.client import NEVER_DECODE
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeout
 
-from dispatcher.config import ConfigError
+from dispatcher.config import CONNECT_TIMEOUT, ConfigError
 from dispatcher.redis_connection import packing_class
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "check_eviction_policy",
     "check_persistence",
     "connect_redis",
+    "first_answer",
     "get_raw",
     "queue_get_raw",
     "server_infos",
@@ -86,6 +89,20 @@ def connect_redis(
     pool = client.connection_pool
     pool.connection_class = packing_class(pool.connection_class)
     return client
+
+
+async def first_answer(client: RedisClient, *, within: float = CONNECT_TIMEOUT) -> None:
+    """A ``PING`` answered within ``within`` seconds, else ``redis.exceptions.TimeoutError``.
+
+    A server that accepts and never answers would hold a client without a read timeout
+    for ever, and one with a timeout for each of redis-py's retries: the first round trip
+    of a command or a start-up is bounded here, once.
+    """
+    try:
+        async with asyncio.timeout(within):
+            await client.ping()
+    except TimeoutError:
+        raise RedisTimeout(f"no answer within {within:g} s") from None
 
 
 async def server_infos(client: RedisClient, section: str) -> list[dict[str, Any]]:

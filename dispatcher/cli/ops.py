@@ -18,7 +18,7 @@ from dispatcher.cli.main import Common, UsageError
 from dispatcher.config import Settings
 from dispatcher.options import option_of
 from dispatcher.outbox.queries import QUERIES
-from dispatcher.redis_client import RedisClient, connect_redis
+from dispatcher.redis_client import RedisClient, connect_redis, first_answer
 from dispatcher.replay import ReplayError, replay_dead_stream, replay_outbox_dlq
 from dispatcher.status import gather_status, render_text
 from dispatcher.stream.naming import InvalidQueueName, dead_letter_stream, validate_queue
@@ -32,6 +32,7 @@ __all__ = ["REPORT_GROUP", "redis_client", "register_dlq", "register_status"]
 async def redis_client(settings: Settings) -> AsyncIterator[RedisClient]:
     client = connect_redis(settings.redis_url.get_secret_value(), cluster=settings.redis_cluster)
     try:
+        await first_answer(client)  # a silent server: one line after the connect timeout
         yield client
     finally:
         await client.aclose()

@@ -21,7 +21,12 @@ from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.pooler import require_session_pooling
 from dispatcher.outbox.repository import ENQUEUER_SESSION, OutboxRepository, enqueuer_pool
 from dispatcher.outbox.schema import migrate, require_schema
-from dispatcher.redis_client import check_eviction_policy, check_persistence, connect_redis
+from dispatcher.redis_client import (
+    check_eviction_policy,
+    check_persistence,
+    connect_redis,
+    first_answer,
+)
 from dispatcher.startup import run_when_up
 from dispatcher.stream.naming import WORKER_GROUP
 from dispatcher.stream.publisher import RedisStreamPublisher
@@ -111,6 +116,7 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
         await pool.open(wait=True, timeout=15)
         async with pool.connection() as conn:  # before any Redis write
             await require_schema(conn)
+        await first_answer(redis)  # a silent server fails this try in the connect timeout
         await check_eviction_policy(redis)
         await check_persistence(redis, require=settings.require_aof)
         if await ensure_shard_count(redis, settings.stream_shards):

@@ -15,7 +15,12 @@ from dispatcher.cli.flags import add_options, option_values
 from dispatcher.cli.main import Common, UsageError
 from dispatcher.config import CONNECT_TIMEOUT, METRICS_PORT, REQUIRE_AOF, STREAM_SHARDS, Settings
 from dispatcher.options import Option, options
-from dispatcher.redis_client import check_eviction_policy, check_persistence, connect_redis
+from dispatcher.redis_client import (
+    check_eviction_policy,
+    check_persistence,
+    connect_redis,
+    first_answer,
+)
 from dispatcher.startup import run_when_up
 from dispatcher.worker import (
     Handler,
@@ -112,7 +117,7 @@ async def _serve(settings: Settings, handler: Handler, config: WorkerConfig) -> 
         # The client's sockets have no read timeout (XREADGROUP blocks on them): bound the
         # start-up round trips here, so a Redis that accepts and never answers fails them.
         async with asyncio.timeout(CONNECT_TIMEOUT):
-            await client.ping()
+            await first_answer(client)
             await check_eviction_policy(client)
             await check_persistence(client, require=settings.require_aof)
         return Worker(client, handler, config, registry=REGISTRY)
