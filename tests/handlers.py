@@ -53,6 +53,11 @@ def exclusive(message: TaskMessage) -> None:
     client.rpush(key, f"done:{message.task_id}")
 
 
+async def exclusive_blocking(message: TaskMessage) -> None:
+    """``exclusive``, from an async handler: its sleep blocks the event loop (the mistake)."""
+    exclusive(message)
+
+
 def _alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
     try:

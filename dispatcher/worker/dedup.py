@@ -212,6 +212,18 @@ class AttemptGuard:
         self._cluster = isinstance(client, RedisCluster)
 
     @property
+    def client(self) -> RedisClient:
+        return self._client
+
+    def on(self, client: RedisClient) -> AttemptGuard:
+        """This guard's leases (same token and TTLs) through another client."""
+        twin = AttemptGuard(
+            client, owner="", lease_ttl_ms=self.lease_ttl_ms, done_ttl_ms=self.done_ttl_ms
+        )
+        twin._token = self._token
+        return twin
+
+    @property
     def token(self) -> str:
         """What the values of the leases this guard holds name as their holder."""
         return self._token

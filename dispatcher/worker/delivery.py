@@ -253,12 +253,16 @@ class Deliveries:
         """Start the handler inline; None once it finished (its outcome is noted in ``batch``)."""
         message = batch.messages[index]
         started = time.perf_counter()
+        leases = self.calls.leases
+        leases.inline = task.dedup_key  # held by no keeper entry: a blocked loop renews it
         try:
             suspended = start(self.calls.handler, task)
         except BaseException as exc:  # SystemExit too: the handler's, not the worker's
+            leases.inline = None
             failure = failure_of(exc)
             batch.later.append(self.verdicts.failed(batch.reader, message, task, failure, run=run))
         else:
+            leases.inline = None
             if suspended is not None:
                 batch.slot, batch.waited = False, True  # the slot stays with the handler
                 return _Waiting(suspended, started, index)

@@ -53,9 +53,16 @@ class LeaseKeeper:
         self._entry_period = reclaim_idle / 3
         self._held: dict[int, _Held] = {}
         self._handles = itertools.count()
+        # The attempt whose async handler runs its first step inline now (``delivery.py``):
+        # no keeper entry holds it, but a loop it blocks must not let its lease lapse.
+        self.inline: str | None = None
 
     def __len__(self) -> int:
         return len(self._held)
+
+    @property
+    def guard(self) -> AttemptGuard:
+        return self._guard
 
     def hold(
         self, dedup_key: str, consumer: RedisStreamConsumer | None = None, entry_id: str = ""
@@ -68,7 +75,15 @@ class LeaseKeeper:
 
     def dedup_keys(self) -> list[str]:
         """The attempts whose leases are kept now (the runs in progress), in the order taken."""
-        return list(dict.fromkeys(held.dedup_key for held in self._held.values()))
+        # list() first: one step under the GIL, so another thread may read it (side_renewal.py)
+        return list(dict.fromkeys(held.dedup_key for held in list(self._held.values())))
+
+    def running_keys(self) -> list[str]:
+        """``dedup_keys`` and the inline run's: every lease a blocked loop must keep (read
+        from another thread: ``side_renewal.py``)."""
+        inline = self.inline
+        keys = self.dedup_keys()
+        return keys if inline is None or inline in keys else [*keys, inline]
 
     def let_entry_go(self, handle: int) -> None:
         """Keep the lease but no longer the entry: it may be reclaimed after reclaim-idle."""

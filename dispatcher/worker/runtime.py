@@ -47,6 +47,7 @@ from dispatcher.worker.limits import LimitGate
 from dispatcher.worker.metrics import WorkerMetrics
 from dispatcher.worker.reader import StreamReader
 from dispatcher.worker.settle import Settler
+from dispatcher.worker.side_renewal import SideRenewal
 from dispatcher.worker.slots import SlotPool
 from dispatcher.worker.stalls import LoopWatch
 from dispatcher.worker.streams import WorkerStreams
@@ -102,10 +103,14 @@ class Worker:
         self._deliveries = self._make_deliveries()
         self._streams.limits = self._limits
         self._limits_task: asyncio.Task[None] | None = None
+        calls = self._deliveries.calls
+        self._side = SideRenewal(calls.leases.guard, held=calls.leases.running_keys)
         self._watch = LoopWatch(
             threshold=config.lease_ttl / 3,
-            what="the leases of runs in progress are not renewed meanwhile, and past "
-            f"--lease-ttl ({config.lease_ttl:g}s) another worker may run the same attempts",
+            what="the leases of runs in progress are renewed from a thread meanwhile, but the "
+            "entries in hand go stale (another worker may reclaim them, and leaves them "
+            "pending) and nothing else of this worker runs",
+            while_stalled=self._side.renew,
         )
 
     # -- public surface -------------------------------------------------------
@@ -179,6 +184,7 @@ class Worker:
             # the caller ends the process (``abandoned``).
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._watch.stop()
+            self._side.close()
             log.info("worker stopped", extra={"consumer": self.config.consumer})
 
     # -- start-up -------------------------------------------------------------

@@ -7,9 +7,10 @@ may run the same attempts beside it. The loop cannot report its own stall
 while it lasts, so a thread of its own does: once the loop has not answered
 for longer than ``threshold`` (a third of the lease TTL: the keeper renews a
 lease about that old) it logs one WARNING naming the task holding the loop,
-and one more when the loop runs again. Renewing from this thread instead
-would hide the mistake, not mend it: the entries in hand would go stale and
-nothing else on the loop would run.
+and one more when the loop runs again. Meanwhile it calls ``while_stalled``
+every ``threshold`` (the worker renews its leases from here, ``side_renewal.py``,
+so no other worker starts the attempts; the warning stays: the entries in
+hand go stale and nothing else on the loop runs).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 __all__ = ["LoopWatch"]
 
@@ -27,8 +29,12 @@ log = logging.getLogger(__name__)
 class LoopWatch:
     """Warns while the event loop it watches does not answer for more than ``threshold`` s."""
 
-    def __init__(self, *, threshold: float, what: str) -> None:
+    def __init__(
+        self, *, threshold: float, what: str, while_stalled: Callable[[], None] | None = None
+    ) -> None:
         self._threshold = threshold
+        self._while_stalled = while_stalled
+        self._acted = 0.0  # when while_stalled last ran
         self._what = what  # what the stall puts at risk, for the warning
         self._beat = time.monotonic()
         self._stalled_since: float | None = None  # the last beat before a stall warned of
@@ -68,7 +74,11 @@ class LoopWatch:
         """In the thread: warn once per stall, while it lasts."""
         while not self._stop.wait(self._threshold / 4):
             beat = self._beat
-            silent = time.monotonic() - beat
+            now = time.monotonic()
+            silent = now - beat
+            if silent > self._threshold and now - self._acted >= self._threshold:
+                self._acted = now
+                self._act()
             if silent <= self._threshold or self._stalled_since == beat:
                 continue
             self._stalled_since = beat
@@ -80,6 +90,14 @@ class LoopWatch:
                 _running_task(loop),
                 self._what,
             )
+
+    def _act(self) -> None:
+        if self._while_stalled is None:
+            return
+        try:
+            self._while_stalled()
+        except Exception:  # the watch goes on whatever the action did
+            log.exception("acting on a blocked event loop failed")
 
 
 def _running_task(loop: asyncio.AbstractEventLoop) -> str:
