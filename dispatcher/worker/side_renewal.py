@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Callable, Sequence
 
 from redis.asyncio import ConnectionPool, Redis, RedisCluster
@@ -62,14 +63,22 @@ class SideRenewal:
             return sum([await self._twin.renew(key) for key in keys])
 
     def close(self) -> None:
-        """Close the connection and loop (from any thread, once the watch has stopped)."""
-        if self._loop is None:
-            return
-        if self._twin is not None:
-            with contextlib.suppress(Exception):
-                self._loop.run_until_complete(self._twin.client.aclose())
-        self._loop.close()
+        """Close the connection and loop, once the watch has stopped: in a thread of their
+        own, since the caller's thread runs the worker's loop."""
+        loop, twin = self._loop, self._twin
         self._loop = self._twin = None
+        if loop is None:
+            return
+
+        def shut() -> None:
+            if twin is not None:
+                with contextlib.suppress(Exception):
+                    loop.run_until_complete(twin.client.aclose())
+            loop.close()
+
+        closing = threading.Thread(target=shut, name="side renewal close", daemon=True)
+        closing.start()
+        closing.join(timeout=5)
 
 
 def _own_client(client: RedisClient, *, timeout: float) -> RedisClient:
