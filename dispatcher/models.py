@@ -10,6 +10,7 @@ into a ``TaskMessage``. Pure code, no I/O.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ __all__ = [
 ]
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _STRING_FIELDS = ("task_id", "run_id", "workflow_id", "node_id", "node_type", "queue", "input")
 
 
@@ -36,7 +38,8 @@ class TaskDispatch(BaseModel):
 
     ``input`` is the task's resolved input as JSON text (any JSON value); it
     travels as one string field, as written, and the worker decodes it. No
-    string field may hold a NUL character (the error names the field).
+    string field may hold a NUL character or a lone surrogate (the error names the field):
+    PostgreSQL would refuse them, aborting the caller's transaction.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -59,6 +62,8 @@ class TaskDispatch(BaseModel):
         # transaction untouched, rather than by the server, which aborts the transaction.
         if "\x00" in value:
             raise ValueError("must not contain NUL (\\x00) characters")
+        if not value.isascii() and _SURROGATE.search(value):  # not UTF-8: no server takes them
+            raise ValueError("must not contain lone surrogates (U+D800 to U+DFFF)")
         return value
 
     @field_validator("queue")

@@ -36,6 +36,7 @@ from dispatcher.tracing import current_trace_fields
 __all__ = ["enqueue_dispatch", "enqueue_dispatch_async"]
 
 TASK_EXECUTION = "TASK_EXECUTION"
+_INT32_MAX = 2**31 - 1
 
 SyncTarget = psycopg.Connection[Any] | psycopg.Cursor[Any]
 AsyncTarget = psycopg.AsyncConnection[Any] | psycopg.AsyncCursor[Any]
@@ -50,6 +51,10 @@ def _statement(
 ) -> tuple[str, dict[str, Any]]:
     if not_before is not None and not_before.tzinfo is None:
         raise ValueError("not_before must be timezone-aware (e.g. datetime.now(UTC))")
+    for name, value in (("max_retries", max_retries), ("backoff_seconds", backoff_seconds)):
+        # integer columns: what PostgreSQL refuses would abort the caller's transaction
+        if type(value) is not int or not 0 <= value <= _INT32_MAX:
+            raise ValueError(f"{name} must be an integer from 0 to {_INT32_MAX}, got {value!r}")
     if shards is not None:
         warnings.warn(
             "enqueue_dispatch(shards=...) is ignored: the enqueuer picks the shard when it "
