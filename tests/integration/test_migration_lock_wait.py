@@ -61,3 +61,32 @@ async def test_migration_retries_past_an_open_transaction_and_inserts_go_on(
     async with await psycopg.AsyncConnection.connect(url) as conn:
         ids = await (await conn.execute("SELECT id FROM outbox ORDER BY id")).fetchall()
     assert ids == [("during",), ("open",)]
+
+
+@pytest.mark.parametrize("start", [2, 3], ids=["from-0002", "from-0003"])
+async def test_an_upgrade_from_an_older_schema_bounds_its_first_lock_wait(
+    empty_db_url: str, monkeypatch: pytest.MonkeyPatch, start: int
+) -> None:
+    """0003 and 0004 drop an index of the outbox: from a schema before them, that lock wait
+    is bounded too (lock_timeout), not left to the statement timeout or for ever."""
+    url = empty_db_url
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        with monkeypatch.context() as patch:
+            older = [m for m in available_migrations() if m.version <= start]
+            patch.setattr(schema, "available_migrations", lambda: older)
+            await migrate(conn)
+    app = await psycopg.AsyncConnection.connect(url)  # a business transaction, left open
+    await app.execute(INSERT, ("open",))
+    guard = "-c statement_timeout=30s"  # a wait this long means lock_timeout bounded nothing
+    try:
+        async with await psycopg.AsyncConnection.connect(
+            url, autocommit=True, options=guard
+        ) as mig:
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                await migrate(mig, attempts=1)
+        await app.commit()
+    finally:
+        await app.close()
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as mig:
+        applied = await migrate(mig, attempts=1)
+    assert applied[0].version == start + 1

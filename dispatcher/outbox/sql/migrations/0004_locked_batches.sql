@@ -14,6 +14,13 @@
 -- never settled: maintenance counts an attempt for its rows (dead-lettering the exhausted).
 -- UNLOGGED: no WAL for this bookkeeping; after a PostgreSQL crash it is empty, which only
 -- forgets the attempts of the batches open at that moment.
+--
+-- Bounded lock waits (added later, for databases still upgrading from before it): DROP INDEX
+-- takes the table's ACCESS EXCLUSIVE lock, and the application's INSERTs queue behind its
+-- request while it waits; past lock_timeout (5 s) the run fails, changes nothing, and
+-- `dispatcher migrate` tries again. The setting is put back at the end.
+SELECT set_config('outbox.lock_timeout_before_0004', current_setting('lock_timeout'), true);
+SET LOCAL lock_timeout = '5s';
 CREATE UNLOGGED TABLE IF NOT EXISTS outbox_batches (
     token      UUID PRIMARY KEY,
     xact       xid8 NOT NULL,
@@ -29,3 +36,5 @@ UPDATE outbox
        updated_at = now()
  WHERE status = 'IN_FLIGHT';
 DROP INDEX IF EXISTS idx_outbox_in_flight;
+
+SELECT set_config('lock_timeout', current_setting('outbox.lock_timeout_before_0004'), true);
