@@ -128,6 +128,7 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
             listen_conninfo=None if args.no_listen else dsn,
             shard_count=LiveShardCount(redis, fallback=settings.stream_shards),
             registry=REGISTRY,
+            require_aof=settings.require_aof,
         )
 
     try:

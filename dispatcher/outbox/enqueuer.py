@@ -15,7 +15,8 @@ turn (the idle dispatch's latency); one that finds a batch running wakes the
 loop, so a flood of hints costs no more claims than one.
 
 Above a high mark of Redis memory (``RedisMemoryGate``) it claims nothing and
-rows wait in the outbox, uncharged, until workers have made room.
+rows wait in the outbox, uncharged, until workers have made room; so too while
+Redis runs without AOF under ``--require-aof`` (``AofWatch``).
 
 Committed cancels of runs go to Redis for the workers in a loop of their own
 (``CancelRelay``). A maintenance loop (``Maintenance``) reads the journal of batches that never
@@ -35,6 +36,7 @@ from prometheus_client import CollectorRegistry
 
 from dispatcher.outbox.backpressure import MemoryMarks, RedisMemoryGate
 from dispatcher.outbox.cancel_relay import CancelRelay
+from dispatcher.outbox.durability import AofWatch
 from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.idle_flag import IdleFlag
 from dispatcher.outbox.listener import NotificationHints, OutboxListener
@@ -77,12 +79,14 @@ class OutboxEnqueuer:
         listen_conninfo: str | None = None,
         shard_count: LiveShardCount | None = None,
         registry: CollectorRegistry | None = None,
+        require_aof: bool = False,
     ) -> None:
         self.config = config
         self._repo = repository
         self.memory = RedisMemoryGate(
             publisher.client, marks=MemoryMarks(config.redis_memory_high, config.redis_memory_low)
         )
+        self.durability = AofWatch(publisher.client, require=require_aof)
         self.metrics = EnqueuerMetrics(registry if registry is not None else CollectorRegistry())
         self.metrics.backpressure.set_function(lambda: 1 if self.memory.paused else 0)
         shard_count = shard_count or LiveShardCount(publisher.client)
@@ -179,6 +183,7 @@ class OutboxEnqueuer:
             or self._backlog
             or self.probes.due()
             or not self.memory.open_now()
+            or not self.durability.open_now()
         ):
             return False
         task = asyncio.get_running_loop().create_task(self._batch_in_slot(slots, acquire=True))
@@ -227,7 +232,7 @@ class OutboxEnqueuer:
         self._batches = batches
         while not self._stopping:
             self._heartbeat = time.monotonic()
-            if not await self.memory.allows():
+            if not await self.memory.allows() or not await self.durability.allows():
                 await self._hold_off()
                 continue
             if self.probes.due():
@@ -247,7 +252,8 @@ class OutboxEnqueuer:
             await self._kicked(self.config.poll_interval)
 
     async def _hold_off(self) -> None:
-        """Redis is nearly full: claim nothing (rows stay PENDING) until it has room again."""
+        """Redis is nearly full, or runs without AOF under --require-aof: claim nothing (rows
+        stay PENDING) until that changes."""
         if self.idle_flag_held:
             await self._withdraw_quietly()  # no NOTIFY cost on the application's commits
         await self._kicked(min(self.config.poll_interval, 1.0))
@@ -277,6 +283,7 @@ class OutboxEnqueuer:
                 or chained >= _CHAIN_MAX
                 or self.probes.due()
                 or not await self.memory.allows()
+                or not await self.durability.allows()
             ):
                 return False  # the main loop decides what runs next
             chained += 1
