@@ -8,8 +8,7 @@ enqueuer on the test's loop; the watch reads ``INFO persistence`` every 5 s.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -21,23 +20,15 @@ from dispatcher._testing.waiting import eventually
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.stream import publish_shard_count
 from tests.enqueuers import make_enqueuer, running
+from tests.integration.test_redis_persistence import aof_redis  # noqa: F401 (a fixture)
 from tests.outbox_rows import outbox_status
 
 OFF = "Redis runs without AOF now"
 
 
 @pytest.fixture
-def aof_server(tmp_path: Path) -> Iterator[RedisProcess]:
-    server = RedisProcess(tmp_path / "aof", "--appendonly", "yes")
-    try:
-        yield server.start()
-    finally:
-        server.kill()
-
-
-@pytest.fixture
-async def aof_client(aof_server: RedisProcess) -> AsyncIterator[RedisClient]:
-    client = connect_redis(aof_server.url)
+async def aof_client(aof_redis: RedisProcess) -> AsyncIterator[RedisClient]:  # noqa: F811
+    client = connect_redis(aof_redis.url)
     await publish_shard_count(client, 1)
     yield client
     await client.aclose()
