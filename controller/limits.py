@@ -90,7 +90,11 @@ async def publish_limits(
     pipe = client.pipeline(transaction=False)
     for queue in wanted:
         queue_get_raw(pipe, limits_key(queue))  # bytes: not UTF-8 is rewritten, not a crash
-    found = dict(zip(wanted, await pipe.execute(), strict=True))
+    # A key of another type (WRONGTYPE) is not limits: rewritten like garbage (SET replaces it).
+    replies = await pipe.execute(raise_on_error=False)
+    found = {
+        q: None if isinstance(r, Exception) else r for q, r in zip(wanted, replies, strict=True)
+    }
     for queue, limits in limits_to_write(wanted, found).items():
         await client.set(limits_key(queue), limits.to_json())
         events.append(("LimitsPublished", f"queue {queue}: limits {limits.describe()}", False))

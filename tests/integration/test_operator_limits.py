@@ -33,9 +33,15 @@ async def test_limits_of_the_spec_are_written_when_redis_holds_something_else(
     await publish_limits(redis_standalone, spec(owned, free).queues, events=events)
     assert len(events) == 1  # the same: nothing written
 
-    await redis_standalone.set(limits_key("owned"), "garbage")  # by hand, or an attacker
-    await publish_limits(redis_standalone, spec(owned, free).queues, events=events)
-    assert await read_limits(redis_standalone, "owned") == QueueLimits(max_in_flight=4, rate=2.5)
+    for garbage in ("garbage", b"\xff\xfe", "hash"):  # by hand, or an attacker
+        await redis_standalone.delete(limits_key("owned"))
+        if garbage == "hash":
+            await redis_standalone.hset(limits_key("owned"), "x", "y")  # type: ignore[misc]
+        else:
+            await redis_standalone.set(limits_key("owned"), garbage)
+        await publish_limits(redis_standalone, spec(owned, free).queues, events=events)
+        want = QueueLimits(max_in_flight=4, rate=2.5)
+        assert await read_limits(redis_standalone, "owned") == want, garbage
 
     changed = {**owned, "limits": {"rate": 1, "burst": 3}}
     await publish_limits(redis_standalone, spec(changed, free).queues, events=events)
@@ -43,4 +49,4 @@ async def test_limits_of_the_spec_are_written_when_redis_holds_something_else(
 
     await publish_limits(redis_standalone, spec({**owned, "limits": {}}).queues, events=events)
     assert await read_limits(redis_standalone, "owned") == QueueLimits()  # owned: none
-    assert len(events) == 4
+    assert len(events) == 6

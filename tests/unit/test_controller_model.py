@@ -204,8 +204,15 @@ def test_queue_limits_in_the_spec_are_the_limits_workers_read() -> None:
     assert limits is not None
     assert limits.limits() == QueueLimits(max_in_flight=4)
     wanted = {"a": QueueLimits(max_in_flight=4), "b": QueueLimits(rate=2), "c": QueueLimits()}
+    wanted |= {"d": QueueLimits(rate=3), "e": QueueLimits(max_in_flight=1)}
     found = {"a": '{"max_in_flight": 4}', "b": "garbage", "c": None}
-    assert limits_to_write(wanted, found) == {"b": QueueLimits(rate=2), "c": QueueLimits()}
+    # As the operator reads them now: bytes, which may not be UTF-8 (rewritten, not a crash).
+    found |= {"d": b'\xff{"rate": 3}', "e": b'{"max_in_flight": 1}'}
+    assert limits_to_write(wanted, found) == {
+        "b": QueueLimits(rate=2),
+        "c": QueueLimits(),
+        "d": QueueLimits(rate=3),
+    }
 
 
 def test_parse_spec_reports_what_the_api_server_would_refuse_as_invalid_spec() -> None:
