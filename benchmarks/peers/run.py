@@ -167,7 +167,11 @@ def main() -> None:
     parser.add_argument("--ours", action="append", default=[], metavar="NAME=TREE",
                         help="outbox-dispatcher from another source tree (repeatable)")  # fmt: skip
     parser.add_argument("--out", default=str(RESULTS / "peers.json"))
+    parser.add_argument("--render", action="store_true", help="redraw --out's figures only")
     args = parser.parse_args()
+    if args.render:
+        write_figures(Path(args.out))
+        return
     if args.quick:
         args.rounds, args.tasks, args.idle_tasks = 1, 4_000, 300
 
@@ -179,6 +183,7 @@ def main() -> None:
     if args.only:
         variants = [v for v in variants if v.name in args.only]
 
+    uptime_start = subprocess.getoutput("uptime").strip()
     runs: list[dict[str, Any]] = []
     workdir = Path(os.environ.get("TMPDIR", "/tmp")) / f"od-peers-{os.getpid()}"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -194,7 +199,11 @@ def main() -> None:
                 print(json.dumps(run), flush=True)
 
     document = {
-        "machine": {**machine_facts(), "uptime": subprocess.getoutput("uptime").strip()},
+        "machine": {
+            **machine_facts(),
+            "uptime_start": uptime_start,
+            "uptime": subprocess.getoutput("uptime").strip(),
+        },
         "settings": settings(args),
         "summary": _summary(runs),
         "runs": runs,
@@ -202,8 +211,50 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=1) + "\n")
-    plot(document, out.with_suffix(".png"))
-    print(f"wrote {out} and {out.with_suffix('.png')}")
+    write_figures(out)
+
+
+def write_figures(path: Path) -> None:
+    """``peers.png`` and ``peers.md`` (the table) beside the results file ``path``."""
+    document = json.loads(path.read_text())
+    plot(document, path.with_suffix(".png"))
+    path.with_suffix(".md").write_text(render(document))
+    print(f"wrote {path}, {path.with_suffix('.png')} and {path.with_suffix('.md')}")
+
+
+def render(document: dict[str, Any]) -> str:
+    """The results as a markdown table (medians; ratios to River), with the settings."""
+    summary, facts = document["summary"], document["machine"]
+    systems = list(dict.fromkeys(s for cells in summary.values() for s in cells))
+    lines = [
+        "# Beside the peers (`make bench-peers`)",
+        "",
+        f"{facts['date']}; {facts['machine']}; PostgreSQL {facts['postgresql']}, Redis "
+        f"{facts['redis']}, Python {facts['python']}; `uptime` at the start: "
+        f"{facts.get('uptime_start', '?')}; at the end: {facts['uptime']}.",
+        "Medians over the rounds; x River: the system's figure over River's; load: the 1-minute"
+        " load average when each run started (the machine is shared: read ratios, not absolutes).",
+        "",
+        "| scenario | system | tasks/s | p50 ms | p99 ms | CPU ms/task | x River (CPU) "
+        "| x River (p50) | load |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for scenario, cells in summary.items():
+        river = cells.get("River")
+        for system in systems:
+            cell = cells.get(system)
+            if cell is None:
+                continue
+            cpu_x = f"{cell['cpu_ms_per_task'] / river['cpu_ms_per_task']:.2f}" if river else ""
+            p50_x = f"{cell['p50_ms'] / river['p50_ms']:.2f}" if river else ""
+            lines.append(
+                f"| {scenario} | {system} | {cell['tasks_per_s']:,.0f} | {cell['p50_ms']:.1f} "
+                f"| {cell['p99_ms']:.1f} | {cell['cpu_ms_per_task']:.3f} | {cpu_x} | {p50_x} "
+                f"| {cell['load1']:.2f} |"
+            )
+    lines += ["", "Settings:", ""]
+    lines += [f"- {key}: {value}" for key, value in document["settings"].items()]
+    return "\n".join(lines) + "\n"
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
