@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: services install lint test test-quick demo faults bench soak e2e e2e-kind cluster-build cluster cluster-down clean
+.PHONY: services install lint test test-quick demo faults bench bench-peers soak e2e e2e-kind cluster-build cluster cluster-down clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -68,6 +68,20 @@ $(BENCH_STAMP): pyproject.toml benchmarks/requirements-bench.txt
 
 bench: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python -m benchmarks.run $(BENCH_ARGS)
+
+# Beside the peers (benchmarks/peers): River built from its Go module into a cache,
+# procrastinate and Celery in venvs of their own under .venv-peers (never the project's); writes
+# benchmarks/results/peers.json and peers.png. PEERS_ARGS="--quick" for a short run.
+PEERS_VENVS := .venv-peers
+
+$(PEERS_VENVS)/%/.installed: benchmarks/peers/requirements-%.txt
+	test -x $(PEERS_VENVS)/$*/bin/python || python3 -m venv $(PEERS_VENVS)/$*
+	$(PEERS_VENVS)/$*/bin/pip install --quiet -r $<
+	touch $@
+
+bench-peers: $(BENCH_STAMP) $(PEERS_VENVS)/procrastinate/.installed $(PEERS_VENVS)/celery/.installed
+	bash benchmarks/peers/build_river.sh >/dev/null
+	$(BENCH_VENV)/bin/python -m benchmarks.peers.run $(PEERS_ARGS)
 
 soak: $(STAMP)
 	$(PY) -m benchmarks.soak --minutes 30

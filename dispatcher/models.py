@@ -2,14 +2,16 @@
 
 ``TaskDispatch`` is what an application enqueues; its JSON payload is stored
 in the outbox row. The enqueuer turns a payload into stream fields
-(``payload_fields``: the payload's top-level keys, strings as they are and
-other values as JSON, plus ``outbox_id``); a worker parses those fields back
-into a ``TaskMessage``. Pure code, no I/O.
+(``payload_fields``: the payload's top-level keys, scalars written as the
+spec's Go publisher writes them with go-redis v9, objects and arrays as
+compact JSON, plus ``outbox_id``); a worker parses those fields back into a
+``TaskMessage``. docs/wire-format.md is the table. Pure code, no I/O.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,7 +22,10 @@ from pydantic_core import from_json
 from dispatcher.stream.naming import validate_queue
 
 __all__ = [
+    "ADDED_FIELDS",
+    "DEAD_LETTER_FIELDS",
     "MalformedMessage",
+    "ReservedField",
     "TaskDispatch",
     "TaskMessage",
     "parse_tasks",
@@ -30,6 +35,26 @@ __all__ = [
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+# What the pipe adds to a task's own fields: the enqueuer ``outbox_id`` to each entry,
+# ``enqueue_dispatch`` the trace context to the payload, a worker these to a dead letter (and
+# replay strips them again). A payload of its own may use none of them.
+DEAD_LETTER_FIELDS = ("error", "delivery_count", "runs", "source_stream", "source_id")
+ADDED_FIELDS = frozenset({"outbox_id", "traceparent", "tracestate", *DEAD_LETTER_FIELDS})
+
+
+class ReservedField(ValueError):
+    """A payload key that the pipe adds itself: refused, never overwritten."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(
+            f"payload key {key!r} is reserved: the dispatcher adds that field itself and would "
+            f"overwrite it (reserved: {', '.join(sorted(ADDED_FIELDS))}); rename the key"
+        )
+        self.key = key
+
+
 _STRING_FIELDS = ("task_id", "run_id", "workflow_id", "node_id", "node_type", "queue", "input")
 
 
@@ -81,20 +106,29 @@ class TaskDispatch(BaseModel):
         return value
 
     def payload(self, *, extra: Mapping[str, str] | None = None) -> dict[str, Any]:
-        """The outbox row's payload: the message without its routing (queue)."""
+        """The outbox row's payload: the message without its routing (queue).
+
+        Raises ``ReservedField`` if the message (a subclass) has a field the
+        pipe adds itself (``ADDED_FIELDS``).
+        """
         body = self.model_dump(exclude={"queue"})
+        for key in body.keys() & ADDED_FIELDS:  # a subclass's own field
+            raise ReservedField(key)
         if extra:
             body.update(extra)
         return body
 
 
 def payload_fields(payload: str | None, outbox_id: str) -> dict[str, str]:
-    """Stream fields of an outbox payload, per the contract.
+    """Stream fields of an outbox payload, per the contract (docs/wire-format.md).
 
-    An object's top-level keys become fields (strings as is, other values as
-    JSON); an empty payload becomes ``{"id": outbox_id}``; a payload that is
-    not a JSON object becomes ``{"data": <raw text>}``. ``outbox_id`` is
-    always added.
+    An object's top-level keys become fields: strings as is; numbers, booleans
+    and null as the spec's publisher writes them (``go_scalar``); objects and
+    arrays as compact JSON. An empty payload becomes ``{"id": outbox_id}``; a
+    payload that is not a JSON object, or that the spec's publisher cannot
+    decode (a number beyond float64, NaN), becomes ``{"data": <raw text>}``.
+    ``outbox_id`` is always added; a payload with its own raises
+    ``ReservedField``.
     """
     flat = iter(payload_args(payload, outbox_id))
     return dict(zip(flat, flat, strict=True))
@@ -110,23 +144,88 @@ def payload_args(payload: str | None, outbox_id: str) -> list[str]:
     doc = _json_value(payload)
     if not isinstance(doc, dict):
         return ["data", payload, "outbox_id", outbox_id]
+    if "outbox_id" in doc:
+        raise ReservedField("outbox_id")
     # JSON object keys are always str, and unique once parsed. Inline on purpose: this runs
-    # for every field of every row the enqueuer publishes. An int (attempt, version) has the
-    # same text as its JSON. A payload's own "outbox_id" keeps its place, with our value.
+    # for every field of every row the enqueuer publishes; a task's strings and small ints
+    # (attempt, version) take the first two branches.
     args: list[str] = []
     append = args.append
-    for key, value in doc.items():
-        append(key)
-        if key == "outbox_id":
-            append(outbox_id)
-        elif type(value) is str:
-            append(value)
-        else:
-            append(str(value) if type(value) is int else _json_text(value))
-    if "outbox_id" not in doc:
-        append("outbox_id")
-        append(outbox_id)
+    try:
+        for key, value in doc.items():
+            append(key)
+            kind = type(value)
+            if kind is str:
+                append(value)
+            elif kind is int and -_EXACT <= value <= _EXACT:
+                append(str(value))
+            elif kind is dict or kind is list:
+                append(_nested_text(value))
+            else:
+                append(go_scalar(value))
+    except _NotDecodable:  # the spec's json.Unmarshal fails, and it publishes the raw text
+        return ["data", payload, "outbox_id", outbox_id]
+    append("outbox_id")
+    append(outbox_id)
     return args
+
+
+# Integers up to 2**53 are float64 exactly, and go-redis writes them as Python's str() does.
+_EXACT = 2**53
+
+
+class _NotDecodable(ValueError):
+    """A value Go's encoding/json refuses into ``interface{}`` (NaN, infinities, > float64)."""
+
+
+def go_scalar(value: Any) -> str:
+    """A JSON scalar as the spec's publisher writes it (docs/wire-format.md).
+
+    The spec's enqueuer decodes the payload with Go's ``encoding/json`` into
+    ``map[string]interface{}`` (numbers become float64) and go-redis v9 writes
+    each value: a string as is, float64 as ``strconv.FormatFloat(f, 'f', -1,
+    64)`` (shortest round-trip digits, never an exponent), bool ``1``/``0``,
+    nil as an empty string.
+    """
+    if value is None:
+        return ""
+    if value is True:
+        return "1"
+    if value is False:
+        return "0"
+    if isinstance(value, str):
+        return value
+    try:
+        number = float(value)
+    except OverflowError:
+        raise _NotDecodable(value) from None
+    if not math.isfinite(number):
+        raise _NotDecodable(value)
+    return _format_float(number)
+
+
+def _format_float(number: float) -> str:
+    """Go's ``strconv.FormatFloat(number, 'f', -1, 64)``: repr's shortest digits, in full."""
+    text = repr(number)  # the shortest digits that read back as the same float, as Go's
+    if "e" in text:
+        mantissa, _, exp = text.partition("e")
+        sign = "-" if mantissa.startswith("-") else ""
+        whole, _, frac = mantissa.lstrip("-").partition(".")
+        digits, point = whole + frac, len(whole) + int(exp)
+        if point <= 0:
+            return f"{sign}0.{'0' * -point}{digits}".rstrip("0").rstrip(".")
+        if point >= len(digits):
+            return sign + digits + "0" * (point - len(digits))
+        return f"{sign}{digits[:point]}.{digits[point:]}"
+    return text[:-2] if text.endswith(".0") else text
+
+
+def _nested_text(value: Any) -> str:
+    """An object or array as compact JSON (an extension: the spec's publisher refuses them)."""
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # NaN or an infinity inside: Go's decoder refuses the whole payload
+        raise _NotDecodable(value) from None
 
 
 def _json_value(text: str) -> Any:
@@ -142,10 +241,6 @@ def _json_value(text: str) -> Any:
             return json.loads(text)
         except ValueError:
             return None
-
-
-def _json_text(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
 
 
 class MalformedMessage(ValueError):
@@ -219,6 +314,8 @@ def parse_tasks(batch: Sequence[Mapping[str, str]]) -> list[TaskMessage | Malfor
 def _with_input(fields: Mapping[str, str]) -> dict[str, Any]:
     """The fields with ``input`` parsed from JSON; ``MalformedMessage`` if it is not JSON."""
     raw = fields.get("input", "null")
+    if not raw:  # JSON null as the spec's publisher writes it (older entries carry "null")
+        return {**fields, "input": None}
     try:
         # In Rust: a fraction of json.loads on the hot path. Object keys repeat from one
         # task to the next and are cached; values rarely repeat (measured: 13 % faster

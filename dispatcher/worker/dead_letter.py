@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from dispatcher.models import DEAD_LETTER_FIELDS  # what a dead letter adds; payloads may not
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.entries import Message
 from dispatcher.stream.naming import dead_letter_stream
@@ -26,8 +27,6 @@ __all__ = [
 ]
 
 MAX_ERROR_CHARS = 2000
-# What a dead letter adds to the original fields.
-DEAD_LETTER_FIELDS = ("error", "delivery_count", "runs", "source_stream", "source_id")
 
 
 def describe_error(exc: BaseException) -> str:

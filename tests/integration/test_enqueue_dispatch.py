@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from pydantic import ValidationError
 
-from dispatcher.models import TaskDispatch
+from dispatcher.models import ReservedField, TaskDispatch
 from dispatcher.outbox import enqueue_dispatch, enqueue_dispatch_async
 from dispatcher.stream import queue_stream
 
@@ -102,3 +102,20 @@ def test_nul_is_refused_before_the_callers_transaction_sees_it(
         assert conn.execute("SELECT count(*) FROM mine").fetchone() == (1,)
         enqueue_dispatch(conn, dispatch())
     assert [r[1] for r in rows(outbox_db_url)] == ["t8"]
+
+
+class WithOutboxId(TaskDispatch):
+    """An application's own message type that adds a field the enqueuer adds too."""
+
+    outbox_id: str = "mine"
+
+
+def test_a_payload_key_the_pipe_adds_is_refused_and_the_transaction_goes_on(
+    outbox_db_url: str,
+) -> None:
+    own = WithOutboxId.model_validate(dispatch("own").model_dump())
+    with psycopg.connect(outbox_db_url) as conn:
+        with pytest.raises(ReservedField, match="payload key 'outbox_id' is reserved"):
+            enqueue_dispatch(conn, own)
+        enqueue_dispatch(conn, dispatch("next"))  # nothing was sent: the transaction is usable
+    assert [r[1] for r in rows(outbox_db_url)] == ["next"]

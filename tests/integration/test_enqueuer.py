@@ -165,22 +165,45 @@ async def test_a_row_that_always_fails_lands_in_the_dlq(
     assert "WRONGTYPE" in dlq[0][2]
 
 
+def _insert_payloads(url: str, stream: str, rows: list[tuple[str, str | None]]) -> None:
+    """Rows as another writer inserts them: an id and a raw payload, nothing else."""
+    with psycopg.connect(url) as conn:
+        for row_id, payload in rows:
+            conn.execute(
+                "INSERT INTO outbox (id, stream, payload) VALUES (%s, %s, %s::jsonb)",
+                (row_id, stream, payload),
+            )
+
+
 async def test_non_object_payloads_are_published_per_contract(
     outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
     await publish_shard_count(redis_standalone, 1)
     stream = task_stream(queue, 0)
-    with psycopg.connect(outbox_db_url) as conn:
-        for row_id, payload in [("arr", "[1, 2]"), ("str", '"hello"'), ("nul", None)]:
-            conn.execute(
-                "INSERT INTO outbox (id, stream, payload) VALUES (%s, %s, %s::jsonb)",
-                (row_id, stream, payload),
-            )
+    _insert_payloads(outbox_db_url, stream, [("arr", "[1, 2]"), ("str", '"hello"'), ("nul", None)])
     assert await make_enqueuer(pool, redis_standalone).process_batch() == 3
     entries = {f["outbox_id"]: f for _id, f in await redis_standalone.xrange(stream)}
     assert entries["arr"] == {"data": "[1, 2]", "outbox_id": "arr"}
     assert entries["str"] == {"data": '"hello"', "outbox_id": "str"}
     assert entries["nul"] == {"id": "nul", "outbox_id": "nul"}
+
+
+async def test_a_row_whose_payload_has_its_own_outbox_id_is_refused_not_overwritten(
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+) -> None:
+    await publish_shard_count(redis_standalone, 1)
+    stream = task_stream(queue, 0)
+    _insert_payloads(
+        outbox_db_url, stream, [("own", '{"outbox_id": "mine", "a": 1}'), ("ok", '{"a": 1}')]
+    )
+    await make_enqueuer(pool, redis_standalone).process_batch()
+    assert [f for _id, f in await redis_standalone.xrange(stream)] == [
+        {"a": "1", "outbox_id": "ok"}
+    ]
+    with psycopg.connect(outbox_db_url) as conn:
+        kept = conn.execute("SELECT id, status, payload, last_error FROM outbox").fetchall()
+    assert [(r[0], r[1], r[2]) for r in kept] == [("own", "RETRY", {"outbox_id": "mine", "a": 1})]
+    assert "payload key 'outbox_id' is reserved" in kept[0][3]
 
 
 async def test_listener_reconnects_after_its_backend_is_killed(

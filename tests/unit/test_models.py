@@ -7,7 +7,14 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from dispatcher.models import MalformedMessage, TaskDispatch, TaskMessage, payload_fields
+from dispatcher.models import (
+    MalformedMessage,
+    ReservedField,
+    TaskDispatch,
+    TaskMessage,
+    go_scalar,
+    payload_fields,
+)
 
 
 def dispatch(**over: object) -> TaskDispatch:
@@ -55,6 +62,91 @@ def test_round_trip_dispatch_to_message() -> None:
 )
 def test_payload_fields_contract(payload: str | None, expected: dict[str, str]) -> None:
     assert payload_fields(payload, "o") == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "wire"),
+    [
+        # What go-redis v9 writes for what encoding/json decoded (float64 for every number).
+        (None, ""),
+        (True, "1"),
+        (False, "0"),
+        ("as is", "as is"),
+        ("", ""),
+        (0, "0"),
+        (-7, "-7"),
+        (2**53, "9007199254740992"),
+        (2**53 + 1, "9007199254740992"),  # float64 has no closer value
+        (12345678901234567890, "12345678901234567000"),
+        (1.0, "1"),
+        (-0.0, "-0"),
+        (2.5, "2.5"),
+        (0.1, "0.1"),
+        (1e21, "1000000000000000000000"),
+        (1.5e-7, "0.00000015"),
+        (-1.2345e-5, "-0.000012345"),
+        (1.7976931348623157e308, "17976931348623157" + "0" * 292),
+        (5e-324, "0." + "0" * 323 + "5"),
+    ],
+)
+def test_scalars_are_written_as_the_spec_publisher_writes_them(value: object, wire: str) -> None:
+    assert go_scalar(value) == wire
+    assert payload_fields(json.dumps({"v": value}), "o")["v"] == wire
+
+
+@pytest.mark.parametrize(
+    "payload",
+    ['{"n": 1' + "0" * 400 + ', "s": "x"}', '{"n": NaN}', '{"n": -Infinity}', '{"o": {"n": NaN}}'],
+)
+def test_a_payload_go_cannot_decode_is_published_as_raw_data(payload: str) -> None:
+    # The spec's json.Unmarshal refuses numbers beyond float64 (and NaN), and it then
+    # publishes {"data": <raw text>}: so do we.
+    assert payload_fields(payload, "o") == {"data": payload, "outbox_id": "o"}
+
+
+def test_nested_values_are_compact_json() -> None:
+    fields = payload_fields('{"o": {"a": [1, true, null, 2.50]}, "l": ["é"]}', "o")
+    assert fields == {"o": '{"a":[1,true,null,2.5]}', "l": '["\\u00e9"]', "outbox_id": "o"}
+
+
+def test_a_payload_with_its_own_outbox_id_is_refused() -> None:
+    with pytest.raises(ReservedField, match="payload key 'outbox_id' is reserved"):
+        payload_fields('{"outbox_id": "mine", "a": 1}', "o")
+
+
+class WithOutboxId(TaskDispatch):
+    outbox_id: str = "mine"
+
+
+class WithError(TaskDispatch):
+    error: str = "mine"
+
+
+@pytest.mark.parametrize(("kind", "key"), [(WithOutboxId, "outbox_id"), (WithError, "error")])
+def test_a_dispatch_with_a_field_the_pipe_adds_is_refused(
+    kind: type[TaskDispatch], key: str
+) -> None:
+    message = kind.model_validate(dispatch().model_dump())
+    with pytest.raises(ReservedField, match=f"payload key '{key}' is reserved"):
+        message.payload()
+
+
+@pytest.mark.parametrize(
+    ("wire", "value"),
+    [
+        ("", None),  # null, as the spec's publisher writes it
+        ("null", None),  # entries written before the wire format matched it
+        ("true", True),
+        ("false", False),
+        ("1", 1),
+        ("0", 0),
+        ('"text"', "text"),
+        ('{"a":[1,true,null]}', {"a": [1, True, None]}),
+    ],
+)
+def test_input_reads_old_and_new_entries(wire: str, value: object) -> None:
+    fields = {**payload_fields(json.dumps(dispatch().payload()), "o"), "input": wire}
+    assert TaskMessage.from_fields(fields).input == value
 
 
 def test_invalid_dispatch_is_rejected() -> None:

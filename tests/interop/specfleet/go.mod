@@ -1,0 +1,12 @@
+// The spec page's Go publisher and consumer (go-redis v9), built by the interop tests
+// (tests/interop/conftest.py) to check the wire format in both directions.
+module github.com/outbox-dispatcher/outbox-dispatcher/tests/interop/specfleet
+
+go 1.26.0
+
+require github.com/redis/go-redis/v9 v9.17.3
+
+require (
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/dgryski/go-rendezvous v0.0.0-20200823014737-9f7001d12a5f // indirect
+)
