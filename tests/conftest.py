@@ -10,6 +10,7 @@ pytest_plugins = [
     "tests.fix_cluster",
     "tests.fix_worker_process",
     "tests.fix_live_operator",
+    "tests.fix_browser",
 ]
 
 

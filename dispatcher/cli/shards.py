@@ -113,8 +113,7 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _set(args: argparse.Namespace, settings: Settings) -> int:
     async with redis_client(settings) as client:
-        before = await client.get(SHARDS_KEY)
-        await publish_shard_count(client, args.count)
+        before = await publish_shard_count(client, args.count)
         was = "(not set)" if before is None else str(before)
         print(f"{SHARDS_KEY}: {was} -> {args.count}", flush=True)
         if args.no_wait:

@@ -51,10 +51,14 @@ def parse_shard_count(raw: str | bytes | int, *, source: str = SHARDS_KEY) -> in
     return value
 
 
-async def publish_shard_count(client: RedisClient, shards: int) -> None:
-    """Write the shard count (validated) to ``composer:stream_shards``: an explicit change."""
+async def publish_shard_count(client: RedisClient, shards: int) -> str | None:
+    """Write the shard count (validated) to ``composer:stream_shards``: an explicit change.
+
+    Returns what the key held before (None: absent), read in the same command.
+    """
     parse_shard_count(shards, source="shard count")
-    await client.set(SHARDS_KEY, str(shards))
+    before = await client.set(SHARDS_KEY, str(shards), get=True)
+    return None if before is None else str(before)
 
 
 async def ensure_shard_count(client: RedisClient, shards: int) -> bool:

@@ -1,0 +1,148 @@
+"""The console's browser tests: Debian's headless Chromium driven by Selenium, and consoles to drive.
+
+``chrome`` is one headless Chromium (``/usr/bin/chromium`` through
+``/usr/bin/chromedriver``: never a downloaded browser) for the session, its
+cookies cleared for each test. ``console`` starts ``dispatcher console`` as a
+process on a free port against the test's PostgreSQL and Redis
+(``console(token="t")``) and stops it after the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatcher._testing.servers import free_port
+from dispatcher._testing.waiting import eventually_sync
+
+ROOT = Path(__file__).resolve().parents[1]
+SCREENSHOTS = ROOT / "docs" / "images"
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+# Chromium as root, headless, talking to nothing but the console.
+CHROMIUM_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1360,900",
+)
+
+
+@pytest.fixture(scope="session")
+def _chrome_session() -> Iterator[Any]:
+    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+        pytest.fail(
+            f"{CHROMIUM} and {CHROMEDRIVER} are needed: tools/services.sh --install "
+            "(apt-get install chromium chromium-driver)"
+        )
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="console-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture
+def chrome(_chrome_session: Any) -> Any:
+    _chrome_session.delete_all_cookies()
+    return _chrome_session
+
+
+@dataclass
+class ConsoleProcess:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def api(
+        self,
+        path: str,
+        body: dict[str, Any] | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, dict[str, Any]]:
+        """A request as a script (not the page) would send it: status and JSON body."""
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.url + path, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+
+@pytest.fixture
+def console(
+    outbox_db_url: str, redis_url: str, tmp_path: Path
+) -> Iterator[Callable[..., ConsoleProcess]]:
+    started: list[ConsoleProcess] = []
+
+    def start(*, token: str | None = None) -> ConsoleProcess:
+        port = free_port()
+        env = {k: v for k, v in os.environ.items() if k != "DISPATCHER_CONSOLE_TOKEN"}
+        if token is not None:
+            env["DISPATCHER_CONSOLE_TOKEN"] = token
+        log = tmp_path / f"console-{port}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    *("-m", "dispatcher.cli", "console", "--port", str(port)),
+                    *("--database-url", outbox_db_url, "--redis-url", redis_url),
+                    *("--refresh", "0.5", "--discover-every", "1", "--shards", "2"),
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        console = ConsoleProcess(f"http://127.0.0.1:{port}", proc, log)
+        started.append(console)
+
+        def up() -> bool:
+            assert proc.poll() is None, log.read_text()
+            try:
+                return console.api("/api/overview")[0] == 200
+            except OSError:
+                return False
+
+        eventually_sync(up, within=30, what="the console answering")
+        return console
+
+    yield start
+    for c in started:
+        c.proc.send_signal(signal.SIGTERM)
+        try:
+            assert c.proc.wait(timeout=15) == 0, c.log.read_text()
+        finally:
+            if c.proc.poll() is None:
+                c.proc.kill()
