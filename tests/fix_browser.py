@@ -91,7 +91,9 @@ class ConsoleProcess:
         """A request as a script (not the page) would send it: status and JSON body."""
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
-            self.url + path, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+            self.url + path,
+            data=data,
+            headers={"Content-Type": "application/json", **(headers or {})},
         )
         try:
             with urllib.request.urlopen(request, timeout=10) as response:

@@ -138,7 +138,12 @@ def test_the_page_shows_the_servers_numbers_while_tasks_flow(
             _seen(chrome, lambda b=batch: len(_handled(r)) >= 50 * (b + 1), "tasks handled")
         _seen(
             chrome,
-            lambda: float(_cell(chrome, f'#queues tr[data-queue="{FLOWING}"] [data-field=handled_per_s]')) > 0,
+            lambda: (
+                float(
+                    _cell(chrome, f'#queues tr[data-queue="{FLOWING}"] [data-field=handled_per_s]')
+                )
+                > 0
+            ),
             "a handled rate on the page",
         )
         # `reports` has no worker: its numbers hold still, and must be Redis's own.
@@ -147,14 +152,21 @@ def test_the_page_shows_the_servers_numbers_while_tasks_flow(
         for stream, length in lengths.items():
             _seen(
                 chrome,
-                lambda s=stream, n=length: _number(_cell(chrome, f'#shards tr[data-stream="{s}"] [data-field=length]')) == n,
+                lambda s=stream, n=length: (
+                    _number(_cell(chrome, f'#shards tr[data-stream="{s}"] [data-field=length]'))
+                    == n
+                ),
                 f"{stream} length {length}",
             )
         row = f'#queues tr[data-queue="{IDLE}"]'
-        _seen(chrome, lambda: _number(_cell(chrome, f"{row} [data-field=backlog]")) == 37, "backlog")
-        assert _number(_cell(chrome, f"{row} [data-field=dead_letters]")) == r.xlen(
-            dead_letter_stream(IDLE)
-        ) == 3
+        _seen(
+            chrome, lambda: _number(_cell(chrome, f"{row} [data-field=backlog]")) == 37, "backlog"
+        )
+        assert (
+            _number(_cell(chrome, f"{row} [data-field=dead_letters]"))
+            == r.xlen(dead_letter_stream(IDLE))
+            == 3
+        )
         assert _number(_cell(chrome, "#c-outbox_dlq")) == 4
         assert _cell(chrome, "#c-shards") == str(SHARDS)
         _seen(chrome, lambda: _cell(chrome, "#c-pending") == "0", "the outbox drained")
@@ -164,8 +176,15 @@ def test_the_page_shows_the_servers_numbers_while_tasks_flow(
 
         chrome.get(site.url + "/#workers")
         _seen(chrome, lambda: chrome.find_elements(By.CSS_SELECTOR, "#workers tbody tr"), "workers")
-        consumers = {c["name"] for s in range(SHARDS) for c in r.xinfo_consumers(task_stream(FLOWING, s), "workers")}
-        shown = {_cell(chrome, f"#workers tbody tr:nth-child({i + 1}) [data-field=name]") for i in range(len(consumers))}
+        consumers = {
+            c["name"]
+            for s in range(SHARDS)
+            for c in r.xinfo_consumers(task_stream(FLOWING, s), "workers")
+        }
+        shown = {
+            _cell(chrome, f"#workers tbody tr:nth-child({i + 1}) [data-field=name]")
+            for i in range(len(consumers))
+        }
         assert shown == consumers
         _shot(chrome, "console-workers")
     finally:
@@ -187,7 +206,9 @@ def test_a_replay_from_the_page_is_handled(
     _sign_in(chrome)
     Select(chrome.find_element(By.ID, "dead-source")).select_by_value(FLOWING)
     row = f'#dead tr[data-id="{entry}"]'
-    _seen(chrome, lambda: _cell(chrome, f"{row} [data-field=error]").startswith("ValueError"), "row")
+    _seen(
+        chrome, lambda: _cell(chrome, f"{row} [data-field=error]").startswith("ValueError"), "row"
+    )
     assert _cell(chrome, f"{row} [data-field=task_id]") == "fixed-1"
     assert _cell(chrome, f"{row} [data-field=runs]") == "3"
     assert "sleep" not in chrome.find_element(By.ID, "dead").text  # no payload unless asked
@@ -240,7 +261,10 @@ def test_a_cancel_from_the_page_stops_the_run(
         late = dispatch("stop-late", FLOWING, run_id=run, input=SLEEP0)
         control = dispatch("control", FLOWING, input=SLEEP0)
         for d in (late, control):
-            r.xadd(task_stream(FLOWING, shard_for(d.task_id, SHARDS)), payload_fields(json.dumps(d.payload()), "0"))  # type: ignore[arg-type]
+            r.xadd(
+                task_stream(FLOWING, shard_for(d.task_id, SHARDS)),
+                payload_fields(json.dumps(d.payload()), "0"),
+            )  # type: ignore[arg-type]
         eventually_sync(lambda: "control" in _handled(r), within=30, what="the control task")
         eventually_sync(
             lambda: all(r.xlen(task_stream(FLOWING, s)) == 0 for s in range(SHARDS)),
@@ -249,7 +273,9 @@ def test_a_cancel_from_the_page_stops_the_run(
         )
         assert not [t for t in r.lrange(LOG_KEY, 0, -1) if "stop-" in t]
         chrome.find_element(By.CSS_SELECTOR, "#run-form button[type=submit]").click()
-        _seen(chrome, lambda: "cancelled: workers start none" in _cell(chrome, "#run-state"), "state")
+        _seen(
+            chrome, lambda: "cancelled: workers start none" in _cell(chrome, "#run-state"), "state"
+        )
     finally:
         enqueuer.terminate()
         enqueuer.wait(30)
@@ -291,7 +317,10 @@ def test_actions_are_refused_without_the_token_and_csrf_checks(
     assert site.api(act, {"count": 3}, headers=forged)[0] == 401
     assert r.get(SHARDS_KEY) == str(SHARDS)
     good = {**own, "Cookie": session, "X-Console-CSRF": csrf}
-    assert site.api(act, {"count": "x"}, headers=good) == (400, {"error": "count: a whole number >= 1"})
+    assert site.api(act, {"count": "x"}, headers=good) == (
+        400,
+        {"error": "count: a whole number >= 1"},
+    )
 
     # Signed in on the page, the same actions go through.
     _sign_in(chrome)
