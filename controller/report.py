@@ -27,20 +27,20 @@ from controller.conditions import (
 from controller.migration import MIGRATED, MigrationState
 from controller.shard_policy import ShardDecision
 
-# Set by the chart when it runs the console (console.enabled); copied into status.consoleUrl.
-CONSOLE_URL_ANNOTATION = "dispatch.composer.dev/console-url"
-
 __all__ = [
     "CONSOLE_URL_ANNOTATION",
     "Failure",
     "Pass",
     "Verdict",
     "conditions",
-    "degraded_events",
     "console_url",
+    "degraded_events",
     "status_after",
     "verdicts",
 ]
+
+# Set by the chart when it runs the console (console.enabled); copied into status.consoleUrl.
+CONSOLE_URL_ANNOTATION = "dispatch.composer.dev/console-url"
 
 
 class Failure(Exception):

@@ -1,4 +1,4 @@
-"""The console's browser tests: Debian's headless Chromium driven by Selenium, and consoles to drive.
+"""The console's browser tests: Debian's headless Chromium (Selenium) and consoles to drive.
 
 ``chrome`` is one headless Chromium (``/usr/bin/chromium`` through
 ``/usr/bin/chromedriver``: never a downloaded browser) for the session, its
