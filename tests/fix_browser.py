@@ -1,21 +1,18 @@
 """The console's browser tests: Debian's headless Chromium (Selenium) and consoles to drive.
 
-``chrome`` is one headless Chromium (``/usr/bin/chromium`` through
-``/usr/bin/chromedriver``: never a downloaded browser) for the session, its
-cookies cleared for each test. ``console`` starts ``dispatcher console`` as a
-process on a free port against the test's PostgreSQL and Redis
-(``console(token="t")``) and stops it after the test.
+``chrome`` is one headless Chromium (``dispatcher._testing.browser``: Debian's,
+never a downloaded one) for the session, its cookies cleared for each test.
+``console`` starts ``dispatcher console`` as a process on a free port against
+the test's PostgreSQL and Redis (``console(token="t")``) and stops it after.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -25,48 +22,21 @@ from typing import Any
 
 import pytest
 
+from dispatcher._testing.browser import BrowserMissing, chromium
 from dispatcher._testing.servers import free_port
 from dispatcher._testing.waiting import eventually_sync
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREENSHOTS = ROOT / "docs" / "images"
-CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-# Chromium as root, headless, talking to nothing but the console.
-CHROMIUM_FLAGS = (
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-    "--window-size=1360,900",
-)
 
 
 @pytest.fixture(scope="session")
 def _chrome_session() -> Iterator[Any]:
-    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
-        pytest.fail(
-            f"{CHROMIUM} and {CHROMEDRIVER} are needed: tools/services.sh --install "
-            "(apt-get install chromium chromium-driver)"
-        )
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="console-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
     try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
+        with chromium() as driver:
+            yield driver
+    except BrowserMissing as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture

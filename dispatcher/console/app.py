@@ -273,7 +273,8 @@ async def serve(config: ConsoleConfig, *, ready: asyncio.Event | None = None) ->
             dsn=config.database_url, redis=redis, fallback_shards=config.fallback_shards
         )
         app = build_app(sampler=sampler, guard=Guard(config.token), backends=backends, pool=pool)
-        runner = web.AppRunner(app, access_log=None)
+        # A request still running at SIGTERM gets a few seconds, not aiohttp's default minute.
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
         await runner.setup()
         sampling = asyncio.create_task(sampler.run())
         stop = asyncio.Event()
@@ -291,7 +292,7 @@ async def serve(config: ConsoleConfig, *, ready: asyncio.Event | None = None) ->
         finally:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
+            await runner.cleanup()
             sampling.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sampling
-            await runner.cleanup()

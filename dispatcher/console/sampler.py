@@ -288,7 +288,7 @@ class Sampler:
             stream = task_stream(queue, shard)
             stats = await stream_stats(self._redis, stream, self._group)
             states.append(ShardState(shard=shard, stats=stats, in_count=shard < in_force))
-            added = await self._added(stream) if stats.length or stats.group_exists else 0
+            added = await self._added(stream)
             left = None if left is None or added is None else left + added - stats.length
             if stats.consumers:
                 for c in await self._consumers(stream):
@@ -296,7 +296,7 @@ class Sampler:
                     consumers[c.name] = c if seen is None else _merged(seen, c)
         dead = dead_letter_stream(queue)
         dead_letters = int(await self._redis.xlen(dead))
-        dead_added = await self._added(dead) if dead_letters else await self._dead_added(dead)
+        dead_added = await self._added(dead)
         usage = await read_usage(self._redis, queue)
         sample = QueueSample(
             name=queue,
@@ -312,14 +312,11 @@ class Sampler:
         ]
         return self._with_rates(sample, at=at), workers
 
-    async def _dead_added(self, dead: str) -> int | None:
-        return await self._added(dead) if await self._redis.exists(dead) else 0
-
     async def _added(self, stream: str) -> int | None:
         """Entries ever added to ``stream`` (XINFO STREAM, Redis >= 7); None when unknown."""
         try:
             info: dict[str, Any] = await self._redis.xinfo_stream(stream)
-        except ResponseError:  # gone meanwhile
+        except ResponseError:  # no such stream (yet, or any more)
             return 0
         added = info.get("entries-added")
         return None if added is None else int(added)
