@@ -46,7 +46,7 @@ def register(sub: Any, common: Common) -> None:
     p.add_argument(
         "--discover-every",
         type=number(float, 1),
-        default=30.0,
+        default=60.0,
         help="seconds between scans for new streams (SCANs: default %(default)g)",
     )
     add_options(p, [REPORT_GROUP, STREAM_SHARDS])

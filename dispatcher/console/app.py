@@ -65,7 +65,7 @@ class ConsoleConfig:
     group: str = "workers"
     fallback_shards: int = 4
     refresh: float = 2.0
-    discover_every: float = 30.0
+    discover_every: float = 60.0
 
 
 def _static_files() -> dict[str, tuple[bytes, str]]:

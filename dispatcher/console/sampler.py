@@ -6,8 +6,9 @@ pages poll (they all get the last sample), and only while someone looks: after
 costs a few O(1) commands per shard stream (XLEN, XINFO GROUPS, XINFO STREAM,
 XINFO CONSUMERS: never a range of entries) and the outbox counts of
 ``dispatcher status``. Which streams exist comes from a SCAN, which walks the
-whole keyspace, so it runs every ``discover_every`` seconds and after an action,
-never per sample.
+whole keyspace, so it runs once every ``discover_every`` seconds (one walk for
+both task and dead-letter streams) and after an action, never per sample. A
+queue shows once it has a stream; its limits are read by name.
 
 Rates come from counters Redis keeps: what left a queue's streams is their
 ``entries-added`` less their length (handled, cancelled or dead-lettered); what
@@ -20,6 +21,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -34,7 +36,7 @@ from dispatcher.redis_client import RedisClient
 from dispatcher.status import find_streams
 from dispatcher.stream.cancels import count_cancelled
 from dispatcher.stream.discovery import ShardState
-from dispatcher.stream.limits import LimitUsage, limited_queues, read_usage
+from dispatcher.stream.limits import LimitUsage, read_usage
 from dispatcher.stream.naming import (
     DEAD_STREAM_PREFIX,
     SHARDS_KEY,
@@ -47,6 +49,9 @@ from dispatcher.stream.shard_count import parse_shard_count
 from dispatcher.stream.stats import stream_stats
 
 __all__ = ["Consumer", "QueueSample", "Sample", "Sampler", "one_line"]
+
+# What task and dead-letter stream names begin with: one SCAN pattern finds both.
+STREAM_PREFIX = os.path.commonprefix([TASK_STREAM_PREFIX, DEAD_STREAM_PREFIX])  # noqa: RUF071
 
 log = logging.getLogger("dispatcher.console")
 
@@ -174,7 +179,7 @@ class Sampler:
         group: str,
         fallback_shards: int,
         refresh: float = 2.0,
-        discover_every: float = 30.0,
+        discover_every: float = 60.0,
         idle_after: float = 60.0,
         history_seconds: float = 900.0,
     ) -> None:
@@ -228,16 +233,16 @@ class Sampler:
         if time.monotonic() - self._found.at < self._discover_every:
             return self._found.shards
         shards: dict[str, set[int]] = {}
-        for name in await find_streams(self._redis, TASK_STREAM_PREFIX):
+        # One walk of the keyspace finds both kinds: workflow.tasks.* and workflow.dead.*.
+        for name in await find_streams(self._redis, STREAM_PREFIX):
+            if name.startswith(DEAD_STREAM_PREFIX):
+                shards.setdefault(name.removeprefix(DEAD_STREAM_PREFIX), set())
+                continue
             try:
                 queue, shard = parse_task_stream(name)
-            except ValueError:
+            except ValueError:  # workflow.cancel.signal, or not one of ours
                 continue
             shards.setdefault(queue, set()).add(shard)
-        for name in await find_streams(self._redis, DEAD_STREAM_PREFIX):
-            shards.setdefault(name.removeprefix(DEAD_STREAM_PREFIX), set())
-        for queue in await limited_queues(self._redis):
-            shards.setdefault(queue, set())
         self._found = _Found(at=time.monotonic(), shards=shards)
         return shards
 
