@@ -98,6 +98,12 @@ class OutboxDispatcherStatus(ResourceModel):
     migrated_image: str | None = Field(
         default=None, description="the enqueuer image whose `dispatcher migrate` succeeded"
     )
+    console_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        description="the web console's address (`dispatcher console`), from the resource's "
+        "annotation dispatch.composer.dev/console-url (the chart sets it with console.enabled)",
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=16,

@@ -51,7 +51,7 @@ from controller.operator_config import OperatorConfig
 from controller.probes import CrdProbe, PostgresProbe
 from controller.reconcile import Context, parse_spec, parse_status, reconcile_once
 from controller.redis_access import RedisPool
-from controller.report import Failure, Pass, degraded_events, status_after
+from controller.report import Failure, Pass, console_url, degraded_events, status_after
 from controller.resource import KIND
 from controller.secrets import SecretCache
 from controller.shard_owner import in_conflict, release_marker
@@ -301,7 +301,9 @@ class Operator:
             with self.metrics.reconcile_seconds.time():
                 result = await reconcile_once(ctx)
         self._count(key, result)
-        after = status_after(status, result, now=now, generation=meta.get("generation"))
+        after = status_after(
+            status, result, now=now, generation=meta.get("generation"), console=console_url(meta)
+        )
         if "queues" not in after and "queues" in before:  # nothing measured: keep what was
             after["queues"] = before["queues"]
         involved = {"name": owner.name, "namespace": owner.namespace, "uid": owner.uid}

@@ -28,14 +28,19 @@ from controller.migration import MIGRATED, MigrationState
 from controller.shard_policy import ShardDecision
 
 __all__ = [
+    "CONSOLE_URL_ANNOTATION",
     "Failure",
     "Pass",
     "Verdict",
     "conditions",
+    "console_url",
     "degraded_events",
     "status_after",
     "verdicts",
 ]
+
+# Set by the chart when it runs the console (console.enabled); copied into status.consoleUrl.
+CONSOLE_URL_ANNOTATION = "dispatch.composer.dev/console-url"
 
 
 class Failure(Exception):
@@ -156,18 +161,29 @@ def conditions(
     return condition_dicts(found)
 
 
+def console_url(meta: Mapping[str, Any]) -> str | None:
+    """The console's address the resource's annotation names; None unless an http(s) URL."""
+    url = (meta.get("annotations") or {}).get(CONSOLE_URL_ANNOTATION)
+    if not isinstance(url, str) or len(url) > 2048:
+        return None
+    return url if url.startswith(("http://", "https://")) else None
+
+
 def status_after(
     status: OutboxDispatcherStatus,
     result: Pass,
     *,
     now: datetime.datetime,
     generation: int | None,
+    console: str | None = None,
 ) -> dict[str, Any]:
     """The whole status after a pass: what it could not measure keeps its last value."""
     written: dict[str, Any] = {
         "observedGeneration": generation,
         "conditions": conditions(status, result, now=now, generation=generation),
     }
+    if console is not None:
+        written["consoleUrl"] = console
     shards = result.shards if result.shards is not None else status.shards
     if shards is not None:
         written["shards"] = shards

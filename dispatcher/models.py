@@ -28,6 +28,7 @@ __all__ = [
     "ReservedField",
     "TaskDispatch",
     "TaskMessage",
+    "dedup_run_part",
     "parse_tasks",
     "payload_args",
     "payload_fields",
@@ -247,6 +248,13 @@ class MalformedMessage(ValueError):
     """A stream entry that cannot be a ``TaskMessage``; the message says why."""
 
 
+def dedup_run_part(run_id: str) -> str:
+    """How ``run_id`` begins a dedup key: ``%`` and ``:`` escaped."""
+    if "%" in run_id or ":" in run_id:
+        return run_id.replace("%", "%25").replace(":", "%3A")
+    return run_id
+
+
 class TaskMessage(BaseModel):
     """What a worker's handler receives for one delivery."""
 
@@ -278,10 +286,7 @@ class TaskMessage(BaseModel):
         ``%`` and ``:`` in the run id are escaped, so no two (run, task,
         attempt) triples share a key (the attempt, an integer, ends it).
         """
-        run_id = self.run_id
-        if "%" in run_id or ":" in run_id:
-            run_id = run_id.replace("%", "%25").replace(":", "%3A")
-        return f"{run_id}:{self.task_id}:{self.attempt}"
+        return f"{dedup_run_part(self.run_id)}:{self.task_id}:{self.attempt}"
 
 
 def parse_tasks(batch: Sequence[Mapping[str, str]]) -> list[TaskMessage | MalformedMessage]:

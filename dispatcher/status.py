@@ -26,7 +26,9 @@ from dispatcher.stream.naming import (
 from dispatcher.stream.shard_count import read_published_count
 from dispatcher.stream.stats import StreamStats, streams_stats
 
-__all__ = ["StatusReport", "gather_status", "render_text"]
+__all__ = ["SCAN_COUNT", "StatusReport", "find_streams", "gather_status", "render_text"]
+
+SCAN_COUNT = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +68,15 @@ class StatusReport:
 
 
 async def find_streams(client: RedisClient, prefix: str) -> list[str]:
-    """Every stream whose name starts with ``prefix`` (all nodes of a Cluster), sorted."""
-    found = {str(key) async for key in client.scan_iter(match=f"{prefix}*", _type="STREAM")}
+    """Every stream whose name starts with ``prefix`` (all nodes of a Cluster), sorted.
+
+    A SCAN walks the whole keyspace (attempt keys included): 1,000 keys a call, not Redis'
+    default 10, so a big keyspace costs a few hundred round trips, not tens of thousands.
+    """
+    found = {
+        str(key)
+        async for key in client.scan_iter(match=f"{prefix}*", count=SCAN_COUNT, _type="STREAM")
+    }
     return sorted(found)
 
 

@@ -11,6 +11,7 @@ pytest_plugins = [
     "tests.fix_worker_process",
     "tests.fix_live_operator",
     "tests.fix_specfleet",
+    "tests.fix_browser",
 ]
 
 

@@ -29,6 +29,9 @@ command -v make >/dev/null || need+=(make)
 # The local control plane (make cluster, tests/e2e): certificates and the Pods' network namespaces.
 command -v openssl >/dev/null || need+=(openssl)
 command -v ip >/dev/null || need+=(iproute2)
+# The console's browser tests (tests/browser): headless Chromium and its WebDriver, never downloaded.
+command -v chromium >/dev/null || need+=(chromium)
+command -v chromedriver >/dev/null || need+=(chromium-driver)
 if ((${#need[@]})); then
   say "installing ${need[*]} from Debian"
   "${sudo[@]}" apt-get update -qq

@@ -14,7 +14,7 @@ import psycopg
 
 from dispatcher.cli.main import Common, UsageError
 from dispatcher.config import Settings
-from dispatcher.outbox.cancel import InvalidRunId, cancel_run_async
+from dispatcher.outbox.cancel import InvalidRunId, cancel_run_now
 
 __all__ = ["register"]
 
@@ -36,9 +36,8 @@ def register(sub: Any, common: Common) -> None:
 async def _cancel(args: argparse.Namespace, settings: Settings) -> int:
     async with await psycopg.AsyncConnection.connect(settings.require_database_url()) as conn:
         try:
-            removed = await cancel_run_async(conn, args.run)
+            removed = await cancel_run_now(conn, args.run)
         except InvalidRunId as exc:
             raise UsageError(f"--run: {exc}") from None
-        await conn.commit()
     print(f"cancel: run {args.run!r} cancelled; {removed} outbox rows removed")
     return 0

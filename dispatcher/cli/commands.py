@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dispatcher.cli.cancel import register as register_cancel
+from dispatcher.cli.console import register as register_console
 from dispatcher.cli.demo import register as register_demo
 from dispatcher.cli.limits import register as register_limits
 from dispatcher.cli.operator import register as register_operator
@@ -26,6 +27,7 @@ REGISTRY: list[Register] = [
     register_shards,
     register_limits,
     register_cancel,
+    register_console,
     register_demo,
     register_operator,
 ]

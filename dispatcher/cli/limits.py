@@ -16,16 +16,14 @@ from dispatcher.cli.flags import number
 from dispatcher.cli.main import Common, UsageError
 from dispatcher.cli.ops import redis_client
 from dispatcher.config import Settings
+from dispatcher.stream.limit_change import StoredLimitsInvalid, change_limits
 from dispatcher.stream.limits import (
     REFRESH_EVERY,
     InvalidLimits,
-    QueueLimits,
     limited_queues,
     limits_key,
-    read_limits,
     read_usage,
     render_usage,
-    write_limits,
 )
 from dispatcher.stream.naming import InvalidQueueName, validate_queue
 
@@ -78,46 +76,20 @@ def _given(args: argparse.Namespace) -> dict[str, Any]:
     return {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
 
 
-def _requested(args: argparse.Namespace, current: QueueLimits | None) -> QueueLimits:
-    given = _given(args)
-    if not given and not args.clear:
-        raise UsageError("nothing to set: give --max-in-flight, --rate/--burst or --clear")
-    fields = {} if args.clear or current is None else current.model_dump(exclude_none=True)
-    fields.update(given)
-    if fields.get("rate") == 0:
-        fields.pop("rate")
-        if "burst" not in given:
-            fields.pop("burst", None)
-    if fields.get("max_in_flight") == 0:
-        fields.pop("max_in_flight")
-    try:
-        return QueueLimits.model_validate(fields)
-    except ValueError as exc:
-        raise UsageError(f"invalid limits for {args.queue}: {_first_error(exc)}") from None
-
-
-def _first_error(exc: ValueError) -> str:
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        return "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in errors())
-    return str(exc)
-
-
 async def _set(args: argparse.Namespace, settings: Settings) -> int:
-    if args.clear or not _given(args):  # the flags alone say it all: checked before connecting
-        _requested(args, None)
+    given = _given(args)
+    if not given and not args.clear:  # before connecting: the flags alone say it
+        raise UsageError("nothing to set: give --max-in-flight, --rate/--burst or --clear")
     async with redis_client(settings) as client:
         try:
-            current = await read_limits(client, args.queue)
+            change = await change_limits(client, args.queue, given=given, clear=args.clear)
+        except StoredLimitsInvalid as exc:
+            raise UsageError(f"{exc}: replace them with --clear") from None
         except InvalidLimits as exc:
-            if not args.clear:
-                raise UsageError(f"{exc}: replace them with --clear") from None
-            current = None
-        wanted = _requested(args, current)
-        await write_limits(client, args.queue, wanted)
-        was = "none" if current is None else current.describe()
+            raise UsageError(f"invalid limits for {args.queue}: {exc}") from None
+        was = "none" if change.was is None else change.was.describe()
         print(
-            f"{limits_key(args.queue)}: {was} -> {wanted.describe()} "
+            f"{limits_key(args.queue)}: {was} -> {change.now.describe()} "
             f"(workers apply it within {REFRESH_EVERY:g} s)"
         )
     return 0

@@ -19,7 +19,13 @@ from dispatcher.config import Settings
 from dispatcher.options import option_of
 from dispatcher.outbox.queries import QUERIES
 from dispatcher.redis_client import RedisClient, connect_redis, first_answer
-from dispatcher.replay import ReplayError, replay_dead_stream, replay_outbox_dlq
+from dispatcher.replay import (
+    ReplayError,
+    delete_dead_letters,
+    delete_outbox_dlq,
+    replay_dead_stream,
+    replay_outbox_dlq,
+)
 from dispatcher.status import gather_status, render_text
 from dispatcher.stream.naming import InvalidQueueName, dead_letter_stream, validate_queue
 from dispatcher.stream.shard_count import read_shard_count
@@ -98,6 +104,13 @@ def register_dlq(sub: Any, common: Common) -> None:
     rep.add_argument("--queue", help="replay workflow.dead.<queue> instead of outbox_dlq")
     common(rep)
     rep.set_defaults(handler=_dlq_replay)
+    rm = dlq.add_parser("delete", help="delete dead letters for good (all or none of the ids)")
+    which = rm.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", action="append", dest="ids", help="an id to delete (repeatable)")
+    which.add_argument("--all", action="store_true", help="delete every dead letter")
+    rm.add_argument("--queue", help="delete from workflow.dead.<queue> instead of outbox_dlq")
+    common(rm)
+    rm.set_defaults(handler=_dlq_delete)
 
 
 def _queue(args: argparse.Namespace) -> str | None:
@@ -161,4 +174,23 @@ async def _dlq_replay(args: argparse.Namespace, settings: Settings) -> int:
         raise UsageError(str(exc)) from None
     verb = "would replay" if done.dry_run else "replayed"
     print(f"{verb} {len(done.ids)}: {' '.join(done.ids)}".rstrip(": "))
+    return 0
+
+
+async def _dlq_delete(args: argparse.Namespace, settings: Settings) -> int:
+    queue = _queue(args)
+    try:
+        if queue is not None:
+            async with redis_client(settings) as redis:
+                done = await delete_dead_letters(
+                    redis, queue, ids=args.ids or (), all_entries=args.all
+                )
+        else:
+            async with await psycopg.AsyncConnection.connect(
+                settings.require_database_url()
+            ) as conn:
+                done = await delete_outbox_dlq(conn, ids=args.ids or (), all_rows=args.all)
+    except ReplayError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"deleted {len(done.ids)}: {' '.join(done.ids)}".rstrip(": "))
     return 0

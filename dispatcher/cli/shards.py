@@ -24,7 +24,7 @@ from dispatcher.stream.discovery import ShardState, queue_shards, task_queues
 from dispatcher.stream.naming import SHARDS_KEY
 from dispatcher.stream.shard_count import (
     REFRESH_EVERY,
-    publish_shard_count,
+    change_shard_count,
     read_published_count,
 )
 
@@ -120,9 +120,7 @@ async def _show(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _set(args: argparse.Namespace, settings: Settings) -> int:
     async with redis_client(settings) as client:
-        published, invalid = await read_published_count(client)
-        await publish_shard_count(client, args.count)
-        was = invalid or ("(not set)" if published is None else str(published))
+        was = await change_shard_count(client, args.count)
         print(f"{SHARDS_KEY}: {was} -> {args.count}", flush=True)
         if args.no_wait:
             print("not waiting: removed shards drain as workers read them")

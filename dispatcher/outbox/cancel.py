@@ -19,7 +19,7 @@ import psycopg
 from dispatcher.outbox.app_api import AsyncTarget, SyncTarget
 from dispatcher.outbox.queries import QUERIES
 
-__all__ = ["CancelMissing", "InvalidRunId", "cancel_run", "cancel_run_async"]
+__all__ = ["CancelMissing", "InvalidRunId", "cancel_run", "cancel_run_async", "cancel_run_now"]
 
 
 class InvalidRunId(ValueError):
@@ -70,6 +70,13 @@ async def cancel_run_async(target: AsyncTarget, run_id: str) -> int:
     except psycopg.errors.UndefinedFunction as exc:
         raise CancelMissing() from exc
     return _removed(await cursor.fetchone())
+
+
+async def cancel_run_now(conn: psycopg.AsyncConnection[Any], run_id: str) -> int:
+    """Cancel ``run_id`` in a transaction of its own, committed (the CLI's and the console's)."""
+    removed = await cancel_run_async(conn, run_id)
+    await conn.commit()
+    return removed
 
 
 def _removed(row: Any) -> int:

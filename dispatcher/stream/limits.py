@@ -176,7 +176,7 @@ async def write_limits(client: RedisClient, queue: str, limits: QueueLimits | No
 
 async def limited_queues(client: RedisClient) -> list[str]:
     """Every queue with a limits key (all nodes of a Cluster), sorted."""
-    found = {str(key) async for key in client.scan_iter(match=f"{LIMITS_PREFIX}*")}
+    found = {str(key) async for key in client.scan_iter(match=f"{LIMITS_PREFIX}*", count=1000)}
     return sorted(q for key in found if (q := queue_of_limits_key(key)) is not None)
 
 

@@ -23,6 +23,7 @@ __all__ = [
     "REFRESH_EVERY",
     "InvalidShardCount",
     "LiveShardCount",
+    "change_shard_count",
     "ensure_shard_count",
     "parse_shard_count",
     "publish_shard_count",
@@ -56,9 +57,20 @@ def parse_shard_count(raw: str | bytes | int, *, source: str = SHARDS_KEY) -> in
 
 
 async def publish_shard_count(client: RedisClient, shards: int) -> None:
-    """Write the shard count (validated) to ``composer:stream_shards``: an explicit change."""
+    """Write the shard count (validated) to ``composer:stream_shards``: an explicit change.
+
+    A plain SET: it also replaces a key of another type (``SET ... GET`` would refuse one), so
+    an explicit change heals a garbage key; ``read_published_count`` says what was there."""
     parse_shard_count(shards, source="shard count")
     await client.set(SHARDS_KEY, str(shards))
+
+
+async def change_shard_count(client: RedisClient, shards: int) -> str:
+    """The explicit change (``dispatcher shards set``, the console): write ``shards``; what the
+    key held before, as a person reads it (a number, "(not set)", or why it was invalid)."""
+    published, invalid = await read_published_count(client)
+    await publish_shard_count(client, shards)
+    return invalid or ("(not set)" if published is None else str(published))
 
 
 async def ensure_shard_count(client: RedisClient, shards: int) -> bool:

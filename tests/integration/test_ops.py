@@ -201,3 +201,38 @@ async def test_journal_rows_of_another_cluster_are_discarded(
     assert [e["outbox_id"] for e in await published(redis_standalone, queue)] == [row_id]
     out = cli("status", "--json", db_url=outbox_db_url, redis_url=redis_url)
     assert out.returncode == 0, out.stderr
+
+
+async def test_dlq_delete_of_both_hops_is_all_or_nothing(
+    outbox_db_url: str, redis_url: str, redis_standalone: RedisClient, queue: str
+) -> None:
+    with psycopg.connect(outbox_db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO outbox_dlq (id, stream, payload, attempts) "
+            "SELECT 'd' || g, %s, '{}', 6 FROM generate_series(1, 3) g",
+            (task_stream(queue, 0),),
+        )
+    dead = dead_letter_stream(queue)
+    ids = [
+        str(await redis_standalone.xadd(dead, {"task_id": f"t{n}", "error": "x"})) for n in range(3)
+    ]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return cli("dlq", "delete", *args, db_url=outbox_db_url, redis_url=redis_url)
+
+    missing = run("--id", "d1", "--id", "nope")
+    assert missing.returncode == 2
+    assert "not in outbox_dlq: nope; nothing deleted" in missing.stderr
+    gone = run("--id", "d1", "--id", "d3")
+    assert gone.stdout.strip() == "deleted 2: d1 d3"
+    with psycopg.connect(outbox_db_url) as conn:
+        assert conn.execute("SELECT id FROM outbox_dlq").fetchall() == [("d2",)]
+
+    missing = run("--queue", queue, "--id", ids[0], "--id", "1-99")
+    assert missing.returncode == 2
+    assert f"not in {dead}: 1-99; nothing deleted" in missing.stderr
+    assert run("--queue", queue, "--id", "not-an-id").returncode == 2
+    assert await redis_standalone.xlen(dead) == 3
+    assert run("--queue", queue, "--id", ids[1]).stdout.strip() == f"deleted 1: {ids[1]}"
+    assert run("--queue", queue, "--all").stdout.strip() == f"deleted 2: {ids[0]} {ids[2]}"
+    assert await redis_standalone.xlen(dead) == 0

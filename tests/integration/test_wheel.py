@@ -4,8 +4,8 @@ Every other test imports the editable checkout, so a file the code loads at run
 time (SQL, migrations) but the wheel leaves out goes unnoticed there. This one
 copies what the Dockerfile's wheel stage copies into a temp dir, runs ``pip wheel --no-deps``
 on it, installs the wheel into a new venv outside the checkout and drives
-``dispatcher migrate``, ``enqueuer``, ``worker`` and ``status`` from that venv
-against the real servers.
+``dispatcher migrate``, ``enqueuer``, ``worker``, ``status`` and ``console`` from
+that venv against the real servers.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import urllib.request
 import venv
+import zipfile
 from pathlib import Path
 
 import psycopg
@@ -24,6 +26,7 @@ import pytest
 import redis as sync_redis
 
 from dispatcher._testing.data import insert_rows
+from dispatcher._testing.servers import free_port
 from dispatcher._testing.waiting import eventually_sync
 from dispatcher.outbox.schema import available_migrations
 from tests.unit.test_deploy_images import build_sources
@@ -139,3 +142,48 @@ def test_the_wheel_migrates_dispatches_and_reports(
     assert status["outbox"]["PENDING"] == 0
     assert sum(s["length"] for s in status["streams"]) == 0, "handled entries are deleted"
     assert status["dlq"] == 0
+
+
+def test_the_wheel_carries_and_serves_the_console_page(
+    shipped: Path, outbox_db_url: str, redis_url: str, tmp_path: Path
+) -> None:
+    """Every file of the console's page is in the wheel, and ``dispatcher console`` from the
+    fresh venv serves them byte for byte (no build step, nothing fetched from elsewhere)."""
+    static = ROOT / "dispatcher" / "console" / "static"
+    names = sorted(p.name for p in static.iterdir())
+    assert {"index.html", "console.js", "console.css"} <= set(names)
+    (wheel,) = (shipped.parents[1] / "wheels").glob("outbox_dispatcher-*.whl")
+    with zipfile.ZipFile(wheel) as zipped:
+        inside = {n.removeprefix("dispatcher/console/static/") for n in zipped.namelist()}
+    assert set(names) <= inside
+
+    port = free_port()
+    env = _clean_env(DATABASE_URL=outbox_db_url, REDIS_URL=redis_url)
+    with (tmp_path / "console.log").open("w") as log:
+        proc = subprocess.Popen(
+            [shipped / "dispatcher", "console", "--port", str(port)],
+            cwd=tmp_path,
+            env=env,
+            stdout=log,
+            stderr=log,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+
+        def fetched(path: str) -> bytes:
+            with urllib.request.urlopen(base + path, timeout=5) as response:
+                return bytes(response.read())
+
+        index = eventually_sync(
+            lambda: fetched("/"), within=30, ignoring=(OSError,), what="the console up"
+        )
+        assert index == (static / "index.html").read_bytes()
+        for name in names:
+            assert fetched(f"/static/{name}") == (static / name).read_bytes(), name
+        assert "http" not in (static / "index.html").read_text().replace(
+            'xmlns="http://www.w3.org', ""
+        ), "the page loads nothing from elsewhere"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    assert code == 0, (tmp_path / "console.log").read_text()

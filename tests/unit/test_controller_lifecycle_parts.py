@@ -11,7 +11,14 @@ from controller.k8s import contains
 from controller.migration import MigrationState
 from controller.operator import WatchEvent
 from controller.quantity import parse_quantity, same_quantity
-from controller.report import Failure, Pass, conditions
+from controller.report import (
+    CONSOLE_URL_ANNOTATION,
+    Failure,
+    Pass,
+    conditions,
+    console_url,
+    status_after,
+)
 
 NOW = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
 
@@ -102,3 +109,20 @@ def test_a_watch_event_reads_kopfs_keyword_arguments() -> None:
     assert (listed.deleted, listed.meta["name"]) == (False, "orders")  # the initial listing
     assert not WatchEvent.from_kopf({"body": body, "type": "MODIFIED"}).deleted
     assert WatchEvent.from_kopf({"body": body, "type": "DELETED"}).deleted
+
+
+def test_the_status_names_the_console_the_annotation_names_and_nothing_else() -> None:
+    url = "http://obd-console.ops.svc:80/"
+    meta = {"annotations": {CONSOLE_URL_ANNOTATION: url}}
+    after = status_after(
+        OutboxDispatcherStatus(), Pass(), now=NOW, generation=3, console=console_url(meta)
+    )
+    assert after["consoleUrl"] == url
+    assert OutboxDispatcherStatus.model_validate(after).console_url == url
+    for odd in (
+        {},
+        {"annotations": None},
+        {"annotations": {CONSOLE_URL_ANNOTATION: "javascript:x"}},
+    ):
+        assert console_url(odd) is None
+    assert "consoleUrl" not in status_after(OutboxDispatcherStatus(), Pass(), now=NOW, generation=3)

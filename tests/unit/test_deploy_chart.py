@@ -19,6 +19,7 @@ import yaml
 from cloudcoil.models.prometheus_operator.v1 import PodMonitor, ServiceMonitor
 
 from controller.model import DEFAULT_VERSION_TAG, OutboxDispatcherSpec
+from controller.report import CONSOLE_URL_ANNOTATION, console_url
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "outbox-dispatcher"
@@ -100,6 +101,15 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                 ],
             },
         }
+    },
+    # The web console beside the release's OutboxDispatcher, actions allowed by a token.
+    "console": {
+        "dispatcher": {"enabled": True, "name": "orders"},
+        "console": {
+            "enabled": True,
+            "token": {"secretRef": {"name": "console-token", "key": "token"}},
+            "redis": {"secretRef": {"name": "redis-console", "key": "url"}, "cluster": True},
+        },
     },
     # Two operator replicas (one acts, elected on a Lease) over every namespace.
     "all-namespaces-ha": {"operator": {"watchAllNamespaces": True, "replicas": 2}},
@@ -246,6 +256,45 @@ def test_optional_dispatcher_pins_no_image_and_references_secrets() -> None:
     assert not [o for o in render({}) if o["kind"] == "OutboxDispatcher"]
 
 
+def test_the_console_is_off_by_default_and_on_is_a_pod_a_service_and_the_status_url() -> None:
+    assert not [o for o in render({}) if "console" in o["metadata"]["name"]]
+    objects = render(VALUE_SETS["console"])
+    (deployment,) = (
+        o
+        for o in objects
+        if o["kind"] == "Deployment" and o["metadata"]["name"] == f"{RELEASE}-console"
+    )
+    (service,) = (o for o in objects if o["kind"] == "Service")
+    (cr,) = (o for o in objects if o["kind"] == "OutboxDispatcher")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == f"outbox-dispatcher-enqueuer:{DEFAULT_VERSION_TAG}"
+    assert container["command"] == ["dispatcher", "console"]
+    assert container["args"] == ["--host=0.0.0.0", "--port=8080", "--refresh=2"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["DATABASE_URL"] == {"secretKeyRef": {"name": "dispatcher-postgres", "key": "url"}}
+    assert env["REDIS_URL"] == {"secretKeyRef": {"name": "redis-console", "key": "url"}}
+    assert env["REDIS_CLUSTER"] == "1"
+    assert env["DISPATCHER_CONSOLE_TOKEN"] == {
+        "secretKeyRef": {"name": "console-token", "key": "token"}
+    }
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert not pod["automountServiceAccountToken"]  # it never talks to the Kubernetes API
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}
+    ]
+    url = f"http://{RELEASE}-console.{NAMESPACE}.svc:80/"
+    assert cr["metadata"]["annotations"] == {CONSOLE_URL_ANNOTATION: url}
+    assert console_url(cr["metadata"]) == url  # what the operator writes to status.consoleUrl
+
+    read_only = render({"console": {"enabled": True}})
+    (container,) = next(
+        o for o in read_only if o["kind"] == "Deployment" and "console" in o["metadata"]["name"]
+    )["spec"]["template"]["spec"]["containers"]
+    assert "DISPATCHER_CONSOLE_TOKEN" not in {e["name"] for e in container["env"]}
+
+
 def test_the_chart_requires_aof_by_default() -> None:
     """Without AOF a Redis restart loses the streams: the chart's pods refuse such a Redis."""
     (cr,) = (o for o in render(VALUE_SETS["with-dispatcher"]) if o["kind"] == "OutboxDispatcher")
@@ -387,6 +436,8 @@ BAD_VALUES = {
     },
     "monitor interval": {"monitoring": {"podMonitor": {"interval": "soon"}}},
     "two operators without leader election": {"operator": {"replicas": 2, "leaderElection": False}},
+    "console on a privileged port": {"console": {"port": 80}},
+    "console service type": {"console": {"service": {"type": "ExternalName", "port": 80}}},
 }
 
 

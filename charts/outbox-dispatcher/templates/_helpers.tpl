@@ -76,11 +76,37 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 
 {{/* The operator image: repository:tag, or repository@digest when a digest is given. */}}
 {{- define "outbox-dispatcher.operatorImage" -}}
-{{- $image := .Values.operator.image }}
+{{- include "outbox-dispatcher.image" (dict "image" .Values.operator.image "appVersion" .Chart.AppVersion) }}
+{{- end }}
+
+{{/* The console image (the enqueuer's: it carries the whole `dispatcher` command). */}}
+{{- define "outbox-dispatcher.consoleImage" -}}
+{{- include "outbox-dispatcher.image" (dict "image" .Values.console.image "appVersion" .Chart.AppVersion) }}
+{{- end }}
+
+{{/* The name of the console's Deployment and Service. */}}
+{{- define "outbox-dispatcher.consoleName" -}}
+{{- printf "%s-console" (include "outbox-dispatcher.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The console's address inside the cluster (what the OutboxDispatcher's status names). */}}
+{{- define "outbox-dispatcher.consoleUrl" -}}
+{{- printf "http://%s.%s.svc:%v/" (include "outbox-dispatcher.consoleName" .) .Release.Namespace .Values.console.service.port }}
+{{- end }}
+
+{{/* The console's selector (never changes across upgrades). */}}
+{{- define "outbox-dispatcher.consoleSelectorLabels" -}}
+{{ include "outbox-dispatcher.selectorLabels" . }}
+app.kubernetes.io/component: console
+{{- end }}
+
+{{/* An image from {image: {repository, tag, digest}, appVersion}: repository:tag or @digest. */}}
+{{- define "outbox-dispatcher.image" -}}
+{{- $image := .image }}
 {{- if $image.digest }}
 {{- printf "%s@%s" $image.repository $image.digest }}
 {{- else }}
-{{- $tag := default .Chart.AppVersion $image.tag }}
+{{- $tag := default .appVersion $image.tag }}
 {{- /* A number from --set or values.yaml arrives as a float: 1234567 must not become 1.234567e+06. */}}
 {{- if kindIs "float64" $tag }}
 {{- $tag = int64 $tag }}

@@ -206,6 +206,10 @@ SELECT status, count(*) AS rows,
        extract(epoch FROM now() - min(created_at))::float8 AS oldest_age_seconds
   FROM outbox GROUP BY status;
 
+-- name: outbox_due_later
+-- Rows waiting for their next_attempt_at (a retry's backoff, a not_before): the scheduled index.
+SELECT count(*) FROM outbox WHERE status IN ('PENDING', 'RETRY') AND next_attempt_at > now();
+
 -- name: dlq_count
 SELECT count(*) FROM outbox_dlq;
 
@@ -213,8 +217,35 @@ SELECT count(*) FROM outbox_dlq;
 SELECT id, task_id, stream, attempts, moved_at, last_error
   FROM outbox_dlq ORDER BY moved_at DESC, id LIMIT %(limit)s;
 
+-- name: dlq_page
+-- The console's page of outbox_dlq, newest first, after a (moved_at, id) cursor; run_id only
+-- (never the payload) is read out of the row.
+SELECT id, task_id, stream, attempts, moved_at, last_error, payload ->> 'run_id' AS run_id
+  FROM outbox_dlq
+ WHERE %(before_moved)s::timestamptz IS NULL
+    OR (moved_at, id) < (%(before_moved)s::timestamptz, %(before_id)s::text)
+ ORDER BY moved_at DESC, id DESC LIMIT %(limit)s;
+
+-- name: dlq_payload
+SELECT payload FROM outbox_dlq WHERE id = %(id)s;
+
+-- name: run_outbox
+-- A run's rows still in the outbox (a lookup by hand: run_id is not indexed).
+SELECT id, task_id, stream, status, attempt_count, next_attempt_at, last_error, created_at
+  FROM outbox WHERE payload ->> 'run_id' = %(run_id)s ORDER BY created_at, id LIMIT %(limit)s;
+
+-- name: run_dlq
+SELECT id, task_id, stream, attempts, last_error, moved_at
+  FROM outbox_dlq WHERE payload ->> 'run_id' = %(run_id)s ORDER BY moved_at, id LIMIT %(limit)s;
+
+-- name: run_cancel_waiting
+SELECT cancelled_at FROM outbox_cancel WHERE run_id = %(run_id)s;
+
 -- name: dlq_select
 SELECT id FROM outbox_dlq WHERE %(all)s OR id = ANY(%(ids)s) ORDER BY id;
+
+-- name: dlq_delete
+DELETE FROM outbox_dlq WHERE %(all)s OR id = ANY(%(ids)s) RETURNING id;
 
 -- name: dlq_replay
 -- Back to PENDING with attempts reset, in one statement (one transaction). Each row inserted
