@@ -19,6 +19,13 @@ with ``managedFields``, whose field sets would need a parser of their own.
 An object gone from the API server (deleted while a watch was cut, before the next relist
 says so) is "gone", never an error: an apply creates it again, a patch of it returns None
 and the cache forgets it.
+
+A Deployment's selector is immutable. One whose selector is not the render's (labelled by an
+operator version before ``dispatch.composer.dev/dispatcher`` replaced
+``app.kubernetes.io/instance``) is deleted and created again: its pods stop with their grace
+period while the new ones start (a one-time restart, which the image upgrade that comes
+with a new operator version makes anyway); nothing is lost, the work waits in PostgreSQL and
+Redis. A PodDisruptionBudget's selector is mutable: the apply updates it.
 """
 
 from __future__ import annotations
@@ -75,6 +82,14 @@ def _unchanged(live: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
     return held == wanted and contains(live, manifest)
 
 
+def _selector_changed(live: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
+    """A Deployment whose selector is not the render's: the API refuses to change it."""
+    if manifest["kind"] != "Deployment":
+        return False
+    held = (live.get("spec") or {}).get("selector") or {}
+    return bool(held != manifest["spec"]["selector"])
+
+
 async def apply_owned(
     *, api: KubeApi, cache: Cache, owner: Owner, manifest: Mapping[str, Any]
 ) -> bool:
@@ -92,6 +107,14 @@ async def apply_owned(
             f"{kind} {name} already exists and belongs to {owners or 'nobody'}: "
             "rename this dispatcher or the queue",
         )
+    if live is not None and _selector_changed(live, manifest):
+        await api.delete(kind, namespace=namespace, name=name)
+        cache.drop(live, kind)
+        log.info(
+            "%s/%s: %s %s has another selector (immutable): deleted, created again",
+            namespace, owner.name, kind, name,
+        )  # fmt: skip
+        live = None
     if live is not None and _unchanged(live, manifest):
         return False
     cache.put(await api.apply(manifest), kind)
