@@ -20,12 +20,13 @@ An object gone from the API server (deleted while a watch was cut, before the ne
 says so) is "gone", never an error: an apply creates it again, a patch of it returns None
 and the cache forgets it.
 
-A Deployment's selector is immutable. One whose selector is not the render's (labelled by an
-operator version before ``dispatch.composer.dev/dispatcher`` replaced
-``app.kubernetes.io/instance``) is deleted and created again: its pods stop with their grace
-period while the new ones start (a one-time restart, which the image upgrade that comes
-with a new operator version makes anyway); nothing is lost, the work waits in PostgreSQL and
-Redis. A PodDisruptionBudget's selector is mutable: the apply updates it.
+An object whose selector is not exactly the render's (labelled by an operator version before
+``dispatch.composer.dev/dispatcher`` replaced ``app.kubernetes.io/instance``) is deleted and
+created again. A Deployment's selector is immutable; a budget's is not, but an apply keeps
+selector keys another field manager owns, and a budget that also requires the old key
+selects none of the new pods. The Deployment's pods stop with their grace period while the
+new ones start (a one-time restart, which the image upgrade that comes with a new operator
+version makes anyway); nothing is lost, the work waits in PostgreSQL and Redis.
 """
 
 from __future__ import annotations
@@ -83,11 +84,10 @@ def _unchanged(live: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
 
 
 def _selector_changed(live: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
-    """A Deployment whose selector is not the render's: the API refuses to change it."""
-    if manifest["kind"] != "Deployment":
-        return False
+    """A selector that is not exactly the render's (``contains`` would accept extra keys)."""
+    wanted = (manifest.get("spec") or {}).get("selector")
     held = (live.get("spec") or {}).get("selector") or {}
-    return bool(held != manifest["spec"]["selector"])
+    return wanted is not None and bool(held != wanted)
 
 
 async def apply_owned(

@@ -5,7 +5,8 @@ namespace per test). Up to #41 the operator labelled a dispatcher's objects
 ``app.kubernetes.io/instance=<dispatcher>``, the Helm release's key; now
 ``dispatch.composer.dev/dispatcher``. A Deployment's selector is immutable (the API server
 refuses a change, as checked here), so an upgraded operator deletes a Deployment with the
-old selector and creates it again; a budget's selector it updates in place. And the printer
+old selector and creates it again, and a budget too (an apply would keep keys another field
+manager owns). And the printer
 columns read status fields the operator writes: every queue, ready workers, the backlog.
 """
 
@@ -71,7 +72,12 @@ async def test_a_deployment_with_the_old_selector_is_created_again_with_the_new_
     old = labelled_the_old_way(build_worker_deployment(spec, emails, owner=owner, replicas=0))
     budget = build_worker_pdb(emails, owner=owner)
     assert budget is not None
-    await asyncio.to_thread(live.apply, old, labelled_the_old_way(budget))
+    # Applied as the earlier operator applied them: server-side, under its field manager.
+    for manifest in (old, labelled_the_old_way(budget)):
+        await asyncio.to_thread(
+            live.kubectl, "apply", "--server-side", "--field-manager=outbox-dispatcher-operator",
+            "-f", "-", stdin=json.dumps(manifest),
+        )  # fmt: skip
     before = await get(live, "deployment", "orders-worker-emails")
     assert before is not None
     # What the operator must cope with: the API server refuses a changed selector.
