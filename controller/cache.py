@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.identity import Owner, controller_uid, instance_labels
+from controller.identity import COMPONENT_LABEL, Owner, controller_uid
 
 __all__ = ["Cache"]
 
@@ -68,13 +68,14 @@ class Cache:
         return self._synced.setdefault((kind, namespace), asyncio.Event())
 
     def owned(self, owner: Owner, component: str, kind: str = "Deployment") -> list[dict[str, Any]]:
-        labels = instance_labels(owner, component).items()
+        """The objects of one component that ``owner`` controls: told by the owner reference's
+        uid, not by labels, so objects labelled by an earlier version are found too."""
         return [
             d
             for (ns, _), d in self.of(kind).items()
             if ns == owner.namespace
             and controller_uid(d) == owner.uid
-            and labels <= (d.get("metadata", {}).get("labels") or {}).items()
+            and (d.get("metadata", {}).get("labels") or {}).get(COMPONENT_LABEL) == component
         ]
 
 

@@ -114,6 +114,20 @@ class OutboxDispatcherStatus(ResourceModel):
         max_length=MAX_QUEUES,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
+    # At a glance (controller.glance): what `kubectl get obd` prints.
+    queue_names: str | None = Field(
+        default=None, description="the spec's queues, comma-separated, in the spec's order"
+    )
+    workers: str | None = Field(
+        default=None, description="worker pods ready/wanted, over every worker Deployment"
+    )
+    enqueuers: str | None = Field(default=None, description="enqueuer pods ready/wanted")
+    backlog: int | None = Field(
+        default=None, description="entries not yet completed, summed over the queues"
+    )
+    pending: int | None = Field(
+        default=None, description="entries delivered and not yet acked, summed over the queues"
+    )
 
     def queue(self, name: str) -> QueueStatus | None:
         return next((q for q in self.queues if q.name == name), None)

@@ -168,16 +168,26 @@ def cel_rules(
 
 
 def _printer_columns() -> list[dict[str, Any]]:
+    """What ``kubectl get obd`` prints; ``-o wide`` adds the ``priority: 1`` ones. Each is a
+    status field the operator writes (``controller.glance``): a column shows only the first
+    value of a list, so none reads one."""
+    ready = '.status.conditions[?(@.type=="Ready")]'
+    wide = {"priority": 1}
     return [
         {"name": "Shards", "type": "integer", "jsonPath": ".status.shards"},
-        {"name": "Queues", "type": "string", "jsonPath": ".spec.queues[*].name"},
-        {
-            "name": "Ready",
-            "type": "string",
-            "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
-        },
+        {"name": "Queues", "type": "string", "jsonPath": ".status.queueNames"},
+        {"name": "Workers", "type": "string", "jsonPath": ".status.workers",
+         "description": "worker pods ready/wanted"},
+        {"name": "Backlog", "type": "integer", "jsonPath": ".status.backlog",
+         "description": "entries not yet completed"},
+        {"name": "Ready", "type": "string", "jsonPath": f"{ready}.status"},
+        {"name": "Enqueuers", "type": "string", "jsonPath": ".status.enqueuers",
+         "description": "enqueuer pods ready/wanted", **wide},
+        {"name": "Pending", "type": "integer", "jsonPath": ".status.pending",
+         "description": "entries delivered, not yet acked", **wide},
+        {"name": "Reason", "type": "string", "jsonPath": f"{ready}.reason", **wide},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-    ]
+    ]  # fmt: skip
 
 
 class _NoAliases(yaml.SafeDumper):

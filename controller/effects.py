@@ -19,6 +19,14 @@ with ``managedFields``, whose field sets would need a parser of their own.
 An object gone from the API server (deleted while a watch was cut, before the next relist
 says so) is "gone", never an error: an apply creates it again, a patch of it returns None
 and the cache forgets it.
+
+An object whose selector is not exactly the render's (labelled by an operator version before
+``dispatch.composer.dev/dispatcher`` replaced ``app.kubernetes.io/instance``) is deleted and
+created again. A Deployment's selector is immutable; a budget's is not, but an apply keeps
+selector keys another field manager owns, and a budget that also requires the old key
+selects none of the new pods. The Deployment's pods stop with their grace period while the
+new ones start (a one-time restart, which the image upgrade that comes with a new operator
+version makes anyway); nothing is lost, the work waits in PostgreSQL and Redis.
 """
 
 from __future__ import annotations
@@ -75,6 +83,13 @@ def _unchanged(live: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
     return held == wanted and contains(live, manifest)
 
 
+def _selector_changed(live: Mapping[str, Any], manifest: Mapping[str, Any]) -> bool:
+    """A selector that is not exactly the render's (``contains`` would accept extra keys)."""
+    wanted = (manifest.get("spec") or {}).get("selector")
+    held = (live.get("spec") or {}).get("selector") or {}
+    return wanted is not None and bool(held != wanted)
+
+
 async def apply_owned(
     *, api: KubeApi, cache: Cache, owner: Owner, manifest: Mapping[str, Any]
 ) -> bool:
@@ -92,6 +107,14 @@ async def apply_owned(
             f"{kind} {name} already exists and belongs to {owners or 'nobody'}: "
             "rename this dispatcher or the queue",
         )
+    if live is not None and _selector_changed(live, manifest):
+        await api.delete(kind, namespace=namespace, name=name)
+        cache.drop(live, kind)
+        log.info(
+            "%s/%s: %s %s has another selector (immutable): deleted, created again",
+            namespace, owner.name, kind, name,
+        )  # fmt: skip
+        live = None
     if live is not None and _unchanged(live, manifest):
         return False
     cache.put(await api.apply(manifest), kind)

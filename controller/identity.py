@@ -4,6 +4,15 @@ The ``Owner`` (the ``OutboxDispatcher``) and its owner reference, the object nam
 Deployments, budgets and migration Jobs (DNS-1123 labels; a hash suffix keeps a name that
 had to be altered distinct), the selector labels of each component, and the uid of an
 object's controlling owner, which tells the operator's objects from anyone else's.
+
+The labels follow Kubernetes' recommended ones without sharing a key's meaning with the
+chart: ``app.kubernetes.io/instance`` is the Helm release's (Helm's convention, and what
+Argo CD's label tracking uses), so the operator never sets it. Which dispatcher an object
+belongs to is ``dispatch.composer.dev/dispatcher`` (and ``dispatch.composer.dev/queue``
+for a queue's worker), who manages it ``app.kubernetes.io/managed-by`` (the chart's
+objects: ``Helm``). A selector of the release (``instance=<release>``) therefore never
+matches what a dispatcher owns, whatever the names, and a dispatcher's selector never
+matches the release's objects. ``part-of``/``name`` (the application) are shared on purpose.
 """
 
 from __future__ import annotations
@@ -17,6 +26,8 @@ from dispatcher.stream.naming import fnv1a_32
 
 __all__ = [
     "APP_NAME",
+    "COMPONENT_LABEL",
+    "DISPATCHER_LABEL",
     "MANAGED_BY",
     "QUEUE_LABEL",
     "Owner",
@@ -32,6 +43,8 @@ __all__ = [
 APP_NAME = "outbox-dispatcher"
 MANAGED_BY = "outbox-dispatcher-operator"
 QUEUE_LABEL = f"{API_GROUP}/queue"
+DISPATCHER_LABEL = f"{API_GROUP}/dispatcher"
+COMPONENT_LABEL = "app.kubernetes.io/component"
 _MAX_NAME = 63
 
 
@@ -80,11 +93,11 @@ def worker_name(owner: Owner, queue: str) -> str:
 
 
 def instance_labels(owner: Owner, component: str) -> dict[str, str]:
-    """The selector labels of one component of one dispatcher."""
+    """The selector labels of one component of one dispatcher (no ``instance``: the release's)."""
     return {
         "app.kubernetes.io/name": APP_NAME,
-        "app.kubernetes.io/instance": owner.name,
-        "app.kubernetes.io/component": component,
+        COMPONENT_LABEL: component,
+        DISPATCHER_LABEL: owner.name,
     }
 
 

@@ -24,6 +24,13 @@ election does:
 
 Every write is an update at the ``resourceVersion`` read (optimistic concurrency), so
 two candidates never both win one term. Identity: the pod's name (``POD_NAME``).
+
+The Lease belongs to the operator's installation: it carries the operator's labels and,
+with ``owner`` (the operator's Deployment, in the Lease's namespace: the chart and
+``deploy/base`` pass it), an ownerReference to that Deployment, so the garbage collector
+deletes the Lease with it (``helm uninstall``). A Lease is created only while that
+Deployment exists (read at each creation: a replica still stopping after the uninstall
+creates none), and one created by an earlier version gets the reference at its next write.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -43,6 +50,7 @@ from controller.kubeclient import APIConflictError, APIError, APINotFoundError, 
 from controller.leadership import Leadership
 
 __all__ = [
+    "LEASE_LABELS",
     "LeaseConfig",
     "LeaseElector",
     "LeaseRecord",
@@ -52,6 +60,13 @@ __all__ = [
 
 log = logging.getLogger("controller.leader")
 Action = Literal["create", "renew", "take", "wait"]
+# What the Lease is: a part of the operator, written by the operator (not by Helm).
+LEASE_LABELS = {
+    "app.kubernetes.io/name": "outbox-dispatcher",
+    "app.kubernetes.io/component": "operator",
+    "app.kubernetes.io/part-of": "outbox-dispatcher",
+    "app.kubernetes.io/managed-by": "outbox-dispatcher-operator",
+}
 
 
 def identity() -> str:
@@ -68,6 +83,8 @@ class LeaseRecord:
     transitions: int
     resource_version: str
     acquired: str | None = None  # acquireTime, as written
+    labels: Mapping[str, str] = field(default_factory=dict)  # kept by every write
+    owners: tuple[Mapping[str, Any], ...] = ()  # its ownerReferences, kept likewise
 
     @classmethod
     def from_api(cls, lease: Any) -> LeaseRecord:
@@ -85,6 +102,8 @@ class LeaseRecord:
                 transitions=int(spec.get("leaseTransitions") or 0),
                 resource_version=str(meta.get("resourceVersion") or ""),
                 acquired=None if acquired is None else str(acquired),
+                labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
+                owners=tuple(dict(r) for r in meta.get("ownerReferences") or ()),
             )
         except (TypeError, ValueError) as exc:
             raise ValueError(f"a Lease with a malformed spec: {exc}") from None
@@ -113,11 +132,16 @@ class LeaseConfig:
     renew_deadline: float = 10.0
     retry_every: float = 1.0
     request_timeout: float = 5.0
+    owner: str | None = None  # the operator's Deployment, in ``namespace``: the Lease's owner
 
 
 def _micro(moment: datetime.datetime) -> str:
     """The API's MicroTime form (exactly six fraction digits, UTC)."""
     return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _names(ref: Mapping[str, Any], deployment: str) -> bool:
+    return ref.get("kind") == "Deployment" and ref.get("name") == deployment
 
 
 class LeaseElector:
@@ -218,20 +242,54 @@ class LeaseElector:
         return LeaseRecord.from_api(lease)
 
     async def _write(self, action: Action, record: LeaseRecord | None) -> bool:
-        """Create, renew or take; False when another replica wrote first (409)."""
+        """Create, renew or take; False when another replica wrote first (409), or when the
+        Lease is absent and so is the Deployment that would own it (being uninstalled)."""
+        owner, gone = await self._owner_reference(record)
+        if record is None and gone:
+            log.warning(
+                "lease %s: not created: Deployment %s is gone", self.config.name, self.config.owner
+            )
+            return False
         try:
             if record is None:
-                body = self._body(None, holder=self.config.identity, transitions=0)
+                body = self._body(None, holder=self.config.identity, transitions=0, owner=owner)
                 await self._call("post", body)
             else:
                 transitions = record.transitions + (action == "take")
-                body = self._body(record, holder=self.config.identity, transitions=transitions)
+                body = self._body(
+                    record, holder=self.config.identity, transitions=transitions, owner=owner
+                )
                 if action == "renew" and record.acquired is not None:
                     body["spec"]["acquireTime"] = record.acquired
                 await self._call("put", body, name=self.config.name)
         except APIConflictError:
             return False
         return True
+
+    async def _owner_reference(
+        self, record: LeaseRecord | None
+    ) -> tuple[dict[str, Any] | None, bool]:
+        """The ownerReference to add (None: none to add), and whether the owner is gone.
+
+        Read for a creation (is the Deployment still there?) and for a Lease without it. An
+        owner that cannot be read (no ``get`` on it) only costs the reference: leading must
+        not depend on it.
+        """
+        name = self.config.owner
+        if not name or (record is not None and any(_names(ref, name) for ref in record.owners)):
+            return None, False
+        url = f"/apis/apps/v1/namespaces/{quote(self.config.namespace)}/deployments/{quote(name)}"
+        try:
+            found = await self._client.request(
+                "get", url, seconds=self.config.request_timeout, retries=()
+            )
+        except APINotFoundError:
+            return None, True
+        except APIError as exc:
+            log.warning("lease %s: cannot read its owner %s: %s", self.config.name, name, exc)
+            return None, False
+        uid = str(found["metadata"]["uid"])
+        return {"apiVersion": "apps/v1", "kind": "Deployment", "name": name, "uid": uid}, False
 
     def _body(
         self,
@@ -240,9 +298,16 @@ class LeaseElector:
         holder: str | None,
         transitions: int,
         duration: float | None = None,
+        owner: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """The whole Lease to write: an update replaces the object, so the labels and owners
+        it had are written back, with ours (and ``owner``) added."""
         now = _micro(datetime.datetime.now(datetime.UTC))
         metadata: dict[str, Any] = {"name": self.config.name, "namespace": self.config.namespace}
+        owners = [*(record.owners if record is not None else ()), *([owner] if owner else [])]
+        metadata["labels"] = {**(record.labels if record is not None else {}), **LEASE_LABELS}
+        if owners:
+            metadata["ownerReferences"] = [dict(ref) for ref in owners]
         if record is not None:
             metadata["resourceVersion"] = record.resource_version
         return {

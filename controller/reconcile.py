@@ -25,6 +25,7 @@ changed) a pass therefore makes no API call but those Secret reads.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import hashlib
 import logging
@@ -38,6 +39,7 @@ from controller.autoscale import autoscale_queue
 from controller.cache import Cache
 from controller.conditions import SHARDS_DRAINING, OutboxDispatcherStatus, Reason, rollout
 from controller.effects import apply_budgets, apply_owned, drain_queues, migrate
+from controller.glance import at_a_glance
 from controller.identity import QUEUE_LABEL, Owner, worker_name
 from controller.k8s import APIError, KubeApi, SecretMissing
 from controller.limits import publish_limits
@@ -111,7 +113,20 @@ class Context:
 
 
 async def reconcile_once(ctx: Context) -> Pass:
-    """One pass; problems in the result, never raised."""
+    """One pass; problems in the result, never raised. Whatever it got to, the status
+    fields of ``kubectl get obd`` say what the cache and the measurement show."""
+    result = await _reconcile(ctx)
+    glance = at_a_glance(
+        queues=[q.name for q in ctx.spec.queues],
+        enqueuers=ctx.cache.owned(ctx.owner, "enqueuer"),
+        workers=ctx.cache.owned(ctx.owner, "worker"),
+        enqueuer_replicas=ctx.spec.enqueuer.replicas,
+        rows=result.queues,
+    )
+    return dataclasses.replace(result, glance=glance)
+
+
+async def _reconcile(ctx: Context) -> Pass:
     spec, owner = ctx.spec, ctx.owner
     try:
         values = await _secret_values(ctx)

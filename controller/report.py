@@ -24,6 +24,7 @@ from controller.conditions import (
     condition_dicts,
     set_condition,
 )
+from controller.glance import GLANCE_FIELDS
 from controller.migration import MIGRATED, MigrationState
 from controller.shard_policy import ShardDecision
 
@@ -41,6 +42,13 @@ __all__ = [
 
 # Set by the chart when it runs the console (console.enabled); copied into status.consoleUrl.
 CONSOLE_URL_ANNOTATION = "dispatch.composer.dev/console-url"
+
+
+_GLANCE = {
+    name: True
+    for name, info in OutboxDispatcherStatus.model_fields.items()
+    if info.alias in GLANCE_FIELDS
+}
 
 
 class Failure(Exception):
@@ -67,6 +75,7 @@ class Pass:
     applied: bool = False  # the Deployments were applied (the pass got that far)
     measured: bool = False  # Redis answered the backlog measurement
     scaled: list[str] = field(default_factory=list)  # "up"/"down", one per rescaled queue
+    glance: dict[str, Any] = field(default_factory=dict)  # controller.glance's fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +198,9 @@ def status_after(
         written["shards"] = shards
     if result.queues or result.problem is None:
         written["queues"] = result.queues
+    # What this pass could not tell (an unmeasured backlog) keeps its last value.
+    written.update(status.model_dump(by_alias=True, include=_GLANCE, exclude_none=True))
+    written.update(result.glance)
     migration = result.migration
     if migration is not None and migration.phase == "succeeded":
         written["migratedImage"] = migration.image

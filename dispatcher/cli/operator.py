@@ -86,6 +86,13 @@ def register(sub: Any, common: Common) -> None:
         default=None,
         help="namespace of the Lease (default: env POD_NAMESPACE, else the one --namespace)",
     )
+    g.add_argument(
+        "--lease-owner",
+        default=None,
+        metavar="DEPLOYMENT",
+        help="the operator's Deployment, in the Lease's namespace: the Lease's owner, so it is "
+        "deleted with it; no Lease is created while it does not exist (default: none)",
+    )
     common(p)
     p.set_defaults(handler=_run)
 
@@ -109,7 +116,9 @@ def lease_config(args: argparse.Namespace) -> LeaseConfig | None:
     )
     if not namespace:
         raise UsageError("pass --lease-namespace NS (or --no-leader-election)")
-    return LeaseConfig(name=args.lease_name, namespace=namespace, identity=identity())
+    return LeaseConfig(
+        name=args.lease_name, namespace=namespace, identity=identity(), owner=args.lease_owner
+    )
 
 
 def operator_settings(namespaces: Sequence[str], *, all_namespaces: bool) -> Any:

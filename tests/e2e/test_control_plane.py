@@ -5,10 +5,12 @@ kubelet runs each Pod's containers as local processes from this environment). In
 as a user would: the CRD applied client-side and server-side; the chart installed with
 ``helm install`` as the README says (the operator runs as its ServiceAccount under the
 chart's RBAC); the Secrets and ``deploy/example`` applied with ``kubectl``; the migration
-Job, the enqueuer and the worker run as Pods; 1,000 dispatches committed on the host are
+Job, the enqueuer and the worker run as Pods (``kubectl get obd`` shows them); the release's
+labels and the dispatcher's select apart; 1,000 dispatches committed on the host are
 handled by the worker Pods (each one's done mark in Redis, none lost); a spec change
 reaches the Pods; a backlog scales the workers; the shard count follows the spec; deleting
-the dispatcher removes what it owned; ``helm uninstall`` leaves nothing of the release; then
+the dispatcher removes what it owned; ``helm uninstall`` leaves nothing of the release in
+any namespaced kind the API server serves (the operator's Lease goes with its owner); then
 the kustomize install (``deploy/base``: Pod Security "restricted" enforced) runs the same
 dispatcher and is deleted as the README says. The tests share that one installation, in order.
 """
@@ -32,6 +34,7 @@ from dispatcher._testing.waiting import eventually_sync
 from dispatcher.stream.limits import limits_key
 from dispatcher.stream.naming import SHARDS_KEY
 from dispatcher.worker import attempt_key
+from tests.e2e.leftovers import leftovers
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -160,7 +163,8 @@ def test_the_example_dispatcher_becomes_ready(cluster: Cluster, backends: Backen
 
     eventually_sync(ready, within=300, interval=2, what="the OutboxDispatcher Ready")
     listing = kubectl(cluster, "-n", NS, "get", "obd", "--no-headers")
-    assert listing.split()[:4] == [NAME, "4", "default", "True"], listing
+    # NAME SHARDS QUEUES WORKERS (ready/wanted) BACKLOG READY AGE
+    assert listing.split()[:6] == [NAME, "4", "default", "1/1", "0", "True"], listing
     assert condition(get(cluster, "obd", NAME), "Migrated") == "True"
     # The migration ran as a Job's Pod: `dispatcher migrate`, to completion.
     jobs = json.loads(kubectl(cluster, "-n", NS, "get", "jobs", "-o", "json"))["items"]
@@ -184,6 +188,36 @@ def test_the_example_dispatcher_becomes_ready(cluster: Cluster, backends: Backen
     ours = [e for e in events if e.get("reportingComponent") == "outbox-dispatcher-operator"]
     assert "ShardsPublished" in {e["reason"] for e in ours}, [e["reason"] for e in ours]
     assert {e.get("reportingInstance") for e in ours} == {operator}
+
+
+def test_the_release_and_the_dispatcher_are_selected_apart(cluster: Cluster) -> None:
+    """The release's label (``instance``, Helm's) never selects what the operator made, and the
+    dispatcher's (``dispatch.composer.dev/dispatcher``) never selects the release's objects:
+    Deployments, the ReplicaSets and Pods their controllers made, budgets, Jobs, RBAC, Lease."""
+    kinds = ("deployments,replicasets,pods,jobs,poddisruptionbudgets,serviceaccounts,roles,"
+             "rolebindings,leases")  # fmt: skip
+
+    def selected(selector: str) -> list[dict[str, Any]]:
+        found = kubectl(cluster, "-n", NS, "get", kinds, "-l", selector, "-o", "json")
+        items: list[dict[str, Any]] = json.loads(found)["items"]
+        return items
+
+    release = selected(f"app.kubernetes.io/instance={RELEASE}")
+    dispatcher = selected(f"dispatch.composer.dev/dispatcher={NAME}")
+    made = selected("app.kubernetes.io/managed-by=outbox-dispatcher-operator")
+    by_helm = selected("app.kubernetes.io/managed-by=Helm")
+    names = {kind: {f"{o['kind']}/{o['metadata']['name']}" for o in found}
+             for kind, found in (("release", release), ("dispatcher", dispatcher),
+                                 ("made", made), ("helm", by_helm))}  # fmt: skip
+    assert f"Deployment/{RELEASE}-operator" in names["release"]
+    owned = {f"Deployment/{NAME}-enqueuer", f"Deployment/{NAME}-worker-default"}
+    assert owned <= names["dispatcher"]
+    assert any(n.startswith(f"Pod/{NAME}-worker-default-") for n in names["dispatcher"])
+    assert names["release"] & names["dispatcher"] == set()
+    assert names["release"] & names["made"] == set()
+    assert names["dispatcher"] & names["helm"] == set()
+    assert names["helm"] <= names["release"]
+    assert names["dispatcher"] <= names["made"]
 
 
 def test_1000_dispatches_are_handled_by_the_worker_pods(
@@ -302,7 +336,7 @@ def test_the_api_server_refuses_nonsense_queue_limits(cluster: Cluster) -> None:
 
 def test_deleting_the_dispatcher_removes_what_it_owned(cluster: Cluster) -> None:
     kubectl(cluster, "delete", "-k", str(ROOT / "deploy" / "example"), "--wait=true")
-    selector = f"app.kubernetes.io/instance={NAME}"
+    selector = f"dispatch.composer.dev/dispatcher={NAME}"
 
     def gone() -> bool:
         owned = kubectl(cluster, "-n", NS, "get", "deployments,replicasets,pods", "-l", selector,
@@ -313,22 +347,17 @@ def test_deleting_the_dispatcher_removes_what_it_owned(cluster: Cluster) -> None
 
 
 def test_helm_uninstall_leaves_nothing_of_ours(cluster: Cluster) -> None:
+    """Every namespaced kind the API server serves is listed (the operator's Lease too)."""
     kubectl(cluster, "-n", NS, "delete", "secret", "dispatcher-postgres", "dispatcher-redis")
+    assert get(cluster, "lease", f"{RELEASE}-operator")["metadata"]["ownerReferences"]
     cluster.run("helm", "-n", NS, "uninstall", RELEASE, "--wait")
-    kinds = (
-        "deployments,replicasets,pods,jobs,poddisruptionbudgets,services,serviceaccounts,"
-        "roles,rolebindings,secrets,configmaps,outboxdispatchers"
-    )
-    # What Kubernetes itself keeps in every namespace: the default account, the root CA.
-    own = {("ServiceAccount", "default"), ("ConfigMap", "kube-root-ca.crt")}
 
-    def nothing_left() -> list[str]:
-        listing = json.loads(kubectl(cluster, "-n", NS, "get", kinds, "-o", "json"))["items"]
-        left = [f"{o['kind']}/{o['metadata']['name']}" for o in listing
-                if (o["kind"], o["metadata"]["name"]) not in own]  # fmt: skip
-        return [] if left else ["nothing"]
+    def nothing_left() -> bool:
+        left = leftovers(lambda *args: kubectl(cluster, *args), NS)
+        assert left == [], "left after helm uninstall"
+        return True
 
-    eventually_sync(nothing_left, within=180, interval=2, what="nothing of the release left")
+    eventually_sync(nothing_left, within=180, interval=2, ignoring=(AssertionError,))
 
 
 def test_the_kustomize_install_meets_pod_security_restricted(

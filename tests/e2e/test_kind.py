@@ -34,6 +34,7 @@ import yaml
 from controller.model import OutboxDispatcherSpec
 from dispatcher._testing.servers import free_port
 from dispatcher._testing.waiting import eventually_sync
+from tests.e2e.leftovers import leftovers
 from tests.unit.test_deploy_chart import CHART, CRD, K8S_VERSION, render
 from tests.unit.test_deploy_images import stages
 
@@ -367,14 +368,9 @@ def test_kind_end_to_end(cluster: str) -> None:
     )
 
     def nothing_left() -> bool:
-        kinds = (
-            "deployments,replicasets,pods,jobs,poddisruptionbudgets,services,serviceaccounts,"
-            "roles,rolebindings,outboxdispatchers"
-        )
-        listing = json.loads(kubectl("-n", NAMESPACE, "get", kinds, "-o", "json"))
-        default_account = ("ServiceAccount", "default")
-        return not [
-            o for o in listing["items"] if (o["kind"], o["metadata"]["name"]) != default_account
-        ]
+        # The Secrets are the user's (the test's), not the release's.
+        mine = {("Secret", s["metadata"]["name"]) for s in secrets()}
+        assert leftovers(kubectl, NAMESPACE, besides=mine) == [], "left after helm uninstall"
+        return True
 
-    eventually_sync(nothing_left, within=300, interval=2, what="nothing of the release left")
+    eventually_sync(nothing_left, within=300, interval=2, ignoring=(AssertionError,))

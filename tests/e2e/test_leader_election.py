@@ -4,7 +4,8 @@
 cluster's API server (the admin's kubeconfig, or a ServiceAccount's token under the chart's
 Lease Role): one of two leads; a released Lease passes to the other; a leader whose Lease
 another holder took stops its running pass at once; a leader that can no longer renew (its
-RoleBinding removed) steps down before the Lease expires.
+RoleBinding removed) steps down before the Lease expires; the Lease is owned by the operator's
+Deployment (and labelled as the operator's), none is created without it, and it goes with it.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from controller.kubeclient import KubeClient
-from controller.leader import LeaseConfig, LeaseElector
+from controller.leader import LEASE_LABELS, LeaseConfig, LeaseElector
 from controller.leadership import Leadership, NotLeading
 from dispatcher._testing.cluster import Cluster
 from dispatcher._testing.waiting import eventually
@@ -147,3 +149,57 @@ async def test_a_leader_that_cannot_renew_steps_down_before_its_lease_expires(
         await eventually(lambda: not a.leading, within=30, what="a stepped down")
         renewed = lease_spec(cluster, "refused")
         assert renewed["holderIdentity"] == "a"  # it could not even release it
+
+
+def lease(cluster: Cluster, name: str) -> dict[str, Any] | None:
+    found = cluster.run("kubectl", "-n", NS, "get", "lease", name, "-o", "json",
+                        "--ignore-not-found")  # fmt: skip
+    return json.loads(found) if found.strip() else None
+
+
+async def test_the_lease_belongs_to_the_operators_deployment_and_goes_with_it(
+    cluster: Cluster, namespace: str
+) -> None:
+    """``helm uninstall`` deletes the operator's Deployment: the garbage collector then deletes
+    the Lease it owns, and a replica still stopping creates none."""
+    client = await KubeClient.connect(str(cluster.kubeconfig))
+    # Terms long enough that the steps below are never late for a renewal.
+    long = {"duration": 120.0, "renew_deadline": 100.0}
+    electors = [
+        LeaseElector(
+            LeaseConfig(name=name, namespace=NS, identity="a", owner="od-operator", **long),
+            client=client,
+            leadership=Leadership(),
+        )
+        for name in ("owned", "older")
+    ]
+    try:
+        assert not await electors[0].step()  # the Deployment is not there (yet, or any more)
+        assert lease(cluster, "owned") is None
+        cluster.run("kubectl", "-n", NS, "create", "deployment", "od-operator",
+                    "--image=outbox-dispatcher-operator:0", "--replicas=0")  # fmt: skip
+        uid = json.loads(cluster.run("kubectl", "-n", NS, "get", "deployment", "od-operator",
+                                     "-o", "json"))["metadata"]["uid"]  # fmt: skip
+        # A Lease an earlier version created: no owner, no labels.
+        older = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                 "metadata": {"name": "older", "namespace": NS}, "spec": {}}  # fmt: skip
+        cluster.run("kubectl", "create", "-f", "-", stdin=json.dumps(older))
+        for elector in electors:
+            assert await elector.step()  # created / taken: leading
+        for name in ("owned", "older"):
+            meta = (lease(cluster, name) or {})["metadata"]
+            assert [(r["kind"], r["name"], r["uid"]) for r in meta["ownerReferences"]] == [
+                ("Deployment", "od-operator", uid)
+            ]
+            assert meta["labels"] == LEASE_LABELS
+        for elector in electors:
+            assert await elector.step()  # renewed: the reference stays
+        assert len((lease(cluster, "owned") or {})["metadata"]["ownerReferences"]) == 1
+        cluster.run("kubectl", "-n", NS, "delete", "deployment", "od-operator")
+        await eventually(
+            lambda: lease(cluster, "owned") is None and lease(cluster, "older") is None,
+            within=60,
+            what="the Leases collected with their owner",
+        )
+    finally:
+        await client.close()

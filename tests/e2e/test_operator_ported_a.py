@@ -72,7 +72,8 @@ async def test_apply_creates_enqueuer_and_one_worker_per_queue(
             worker = await deployment(live, name)
             assert container(worker)["args"][:2] == ["worker", f"--queue={queue}"]
             labels = worker["metadata"]["labels"]
-            assert labels["app.kubernetes.io/instance"] == NAME
+            assert labels["dispatch.composer.dev/dispatcher"] == NAME
+            assert "app.kubernetes.io/instance" not in labels
             assert labels["app.kubernetes.io/component"] == "worker"
             assert labels["app.kubernetes.io/managed-by"] == "outbox-dispatcher-operator"
             (owner,) = worker["metadata"]["ownerReferences"]

@@ -96,6 +96,7 @@ def test_operator_deployment_is_one_restricted_elected_replica_with_liveness() -
     assert not [a for a in container["args"] if a.startswith("--peering")]  # no kopf peering
     assert "--lease-name=outbox-dispatcher-operator" in container["args"]
     assert "--lease-namespace=$(POD_NAMESPACE)" in container["args"]
+    assert "--lease-owner=outbox-dispatcher-operator" in container["args"]  # deleted with it
     assert container["image"] == "outbox-dispatcher-operator:0.1.0"
 
 

@@ -142,8 +142,22 @@ def test_crd_names_scope_and_columns() -> None:
     version = spec["versions"][0]
     assert version["name"] == "v1alpha1"
     assert version["subresources"] == {"status": {}}
-    columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns == ["Shards", "Queues", "Ready", "Age"]
+    columns = version["additionalPrinterColumns"]
+    default = [c["name"] for c in columns if not c.get("priority")]
+    assert default == ["Shards", "Queues", "Workers", "Backlog", "Ready", "Age"]
+    assert [c["name"] for c in columns if c.get("priority")] == ["Enqueuers", "Pending", "Reason"]
+
+
+def test_each_column_reads_one_status_field_the_operator_writes() -> None:
+    """A column over a list prints its first value only (QUEUES showed one queue of two)."""
+    version = build_crd()["spec"]["versions"][0]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    for column in version["additionalPrinterColumns"]:
+        path = column["jsonPath"]
+        assert "[*]" not in path, column
+        assert path.startswith((".status.", ".metadata.creationTimestamp")), column
+        if "[" not in path and path.startswith(".status."):
+            assert status[path.removeprefix(".status.")]["type"] == column["type"], column
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

@@ -7,7 +7,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from controller.identity import Owner, migration_job_name, worker_name
+from controller.identity import DISPATCHER_LABEL, Owner, migration_job_name, worker_name
 from controller.model import OutboxDispatcherSpec
 from controller.pods import CONFIG_HASH_ANNOTATION, SECRETS_HASH_ANNOTATION, WorkloadDefaults
 from controller.render import (
@@ -112,7 +112,8 @@ def test_labels_selector_and_owner_reference() -> None:
         meta = manifest["metadata"]
         labels = meta["labels"]
         assert labels["app.kubernetes.io/name"] == "outbox-dispatcher"
-        assert labels["app.kubernetes.io/instance"] == "orders"
+        assert labels["dispatch.composer.dev/dispatcher"] == "orders"
+        assert "app.kubernetes.io/instance" not in labels  # the Helm release's key
         assert labels["app.kubernetes.io/managed-by"] == "outbox-dispatcher-operator"
         selector = manifest["spec"]["selector"]["matchLabels"]
         assert selector.items() <= manifest["spec"]["template"]["metadata"]["labels"].items()
@@ -261,7 +262,7 @@ POD_SETTINGS: dict[str, Any] = {
                     "weight": 100,
                     "podAffinityTerm": {
                         "topologyKey": "kubernetes.io/hostname",
-                        "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "orders"}},
+                        "labelSelector": {"matchLabels": {DISPATCHER_LABEL: "orders"}},
                     },
                 }
             ]
@@ -272,7 +273,7 @@ POD_SETTINGS: dict[str, Any] = {
             "maxSkew": 1,
             "topologyKey": "topology.kubernetes.io/zone",
             "whenUnsatisfiable": "ScheduleAnyway",
-            "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "orders"}},
+            "labelSelector": {"matchLabels": {DISPATCHER_LABEL: "orders"}},
         }
     ],
     "priorityClassName": "dispatch-high",
@@ -341,7 +342,7 @@ def test_every_pod_setting_reaches_the_enqueuer_worker_and_migration_pods() -> N
         assert meta["annotations"]["example.com/team"] == "billing"
         assert CONFIG_HASH_ANNOTATION in meta["annotations"]
         assert meta["labels"]["team"] == "billing"
-        assert meta["labels"]["app.kubernetes.io/instance"] == "orders"
+        assert meta["labels"]["dispatch.composer.dev/dispatcher"] == "orders"
 
 
 def test_new_manifests_pass_kubernetes_validate_strict() -> None:

@@ -245,6 +245,21 @@ def test_without_leader_election_one_replica_is_recreated_and_no_lease_is_grante
     assert "--no-leader-election" in args
 
 
+@pytest.mark.parametrize("values", [{}, VALUE_SETS["multi-namespace"]], ids=["default", "obd"])
+def test_the_lease_is_owned_by_the_operators_deployment(values: dict[str, Any]) -> None:
+    """``helm uninstall`` deletes the Deployment; the garbage collector then deletes the Lease
+    it owns (the operator creates the Lease, so Helm does not know it)."""
+    objects = render(values)
+    (deployment,) = (o for o in objects if o["kind"] == "Deployment")
+    name = deployment["metadata"]["name"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert {f"--lease-name={name}", f"--lease-owner={name}"} <= set(args)
+    lease_role = ("Role", f"{name}-lease")
+    (role,) = (o for o in objects if (o["kind"], o["metadata"]["name"]) == lease_role)
+    owner = {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": [name]}
+    assert {**owner, "verbs": ["get"]} in role["rules"]
+
+
 def test_optional_dispatcher_pins_no_image_and_references_secrets() -> None:
     """Images left out follow the operator (its env), so a chart upgrade upgrades the pods."""
     (cr,) = (o for o in render(VALUE_SETS["with-dispatcher"]) if o["kind"] == "OutboxDispatcher")
