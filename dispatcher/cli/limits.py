@@ -16,7 +16,7 @@ from dispatcher.cli.flags import number
 from dispatcher.cli.main import Common, UsageError
 from dispatcher.cli.ops import redis_client
 from dispatcher.config import Settings
-from dispatcher.stream.limit_change import StoredLimitsInvalid, change_limits
+from dispatcher.stream.limit_change import StoredLimitsInvalid, change_limits, requested_limits
 from dispatcher.stream.limits import (
     REFRESH_EVERY,
     InvalidLimits,
@@ -80,6 +80,11 @@ async def _set(args: argparse.Namespace, settings: Settings) -> int:
     given = _given(args)
     if not given and not args.clear:  # before connecting: the flags alone say it
         raise UsageError("nothing to set: give --max-in-flight, --rate/--burst or --clear")
+    if args.clear:  # the flags alone are the new limits: refused before connecting
+        try:
+            requested_limits(None, given=given, clear=True)
+        except InvalidLimits as exc:
+            raise UsageError(f"invalid limits for {args.queue}: {exc}") from None
     async with redis_client(settings) as client:
         try:
             change = await change_limits(client, args.queue, given=given, clear=args.clear)
