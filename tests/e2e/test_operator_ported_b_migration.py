@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from controller.identity import Owner, migration_job_name
-from dispatcher._testing.cluster import HOST_IP
 from dispatcher._testing.servers import PostgresProcess
 from dispatcher._testing.waiting import eventually
 from tests.e2e.test_operator_ported_b import (
@@ -29,6 +28,7 @@ from tests.e2e.test_operator_ported_b import (
     put_secret,
 )
 from tests.fix_live_operator import LiveNamespace, running_live_operator
+from tools.cluster import HOST_IP
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -147,4 +147,7 @@ fsGroup: {{ .fsGroup }}
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
 {{- end }}
