@@ -93,6 +93,10 @@ class Cluster:
         """Load an image archive (``docker-archive``) into the node's containerd."""
         node.import_archives(node.NodePaths(self.state_dir / "node"), [archive])
 
+    def tag_image(self, source: str, target: str) -> None:
+        """Give an image the node has a second name (a test's "new version" of an image)."""
+        node.tag_image(node.NodePaths(self.state_dir / "node"), source, target)
+
     def run_status(self, tool: str, *args: str) -> int:
         """The exit status of ``kubectl`` or ``helm`` against this cluster (output dropped)."""
         return subprocess.run(
@@ -284,6 +288,7 @@ def start(state_dir: Path, *, bin_dir: Path | None = None) -> Cluster:
             healthz_port=processes.free_port("127.0.0.1"),
         )
         paths.kubelet.mkdir(parents=True, exist_ok=True)
+        node.make_cgroup_root()
         (paths.root / "kubelet.json").write_text(json.dumps(kubelet_config, indent=2))
         pids["kubelet"] = processes.spawn(
             "kubelet",
@@ -364,6 +369,7 @@ def stop(state_dir: Path) -> None:
                 processes.terminate(cluster.pids[name], grace=15)
         (state_dir / "state.json").unlink()
     leftovers.sweep(state_dir)
-    with contextlib.suppress(FileNotFoundError):
+    with contextlib.suppress(FileNotFoundError, OSError):
         if MACHINE_RECORD.read_text().strip() == str(state_dir):
             MACHINE_RECORD.unlink()
+            MACHINE_RECORD.parent.rmdir()

@@ -137,6 +137,12 @@ def _remove_files(state_dir: Path) -> None:
         with contextlib.suppress(OSError):
             if link.is_symlink() and str(state_dir) in os.readlink(link):
                 link.unlink()
+    # The kubelet's device plugin socket (a path it does not take from its root directory).
+    Path("/var/lib/kubelet/device-plugins/kubelet.sock").unlink(missing_ok=True)
+    for made in ("/var/lib/kubelet/device-plugins", "/var/lib/kubelet", "/var/lib/cni/results",
+                 "/var/lib/cni", "/var/log/containers"):  # fmt: skip
+        with contextlib.suppress(OSError):  # only when empty: nothing of anyone else's goes
+            Path(made).rmdir()
     # The shims' sockets and fifos: only while no containerd of the machine's own serves there.
     run = Path("/run/containerd")
     if not (run / "containerd.sock").exists():

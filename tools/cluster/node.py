@@ -31,8 +31,10 @@ __all__ = [
     "NodePaths",
     "containerd_config",
     "import_archives",
+    "make_cgroup_root",
     "kube_proxy_config",
     "kubelet_config",
+    "tag_image",
 ]
 
 NODE_NAME = "local"
@@ -175,6 +177,20 @@ def kube_proxy_config(
     }
 
 
+def make_cgroup_root() -> None:
+    """The kubelet's cgroup root in every v1 hierarchy (it must exist before the kubelet
+    starts); a cpuset gets its parent's CPUs and memory nodes, as a new one has none."""
+    base = Path("/sys/fs/cgroup")
+    for hierarchy in base.iterdir():
+        if hierarchy.name == "unified" or not (hierarchy / "cgroup.procs").exists():
+            continue
+        root = hierarchy / CGROUP_ROOT
+        root.mkdir(exist_ok=True)
+        for key in ("cpuset.cpus", "cpuset.mems"):
+            if (root / key).exists() and not (root / key).read_text().strip():
+                (root / key).write_text((hierarchy / key).read_text())
+
+
 def import_archives(paths: NodePaths, files: list[Path]) -> list[str]:
     """Import image archives into containerd's ``k8s.io`` namespace (the kubelet's), in
     parallel; the archives' names."""
@@ -193,3 +209,14 @@ def import_archives(paths: NodePaths, files: list[Path]) -> list[str]:
 
     with ThreadPoolExecutor(max_workers=len(files)) as pool:
         return list(pool.map(one, files))
+
+
+def tag_image(paths: NodePaths, source: str, target: str) -> None:
+    """``ctr images tag``: ``target`` names the image ``source`` names (replacing a target)."""
+    done = subprocess.run(
+        ["ctr", f"--address={paths.socket}", "-n", "k8s.io", "images", "tag", "--force",
+         source, target],
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    if done.returncode:
+        raise RuntimeError(f"ctr images tag {source} {target}: {done.stderr.strip()[-400:]}")

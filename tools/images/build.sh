@@ -8,7 +8,7 @@
 # The Dockerfile is the one users build (`docker build --target worker .` on the official Python
 # image). Here its base is a Debian image made from Debian's packages: debootstrap (minbase plus
 # python3, venv, pip) with this machine's CA certificates trusted, so pip inside the build can
-# reach PyPI through an intercepting proxy; imported into buildah's store as $BASE_IMAGE. Then
+# reach PyPI through an intercepting proxy; added to an empty buildah image as $BASE_IMAGE. Then
 # `buildah bud --layers --target X` builds each image (chroot isolation, the host's network: no
 # bridge, cgroup or runtime is left behind), and `buildah push docker-archive:` writes each one
 # to $OUT, named as the chart and the operator name them (docker.io/library/outbox-dispatcher-X:V),
@@ -17,7 +17,7 @@
 # Cached: the base image is made again only when its recipe or the CA files change, the images
 # reuse buildah's layer cache, and an archive is written again only when its image changed; a
 # second run with no change takes seconds. Needs root and Debian's packages (installed when
-# missing): debootstrap buildah podman gcc. OUTBOX_IMAGE_CACHE moves $OUT.
+# missing): debootstrap buildah gcc. OUTBOX_IMAGE_CACHE moves $OUT.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 
@@ -42,7 +42,7 @@ mkdir -p "$out"
 started=$SECONDS
 
 # Debian's packages, installed without starting their daemons (containerd's would start).
-packages=(debootstrap buildah podman gcc libc6-dev)
+packages=(debootstrap buildah gcc libc6-dev)
 missing=()
 for p in "${packages[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p"); done
 if ((${#missing[@]})); then
@@ -65,21 +65,23 @@ image_label() { buildah inspect --type image --format "{{index .ImageAnnotations
 # 1. The base: Debian's python3 in a minbase root, with the CA files of this machine.
 ca_files=(/usr/local/share/ca-certificates/*.crt)
 [ -e "${ca_files[0]}" ] || ca_files=()
-base_stamp="$( (echo "$suite $include v1"; cat "${ca_files[@]}" /dev/null) | sha256sum | cut -c1-16)"
+base_stamp="$( (echo "$suite $include v2"; cat "${ca_files[@]}" /dev/null) | sha256sum | cut -c1-16)"
 if [ "$(image_label "$base_image" dev.outbox-dispatcher.stamp)" != "$base_stamp" ]; then
 	say "making $base_image with debootstrap (about a minute)"
 	rootfs="$(mktemp -d "$cache/rootfs.XXXXXX")"
-	trap 'umount -R "$rootfs/proc" 2>/dev/null || true; rm -rf "$rootfs"' EXIT
+	trap 'umount -R "$rootfs/proc" 2>/dev/null || true; rm -rf "$rootfs" "$rootfs.tar"' EXIT
 	debootstrap --variant=minbase --include="$include" "$suite" "$rootfs" http://deb.debian.org/debian >"$out/debootstrap.log" 2>&1 ||
 		fail "debootstrap failed; the end of $out/debootstrap.log: $(tail -n3 "$out/debootstrap.log")"
 	if ((${#ca_files[@]})); then cp "${ca_files[@]}" "$rootfs/usr/local/share/ca-certificates/"; fi
 	chroot "$rootfs" update-ca-certificates >/dev/null
 	rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
-	tar -C "$rootfs" --numeric-owner -c . | podman import --quiet \
-		--change "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
-		--change "ENV LANG=C.UTF-8" \
-		--change "LABEL dev.outbox-dispatcher.stamp=$base_stamp" \
-		--change 'CMD ["python3"]' - "$base_image" >/dev/null
+	tar -C "$rootfs" --numeric-owner -cf "$rootfs.tar" .
+	container="$(buildah from scratch)"
+	buildah add --quiet "$container" "$rootfs.tar" / >/dev/null
+	buildah config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+		--env LANG=C.UTF-8 --label "dev.outbox-dispatcher.stamp=$base_stamp" --cmd python3 "$container"
+	buildah commit --quiet --rm "$container" "$base_image" >/dev/null
+	rm -f "$rootfs.tar"
 	rm -rf "$rootfs"
 	trap - EXIT
 fi
