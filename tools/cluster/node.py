@@ -31,9 +31,9 @@ __all__ = [
     "NodePaths",
     "containerd_config",
     "import_archives",
-    "make_cgroup_root",
     "kube_proxy_config",
     "kubelet_config",
+    "make_cgroup_root",
     "tag_image",
 ]
 
