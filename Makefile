@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: services install lint test test-quick demo faults bench bench-peers soak e2e e2e-kind cluster-build cluster cluster-down clean
+.PHONY: services install lint test test-quick demo faults bench bench-peers soak e2e e2e-kind cluster-build images cluster cluster-down clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -23,7 +23,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: $(STAMP) cluster-build
+test: $(STAMP) cluster-build images
 	$(PY) -m pytest tests
 
 test-quick: $(STAMP)
@@ -35,8 +35,8 @@ demo: $(STAMP)
 faults: $(STAMP)
 	FAULTS_LONG=1 $(PY) -m pytest tests/faults -v
 
-# End to end on the local control plane (no Docker needed).
-e2e: $(STAMP) cluster-build
+# End to end on the local cluster (no Docker needed): the images on a real node.
+e2e: $(STAMP) cluster-build images
 	$(PY) -m pytest tests/e2e -v -rs
 
 # The chart on a kind cluster, where Docker is (needs docker, kind, helm, kubectl; skips with
@@ -44,17 +44,23 @@ e2e: $(STAMP) cluster-build
 e2e-kind: $(STAMP)
 	$(PY) -m pytest tests/e2e/test_kind.py -m kind -v -rs
 
-# The local control plane: etcd, kube-apiserver, kube-controller-manager, kubectl and helm
-# built from Go modules (tools/k8s) into ~/.cache/outbox-dispatcher (a cold build takes many
-# minutes), started with a process kubelet; state, logs and kubeconfig in .cluster/.
+# The local cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, the node's
+# kubelet and kube-proxy, kubectl and helm built from Go modules (tools/k8s) into
+# ~/.cache/outbox-dispatcher (a cold build takes many minutes); the node runs Debian's
+# containerd and runc with the images of `make images`; state, logs and kubeconfig in .cluster/.
 cluster-build:
 	bash tools/cluster/build.sh
 
-cluster: $(STAMP) cluster-build
-	$(PY) -m dispatcher._testing.cluster up
+# The operator, enqueuer and worker images from the Dockerfile, and the node's pause image,
+# built with buildah on a Debian base made here (no Docker, no registry; cached).
+images:
+	bash tools/images/build.sh
+
+cluster: $(STAMP) cluster-build images
+	$(PY) -m tools.cluster up
 
 cluster-down: $(STAMP)
-	$(PY) -m dispatcher._testing.cluster down
+	$(PY) -m tools.cluster down
 
 # The benchmark venv: the project plus procrastinate, the baseline of one figure (never a
 # dependency of the project itself). BENCH_ARGS="--quick" or "--only idle_latency" for a part.

@@ -1,7 +1,7 @@
 """API calls per pass per dispatcher in a steady state, counted on the operator's client (#32).
 
 ``python -m benchmarks.api_calls [--dispatchers 5] [--seconds 60]`` starts the local control
-plane (``dispatcher._testing.cluster``: etcd, kube-apiserver, controller-manager, kubelet),
+plane (``tools.cluster``: etcd, kube-apiserver, controller-manager, kubelet),
 a PostgreSQL and a Redis of its own, then runs the real operator in this process against
 them, once per variant, each in a namespace of its own with ``--dispatchers`` idle
 dispatchers (no replicas, no migration Job: nothing changes). Once every dispatcher is
@@ -40,9 +40,9 @@ from controller.handlers import register
 from controller.kubeclient import KubeClient
 from controller.operator import Operator
 from controller.operator_config import OperatorConfig
-from dispatcher._testing.cluster import Cluster, start, stop
 from dispatcher._testing.servers import PostgresProcess, RedisProcess
 from tests.fix_kube import kopf_running
+from tools.cluster import Cluster, start, stop
 
 SCALE = 15.0  # the default pass interval over the benchmark's
 PASSES = "dispatcher_operator_reconciles_total"

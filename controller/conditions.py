@@ -155,6 +155,7 @@ class Reason:
     DRAINING = "Draining"
     DRAINED = "Drained"
     MIGRATING = "Migrating"
+    PODS_UNSCHEDULABLE = "PodsUnschedulable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +164,8 @@ class Rollout:
 
     unavailable: tuple[str, ...]
     rolling: tuple[str, ...]
+    # deployment -> why its Pods wait for a node (the scheduler's word), when that is why
+    unschedulable: tuple[tuple[str, str], ...] = ()
 
 
 def _count(status: Mapping[str, Any], key: str) -> int:

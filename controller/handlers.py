@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -40,9 +43,25 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.posting.reporting_instance = identity()
 
 
+def in_cluster_server(environ: Mapping[str, str]) -> str | None:
+    """The API server as a Pod finds it: the ``kubernetes`` Service's address from the
+    environment the kubelet sets, as client-go's in-cluster config reads it (no cluster DNS
+    needed), or None outside a Pod."""
+    host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return None
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+
+
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """In a pod: its service account; elsewhere: the kubeconfig (kopf's own logins)."""
-    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    """In a pod: its service account, at the ``kubernetes`` Service's address (kopf's own
+    login names ``kubernetes.default.svc``, which needs a cluster DNS); elsewhere: the
+    kubeconfig (kopf's own logins)."""
+    account = kopf.login_with_service_account(**kwargs)
+    if account is None:
+        return kopf.login_with_kubeconfig(**kwargs)
+    server = in_cluster_server(os.environ)
+    return account if server is None else dataclasses.replace(account, server=server)
 
 
 def register_login(registry: kopf.OperatorRegistry) -> None:

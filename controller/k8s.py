@@ -61,7 +61,12 @@ OWNED_KINDS = {
 }
 # What the operator addresses by URL: its owned kinds, and its resource (read: who owns a
 # Redis database's shard key, controller.shard_owner).
-_KINDS = {**OWNED_KINDS, KIND: (f"/apis/{API_GROUP}/{API_VERSION}", PLURAL)}
+# Pods are only read: why an unavailable Deployment's Pods do not run (controller.unschedulable).
+_KINDS = {
+    **OWNED_KINDS,
+    KIND: (f"/apis/{API_GROUP}/{API_VERSION}", PLURAL),
+    "Pod": ("/api/v1", "pods"),
+}
 
 
 class SecretMissing(Exception):

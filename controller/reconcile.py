@@ -30,14 +30,20 @@ import datetime
 import hashlib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pydantic
 
 from controller.autoscale import autoscale_queue
 from controller.cache import Cache
-from controller.conditions import SHARDS_DRAINING, OutboxDispatcherStatus, Reason, rollout
+from controller.conditions import (
+    SHARDS_DRAINING,
+    OutboxDispatcherStatus,
+    Reason,
+    Rollout,
+    rollout,
+)
 from controller.effects import apply_budgets, apply_owned, drain_queues, migrate
 from controller.glance import at_a_glance
 from controller.identity import QUEUE_LABEL, Owner, worker_name
@@ -51,6 +57,7 @@ from controller.report import Failure, Pass
 from controller.secrets import SecretCache
 from controller.shard_owner import ownership_problem
 from controller.shard_policy import ShardDecision, decide_shards, draining_shards
+from controller.unschedulable import pod_selector, unschedulable
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.discovery import existing_shards
 from dispatcher.stream.shard_count import publish_shard_count
@@ -198,7 +205,7 @@ async def _reconcile(ctx: Context) -> Pass:
         decision=decision,
         shards=shards,
         queues=rows,
-        rollout=rollout(owned),
+        rollout=await _why_unavailable(ctx, owned),
         draining=draining,
         events=ctx.events,
         migration=migration,
@@ -206,6 +213,27 @@ async def _reconcile(ctx: Context) -> Pass:
         measured=measured is not None,
         scaled=ctx.scaled,
     )
+
+
+async def _why_unavailable(ctx: Context, owned: list[dict[str, Any]]) -> Rollout:
+    """The rollout, and for each unavailable Deployment whose Pods no node takes, the
+    scheduler's reason (one Pod list per unavailable Deployment; none when all are available)."""
+    found = rollout(owned)
+    why = []
+    for deployment in owned:
+        name = str(deployment.get("metadata", {}).get("name"))
+        if name not in found.unavailable:
+            continue
+        try:
+            pods, _ = await ctx.api.list_objects(
+                "Pod", namespace=ctx.owner.namespace, selector=pod_selector(deployment)
+            )
+        except APIError as exc:  # the Deployment's word stands; the reason is a bonus
+            log.debug("listing the Pods of %s: %s", name, exc)
+            continue
+        if (message := unschedulable(pods)) is not None:
+            why.append((name, message))
+    return replace(found, unschedulable=tuple(why))
 
 
 async def _secret_values(ctx: Context) -> dict[SecretRef, str]:

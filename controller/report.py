@@ -98,6 +98,9 @@ def _ready(result: Pass) -> Verdict:
         return _flag(READY, False, reason=problem.reason, message=problem.message)
     if migration is not None and not migration.done:
         return _flag(READY, False, reason=Reason.MIGRATING, message=migration.condition()[2])
+    if rollout.unschedulable:
+        why = "; ".join(f"{name}: {message}" for name, message in rollout.unschedulable)
+        return _flag(READY, False, reason=Reason.PODS_UNSCHEDULABLE, message=why)
     if rollout.unavailable:
         waiting = ", ".join(rollout.unavailable)
         return _flag(

@@ -1,9 +1,11 @@
-"""The local Kubernetes cluster (``dispatcher._testing.cluster``): the only place tests start it.
+"""The local Kubernetes cluster (``tools.cluster``): the only place tests start it.
 
-``cluster`` is session-scoped: etcd, kube-apiserver, kube-controller-manager
-and the process kubelet start once (the binaries come from the cache that
-``tools/cluster/build.sh`` fills; ``make e2e`` and ``.ci/run`` build it first)
-and stop when the session ends. Its files stay in the temp directory it names,
+``cluster`` is session-scoped: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler and the real node (containerd, kubelet, kube-proxy, running the
+project's images) start once (the binaries and images come from the caches that
+``tools/cluster/build.sh`` and ``tools/images/build.sh`` fill; ``make e2e`` and
+``.ci/run`` build them first) and stop when the session ends, leaving nothing on
+the machine. Its files stay in the temp directory it names,
 for a look at the logs after a failure. ``cluster_postgres`` and
 ``cluster_redis`` are servers of the suite's kind that also listen on the
 bridge's host address, where the Pods reach them. ``crd`` is the CRD of this tree applied
@@ -13,7 +15,9 @@ there (server-side) and established.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,10 +27,11 @@ import psycopg
 import pytest
 
 from controller.crd import CRD_PATH
+from controller.model import DEFAULT_VERSION_TAG
 from controller.resource import API_GROUP, PLURAL
-from dispatcher._testing.cluster import HOST_IP, Cluster, start, stop
 from dispatcher._testing.servers import PostgresProcess, RedisProcess
 from dispatcher._testing.waiting import eventually_sync
+from tools.cluster import HOST_IP, Cluster, start, stop
 
 
 @pytest.fixture(scope="session")
@@ -103,3 +108,25 @@ def cluster_redis(cluster: Cluster) -> Iterator[RedisProcess]:
     finally:
         server.kill()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def handler_image(cluster: Cluster) -> str:
+    """The e2e handler image (``tests/e2e/handler_image``), built FROM the worker image as
+    docs/kubernetes.md tells users to build theirs, and loaded into the node; its name."""
+    name = "localhost/outbox-dispatcher-e2e-handlers:1"
+    context = Path(__file__).parent / "e2e" / "handler_image"
+    env = {**os.environ, "BUILDAH_ISOLATION": "chroot"}
+    subprocess.run(
+        ["buildah", "bud", "--quiet", "--layers", "--network", "host",
+         "--build-arg", f"WORKER_IMAGE=localhost/outbox-dispatcher-worker:{DEFAULT_VERSION_TAG}",
+         "-t", name, str(context)],
+        check=True, env=env, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    archive = cluster.state_dir / "e2e-handlers.tar"
+    subprocess.run(
+        ["buildah", "push", "--quiet", name, f"docker-archive:{archive}:{name}"],
+        check=True, env=env, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    cluster.import_image(archive)
+    return name

@@ -26,11 +26,11 @@ from controller.handlers import register
 from controller.kubeclient import KubeClient
 from controller.operator import Operator
 from controller.operator_config import OperatorConfig
-from dispatcher._testing.cluster import Cluster
-from dispatcher._testing.cluster.binaries import ROOT
 from dispatcher._testing.waiting import eventually_sync
 from tests.fix_kube import kopf_running
 from tests.suite_servers import postgres_admin_url
+from tools.cluster import Cluster
+from tools.cluster.binaries import ROOT
 
 CRD = ROOT / "crds" / "outboxdispatchers.yaml"
 CRD_NAME = "outboxdispatchers.dispatch.composer.dev"

@@ -32,10 +32,25 @@ command -v ip >/dev/null || need+=(iproute2)
 # The console's browser tests (tests/browser): headless Chromium and its WebDriver, never downloaded.
 command -v chromium >/dev/null || need+=(chromium)
 command -v chromedriver >/dev/null || need+=(chromium-driver)
+# The local cluster's node (tools/cluster): Debian's containerd and runc, the CNI plugins,
+# iptables and conntrack for kube-proxy. Installed, never started as a service.
+command -v containerd >/dev/null || need+=(containerd)
+command -v runc >/dev/null || need+=(runc)
+[ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+command -v iptables >/dev/null || need+=(iptables)
+command -v conntrack >/dev/null || need+=(conntrack)
 if ((${#need[@]})); then
   say "installing ${need[*]} from Debian"
+  # No daemon starts from apt (containerd would, with the machine's default paths).
+  guard=0
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee /usr/sbin/policy-rc.d >/dev/null
+    "${sudo[@]}" chmod +x /usr/sbin/policy-rc.d
+    guard=1
+  fi
   "${sudo[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${need[@]}" >/dev/null
+  ((guard)) && "${sudo[@]}" rm -f /usr/sbin/policy-rc.d
 fi
 ((start)) || exit 0
 

@@ -25,7 +25,7 @@ from controller.podsettings import (
     TMP_MOUNT_RULE,
     TMP_VOLUME_RULE,
 )
-from dispatcher._testing.cluster import Cluster
+from tools.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,13 +1,15 @@
-"""End to end on the local control plane: the CRD, the chart, a dispatcher, 1,000 dispatches.
+"""End to end on the local cluster: the CRD, the chart, a dispatcher, 1,000 dispatches.
 
-Runs wherever the suite runs (no Docker: the cluster of ``tests/fix_cluster.py``, whose
-kubelet runs each Pod's containers as local processes from this environment). In order,
+Runs wherever the suite runs (no Docker: the cluster of ``tests/fix_cluster.py``, whose real
+node runs the project's images with containerd and runc). In order,
 as a user would: the CRD applied client-side and server-side; the chart installed with
 ``helm install`` as the README says (the operator runs as its ServiceAccount under the
 chart's RBAC); the Secrets and ``deploy/example`` applied with ``kubectl``; the migration
 Job, the enqueuer and the worker run as Pods (``kubectl get obd`` shows them); the release's
 labels and the dispatcher's select apart; 1,000 dispatches committed on the host are
-handled by the worker Pods (each one's done mark in Redis, none lost); a spec change
+handled by the worker containers (each one's done mark in Redis, none lost); what only a node
+shows (the image's user, a read-only root, the memory limit, a liveness restart, a graceful
+stop finishing the task in hand, an unschedulable queue); a spec change
 reaches the Pods; a backlog scales the workers; the shard count follows the spec; deleting
 the dispatcher removes what it owned; ``helm uninstall`` leaves nothing of the release in
 any namespaced kind the API server serves (the operator's Lease goes with its owner); then
@@ -18,6 +20,9 @@ dispatcher and is deleted as the README says. The tests share that one installat
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -27,14 +32,14 @@ import pytest
 import redis
 
 from dispatcher import TaskDispatch, enqueue_dispatch
-from dispatcher._testing.cluster import HOST_IP, Cluster
-from dispatcher._testing.cluster.binaries import ROOT
 from dispatcher._testing.servers import PostgresProcess, RedisProcess
 from dispatcher._testing.waiting import eventually_sync
 from dispatcher.stream.limits import limits_key
 from dispatcher.stream.naming import SHARDS_KEY
 from dispatcher.worker import attempt_key
 from tests.e2e.leftovers import leftovers
+from tools.cluster import HOST_IP, Cluster
+from tools.cluster.binaries import ROOT
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -79,7 +84,9 @@ def condition(obj: dict[str, Any], type_: str) -> str | None:
     return None
 
 
-def commit(url: str, tasks: int, *, queue: str = "default") -> list[str]:
+def commit(
+    url: str, tasks: int, *, queue: str = "default", input: dict[str, Any] | None = None
+) -> list[str]:
     """Commit ``tasks`` dispatches in one transaction on the host; return their task ids."""
     ids = [f"e2e-{uuid.uuid4().hex[:12]}" for _ in range(tasks)]
     with psycopg.connect(url) as conn:
@@ -92,6 +99,7 @@ def commit(url: str, tasks: int, *, queue: str = "default") -> list[str]:
                 node_id="n",
                 node_type="t",
                 queue=queue,
+                input=json.dumps(input or {}),
             )
             enqueue_dispatch(conn, dispatch)
     return ids
@@ -138,10 +146,14 @@ def test_helm_install_runs_the_operator_as_its_service_account(cluster: Cluster)
     assert condition(operator, "Ready") == "True"
     # Its token is the ServiceAccount's, and the chart's Role is all it may do.
     account = f"system:serviceaccount:{NS}:{RELEASE}-operator"
-    token = cluster.pod_kubeconfig(NS, operator["metadata"]["name"])
-    assert token is not None
+    token = kubectl(cluster, "-n", NS, "exec", operator["metadata"]["name"], "--", "cat",
+                    "/var/run/secrets/kubernetes.io/serviceaccount/token")  # fmt: skip
+    config = json.loads(cluster.kubeconfig.read_text())
+    config["users"][0]["user"] = {"token": token.strip()}
+    as_pod = cluster.state_dir / "operator-pod.kubeconfig"
+    as_pod.write_text(json.dumps(config))
     whoami = json.loads(
-        kubectl(cluster, "--kubeconfig", str(token), "auth", "whoami", "-o", "json")
+        kubectl(cluster, "--kubeconfig", str(as_pod), "auth", "whoami", "-o", "json")
     )
     assert whoami["status"]["userInfo"]["username"] == account
     assert kubectl(cluster, "auth", "can-i", "patch", "outboxdispatchers/status", "-n", NS,
@@ -225,6 +237,116 @@ def test_1000_dispatches_are_handled_by_the_worker_pods(
 ) -> None:
     ids = commit(backends.database_url, 1000)
     wait_handled(backends.redis_url, ids)
+
+
+def worker_pod(cluster: Cluster, queue: str) -> dict[str, Any]:
+    """The one running Pod of a queue's workers."""
+    selector = f"app.kubernetes.io/component=worker,dispatch.composer.dev/queue={queue}"
+    pods = json.loads(kubectl(cluster, "-n", NS, "get", "pods", "-l", selector, "-o", "json"))
+    running = [p for p in pods["items"] if p["status"].get("phase") == "Running"
+               and "deletionTimestamp" not in p["metadata"]]  # fmt: skip
+    assert len(running) == 1, [p["metadata"]["name"] for p in pods["items"]]
+    return running[0]
+
+
+def set_queue(cluster: Cluster, queue: dict[str, Any]) -> None:
+    """Add ``queue`` to the example dispatcher, or replace the queue of its name."""
+    queues = [q for q in get(cluster, "obd", NAME)["spec"]["queues"] if q["name"] != queue["name"]]
+    patch = json.dumps({"spec": {"queues": [*queues, queue]}})
+    kubectl(cluster, "-n", NS, "patch", "obd", NAME, "--type=merge", "-p", patch)
+
+
+def test_a_worker_container_is_the_images_user_on_a_read_only_root_within_its_memory_limit(
+    cluster: Cluster,
+) -> None:
+    pod = worker_pod(cluster, "default")["metadata"]["name"]
+
+    def run(*argv: str) -> tuple[int, str]:
+        done = subprocess.run(
+            [str(cluster.bin_dir / "kubectl"), "-n", NS, "exec", pod, "--", *argv],
+            capture_output=True, text=True, env=cluster.env(), check=False, timeout=60,
+        )  # fmt: skip
+        return done.returncode, done.stdout + done.stderr
+
+    assert run("id", "-u") == (0, "10001\n")  # the Dockerfile's numeric USER
+    status, said = run("sh", "-c", "echo x > /written")
+    assert status != 0, said
+    assert "Read-only file system" in said, said
+    # deploy/example asks 256Mi for the default queue's workers: the kernel's limit says so.
+    status, limit = run(
+        "sh", "-c", "cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory.max"
+        " 2>/dev/null",
+    )  # fmt: skip
+    assert str(256 * 1024 * 1024) in limit.split(), limit
+
+
+def test_a_failing_liveness_probe_restarts_the_worker_container(cluster: Cluster) -> None:
+    pod = worker_pod(cluster, "default")
+    name = pod["metadata"]["name"]
+    (before,) = [s["restartCount"] for s in pod["status"]["containerStatuses"]]
+    # Frozen, the worker answers no probe: the kubelet must restart the container.
+    for pid in cluster.container_pids(NS, name, "worker"):
+        os.kill(pid, signal.SIGSTOP)
+
+    def restarted() -> bool:
+        found = get(cluster, "pod", name)
+        (status,) = found["status"]["containerStatuses"]
+        return int(status["restartCount"]) > before and bool(status.get("ready"))
+
+    eventually_sync(restarted, within=240, interval=2, what=f"{name} restarted by liveness")
+    events = json.loads(kubectl(cluster, "-n", NS, "get", "events", "-o", "json",
+                                f"--field-selector=involvedObject.name={name}"))  # fmt: skip
+    assert any("Liveness probe failed" in e.get("message", "") for e in events["items"])
+
+
+def test_a_deleted_worker_pod_finishes_the_task_in_hand_within_its_grace(
+    cluster: Cluster, backends: Backends, handler_image: str
+) -> None:
+    set_queue(cluster, {"name": "slow", "image": handler_image, "handler": "e2e_handlers:slow",
+                        "minReplicas": 1, "maxReplicas": 1})  # fmt: skip
+    eventually_sync(
+        lambda: cluster.run_status("kubectl", "-n", NS, "rollout", "status",
+                                   f"deployment/{NAME}-worker-slow", "--timeout=5s") == 0,
+        within=240, interval=2, what="the slow queue's worker",
+    )  # fmt: skip
+    client = redis.Redis.from_url(backends.redis_url, decode_responses=True)
+    (task,) = commit(backends.database_url, 1, queue="slow", input={"seconds": 10})
+    eventually_sync(lambda: client.get(f"e2e:runs:{task}") == "1", within=120, interval=0.5,
+                    what="the slow task started")  # fmt: skip
+    pod = worker_pod(cluster, "slow")["metadata"]["name"]
+    kubectl(cluster, "-n", NS, "delete", "pod", pod, "--wait=false")  # SIGTERM, grace runs
+    eventually_sync(lambda: client.get(f"e2e:done:{task}") == "1", within=120, interval=0.5,
+                    what="the task in hand finished")  # fmt: skip
+    # The replacement worker starts and finds nothing to run again.
+    eventually_sync(lambda: worker_pod(cluster, "slow")["metadata"]["name"] != pod, within=240,
+                    interval=2, ignoring=(AssertionError,), what="the new slow worker")  # fmt: skip
+    wait_handled(backends.redis_url, [task])
+    assert client.get(f"e2e:runs:{task}") == "1"
+
+
+def test_an_unschedulable_queue_stays_pending_and_the_status_says_why(cluster: Cluster) -> None:
+    set_queue(cluster, {"name": "nowhere", "handler": "builtins:print", "minReplicas": 1,
+                        "maxReplicas": 1, "nodeSelector": {"disk": "none-such"}})  # fmt: skip
+
+    def says_why() -> str | None:
+        for found in (get(cluster, "obd", NAME).get("status") or {}).get("conditions") or []:
+            if found["type"] == "Ready" and found["status"] == "False":
+                message = str(found.get("message", ""))
+                return message if "Unschedulable" in found["reason"] else None
+        return None
+
+    eventually_sync(lambda: says_why() is not None, within=240, interval=2,
+                    what="Ready=False naming the unschedulable Pods")  # fmt: skip
+    message = str(says_why())
+    assert f"{NAME}-worker-nowhere" in message, message
+    assert "node" in message, message
+    selector = "dispatch.composer.dev/queue=nowhere"
+    pods = json.loads(kubectl(cluster, "-n", NS, "get", "pods", "-l", selector, "-o", "json"))
+    assert {p["status"]["phase"] for p in pods["items"]} == {"Pending"}
+    queues = [q for q in get(cluster, "obd", NAME)["spec"]["queues"]
+              if q["name"] not in ("nowhere", "slow")]  # fmt: skip
+    kubectl(cluster, "-n", NS, "patch", "obd", NAME, "--type=merge", "-p",
+            json.dumps({"spec": {"queues": queues}}))  # fmt: skip
 
 
 def test_a_spec_change_reaches_the_pods(cluster: Cluster, backends: Backends) -> None:

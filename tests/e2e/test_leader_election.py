@@ -24,8 +24,8 @@ import yaml
 from controller.kubeclient import KubeClient
 from controller.leader import LEASE_LABELS, LeaseConfig, LeaseElector
 from controller.leadership import Leadership, NotLeading
-from dispatcher._testing.cluster import Cluster
 from dispatcher._testing.waiting import eventually
+from tools.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -31,11 +31,11 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from dispatcher._testing.cluster import HOST_IP
 from dispatcher._testing.waiting import eventually
 from tests.fix_kube import dispatcher
 from tests.fix_live_operator import LiveNamespace, kubeconfig_via, running_live_operator
 from tests.fix_proxy import TcpProxy
+from tools.cluster import HOST_IP
 
 pytestmark = pytest.mark.timeout(600)
 

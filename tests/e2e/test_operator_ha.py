@@ -1,4 +1,4 @@
-"""End to end on the local control plane: two operator replicas, one Redis database per
+"""End to end on the local cluster: two operator replicas, one Redis database per
 dispatcher, every namespace.
 
 The chart is installed with ``operator.replicas=2`` and ``operator.watchAllNamespaces=true``
@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -24,12 +25,11 @@ from typing import Any
 import pytest
 import redis
 
-from dispatcher._testing.cluster import HOST_IP, Cluster
-from dispatcher._testing.cluster.binaries import ROOT
-from dispatcher._testing.cluster.kubelet.logs import pod_file
 from dispatcher._testing.servers import PostgresProcess, RedisProcess
 from dispatcher._testing.waiting import eventually_sync
 from dispatcher.stream.naming import SHARDS_KEY, SHARDS_OWNER_KEY
+from tools.cluster import HOST_IP, Cluster
+from tools.cluster.binaries import ROOT
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -178,9 +178,10 @@ def test_after_kill_9_of_the_leader_the_other_replica_takes_over(
     leader = holder(cluster)
     assert leader is not None
     (standby,) = [p for p in operator_pods(cluster) if p != leader]
-    pid_file = pod_file(cluster.state_dir / "pods", NS, leader, "operator.pid")
-    assert pid_file is not None
-    os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    pids = cluster.container_pids(NS, leader, "operator")
+    assert pids
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
     killed = time.monotonic()
     eventually_sync(
         lambda: holder(cluster) == standby, within=20, interval=0.25, what="the standby leads"
@@ -201,8 +202,14 @@ def test_a_leader_deleted_gracefully_releases_the_lease_to_the_other(
     leader = holder(cluster)
     assert leader is not None
     (standby,) = [p for p in operator_pods(cluster) if p != leader]
+    # Its log, followed until the container ends (a deleted Pod's log is gone with it).
+    following = subprocess.Popen(
+        [str(cluster.bin_dir / "kubectl"), "-n", NS, "logs", "-f", leader, "-c", "operator"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cluster.env(),
+    )  # fmt: skip
     kubectl(cluster, "-n", NS, "delete", "pod", leader, "--wait=true")  # SIGTERM, then gone
-    assert "released" in cluster.container_log(NS, leader, "operator")
+    log, _ = following.communicate(timeout=60)
+    assert "released" in log
     eventually_sync(
         lambda: holder(cluster) == standby, within=30, interval=0.25, what="the other leads"
     )

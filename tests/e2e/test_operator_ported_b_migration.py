@@ -1,8 +1,8 @@
 """The migration Job on the real API server (#32), ported from kmock (see ``..._ported_b``).
 
-The Job controller and the process kubelet run ``dispatcher migrate`` (a real one, against
-a database of ``cluster_postgres`` the Pods reach), or fail it up to the Job's backoff limit;
-``migrate: false`` runs none.
+The Job controller and the node run ``dispatcher migrate`` from the enqueuer image (a real
+one, against a database of ``cluster_postgres`` the Pods reach), or fail it up to the Job's
+backoff limit; ``migrate: false`` runs none.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from controller.identity import Owner, migration_job_name
-from dispatcher._testing.cluster import HOST_IP
+from controller.model import DEFAULT_VERSION_TAG
 from dispatcher._testing.servers import PostgresProcess
 from dispatcher._testing.waiting import eventually
 from tests.e2e.test_operator_ported_b import (
@@ -29,8 +29,21 @@ from tests.e2e.test_operator_ported_b import (
     put_secret,
 )
 from tests.fix_live_operator import LiveNamespace, running_live_operator
+from tools.cluster import HOST_IP, Cluster
 
 pytestmark = pytest.mark.timeout(600)
+
+UPGRADED = "reg.example.com/enq:2.0"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def enqueuer_versions(cluster: Cluster) -> None:
+    """The node has the enqueuer image under the two names these tests upgrade between (it
+    pulls nothing: a name it lacks would never run)."""
+    for name in (ENQUEUER_V1, UPGRADED):
+        cluster.tag_image(
+            f"docker.io/library/outbox-dispatcher-enqueuer:{DEFAULT_VERSION_TAG}", name
+        )
 
 
 def migrating(live: LiveNamespace, image: str = ENQUEUER_V1, **spec: Any) -> dict[str, Any]:
@@ -86,7 +99,7 @@ async def test_migration_job_runs_before_the_enqueuer_starts_or_upgrades(
         cr = await get(live, "obd", NAME) or {}
         assert cr["status"]["migratedImage"] == ENQUEUER_V1
         # A new image migrates again; the running enqueuer keeps the old one until then.
-        upgraded = "reg.example.com/enq:2.0"
+        upgraded = UPGRADED
         await asyncio.to_thread(live.apply, migrating(live, upgraded))
         await eventually(lambda: migrated_then_started(upgraded), within=180, interval=0.2)
         cr = await get(live, "obd", NAME) or {}

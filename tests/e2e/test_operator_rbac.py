@@ -27,10 +27,10 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatcher._testing.cluster.binaries import ROOT
 from dispatcher._testing.waiting import eventually
 from tests.fix_kube import dispatcher
 from tests.fix_live_operator import LiveNamespace, kubeconfig_via, running_live_operator
+from tools.cluster.binaries import ROOT
 
 pytestmark = pytest.mark.timeout(600)
 

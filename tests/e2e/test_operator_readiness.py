@@ -19,12 +19,12 @@ from prometheus_client import CollectorRegistry
 from controller.handlers import register, register_login
 from controller.operator import Operator
 from controller.operator_config import OperatorConfig
-from dispatcher._testing.cluster import Cluster
 from dispatcher._testing.servers import free_port
 from dispatcher._testing.waiting import eventually
 from dispatcher.cli.operator import operator_settings
 from dispatcher.observability import ObservabilityServer
 from tests.fix_kube import spawned_by_kopf
+from tools.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(120)
 

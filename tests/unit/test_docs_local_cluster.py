@@ -7,14 +7,14 @@ import ipaddress
 import re
 from pathlib import Path
 
-from dispatcher._testing.cluster.network import HOST_IP, POD_CIDR
+from tools.cluster.network import HOST_IP, POD_CIDR
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"
 
 
 def section() -> str:
     text = DOC.read_text()
-    return text[text.index("## Try it on a local control plane") : text.index("## Local loop")]
+    return text[text.index("## Try it on a local cluster") : text.index("## Local loop")]
 
 
 def test_the_pg_hba_line_lets_the_pods_range_in_with_a_password() -> None:

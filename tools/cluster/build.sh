@@ -8,7 +8,7 @@ here="$(cd "$(dirname "$0")/../k8s" && pwd)"
 
 k8s_version=v1.37.2
 helm_version=v4.3.2
-binaries=(etcd kube-apiserver kube-controller-manager kubectl helm)
+binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy helm)
 
 cache="${OUTBOX_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/outbox-dispatcher/k8s-$k8s_version}"
 bin="$cache/bin"
@@ -45,7 +45,10 @@ echo "build.sh: building Kubernetes $k8s_version, helm $helm_version and etcd in
 go build -ldflags "$kube_ldflags" -o "$bin/" \
 	k8s.io/kubernetes/cmd/kube-apiserver \
 	k8s.io/kubernetes/cmd/kube-controller-manager \
-	k8s.io/kubernetes/cmd/kubectl
+	k8s.io/kubernetes/cmd/kube-scheduler \
+	k8s.io/kubernetes/cmd/kubectl \
+	k8s.io/kubernetes/cmd/kubelet \
+	k8s.io/kubernetes/cmd/kube-proxy
 go build -ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$helm_version" -o "$bin/helm" helm.sh/helm/v4/cmd/helm
 go build -ldflags "-s -w" -o "$bin/etcd" go.etcd.io/etcd/server/v3
 echo "$stamp" >"$bin/.stamp"

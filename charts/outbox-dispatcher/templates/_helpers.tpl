@@ -173,4 +173,7 @@ fsGroup: {{ .fsGroup }}
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
 {{- end }}

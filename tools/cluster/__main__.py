@@ -1,8 +1,9 @@
-"""``python -m dispatcher._testing.cluster up|down`` (``make cluster`` / ``make cluster-down``).
+"""``python -m tools.cluster up|down`` (``make cluster`` / ``make cluster-down``).
 
-``up`` builds the binaries if the cache lacks them, starts the cluster with its
-state in ``.cluster/`` (or ``--state-dir``), and prints how to use it; the
-processes keep running after it returns. ``down`` stops them.
+``up`` builds the binaries and the images if the caches lack them, starts the
+cluster with its state in ``.cluster/`` (or ``--state-dir``), and prints how to
+use it; the processes keep running after it returns. ``down`` stops them and
+removes what the node left on the machine (also after a cluster that was killed).
 """
 
 from __future__ import annotations
@@ -11,21 +12,19 @@ import argparse
 import sys
 from pathlib import Path
 
-from dispatcher._testing.cluster.binaries import ROOT
-from dispatcher._testing.cluster.control_plane import load, start, stop
+from tools.cluster.binaries import ROOT
+from tools.cluster.control_plane import load, start, stop
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m dispatcher._testing.cluster", description=__doc__
-    )
+    parser = argparse.ArgumentParser(prog="python -m tools.cluster", description=__doc__)
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("--state-dir", type=Path, default=ROOT / ".cluster")
     args = parser.parse_args()
     state_dir: Path = args.state_dir.resolve()
     if args.action == "down":
         running = load(state_dir)
-        stop(state_dir)
+        stop(state_dir)  # also sweeps what a killed cluster left
         print("stopped" if running else f"no cluster was running in {state_dir}")
         return
     try:
@@ -34,7 +33,7 @@ def main() -> None:
         sys.exit(f"cluster: {exc}")
     print(f"API server   {cluster.server}")
     print(f"binaries     {cluster.bin_dir}")
-    print(f"logs         {state_dir / 'logs'} (a Pod's containers: {state_dir / 'pods'})")
+    print(f"logs         {state_dir / 'logs'} (kubectl logs for the Pods')")
     print(f"\nexport KUBECONFIG={cluster.kubeconfig} PATH={cluster.bin_dir}:$PATH")
 
 

@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["alive", "free_port", "kill_leftover_containers", "spawn", "terminate"]
+__all__ = ["alive", "free_port", "runs", "spawn", "terminate"]
 
 
 def free_port(host: str) -> int:
@@ -46,6 +46,16 @@ def alive(pid: int) -> bool:
     return waited == 0
 
 
+def runs(pid: int, *, needle: str) -> bool:
+    """Whether ``pid`` is alive and its command line names ``needle`` (a recorded pid of a
+    process that died long ago may belong to another process by now)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return False
+    return needle in cmdline
+
+
 def terminate(pid: int, *, grace: float) -> None:
     """SIGTERM, then SIGKILL to its process group after ``grace`` seconds; return once gone."""
     with contextlib.suppress(ProcessLookupError):
@@ -58,13 +68,3 @@ def terminate(pid: int, *, grace: float) -> None:
             os.killpg(pid, signal.SIGKILL)
         while alive(pid):
             time.sleep(0.05)
-
-
-def kill_leftover_containers(pods_dir: Path) -> None:
-    """SIGKILL the containers a killed kubelet left running (each records its pid while it runs;
-    a pid counts only while that process still runs in its Pod's directory)."""
-    for recorded in pods_dir.glob("*/*.pid"):
-        with contextlib.suppress(ValueError, OSError):
-            pid = int(recorded.read_text())
-            if os.readlink(f"/proc/{pid}/cwd") == str(recorded.parent):
-                os.killpg(pid, signal.SIGKILL)

@@ -1,8 +1,10 @@
 """The cluster's certificates and keys, made with ``openssl`` when the cluster starts.
 
-One CA signs the API server's serving certificate and the admin client
-certificate (group ``system:masters``); a separate RSA key signs service
-account tokens. Nothing here is secret beyond the throwaway cluster it guards.
+One CA signs the API server's serving certificate (the kubelet serves with it
+too: both listen on the bridge's host address), the admin client certificate
+(group ``system:masters``) and the node's (``system:node:<name>`` in
+``system:nodes``, what the Node authorizer expects of a kubelet); a separate RSA
+key signs service account tokens. Nothing here is secret beyond the throwaway cluster it guards.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ class Pki:
     serving_key: Path
     admin_cert: Path
     admin_key: Path
+    node_cert: Path
+    node_key: Path
     sa_key: Path
     sa_pub: Path
 
@@ -49,7 +53,7 @@ def _sign(pki_dir: Path, *, name: str, subject: str, ext: str, ca: tuple[Path, P
     )
 
 
-def make_pki(pki_dir: Path, *, ips: list[str], dns: list[str]) -> Pki:
+def make_pki(pki_dir: Path, *, ips: list[str], dns: list[str], node: str) -> Pki:
     """Generate every certificate and key into ``pki_dir`` (overwriting an older set)."""
     pki_dir.mkdir(parents=True, exist_ok=True)
     ca = (pki_dir / "ca.crt", pki_dir / "ca.key")
@@ -73,6 +77,13 @@ def make_pki(pki_dir: Path, *, ips: list[str], dns: list[str]) -> Pki:
         ext="extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n",
         ca=ca,
     )
+    _sign(
+        pki_dir,
+        name="node",
+        subject=f"/O=system:nodes/CN=system:node:{node}",
+        ext="extendedKeyUsage=clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n",
+        ca=ca,
+    )
     _openssl("genrsa", "-out", str(pki_dir / "sa.key"), "2048")
     _openssl("rsa", "-in", str(pki_dir / "sa.key"), "-pubout", "-out", str(pki_dir / "sa.pub"))
     return Pki(
@@ -82,6 +93,8 @@ def make_pki(pki_dir: Path, *, ips: list[str], dns: list[str]) -> Pki:
         serving_key=pki_dir / "apiserver.key",
         admin_cert=pki_dir / "admin.crt",
         admin_key=pki_dir / "admin.key",
+        node_cert=pki_dir / "node.crt",
+        node_key=pki_dir / "node.key",
         sa_key=pki_dir / "sa.key",
         sa_pub=pki_dir / "sa.pub",
     )

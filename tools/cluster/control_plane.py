@@ -1,32 +1,46 @@
-"""Start and stop one local cluster: etcd, kube-apiserver, kube-controller-manager, kubelet.
+"""Start and stop one local cluster: etcd, kube-apiserver, kube-controller-manager and
+kube-scheduler, and a real node (containerd, kubelet, kube-proxy; ``node.py``).
 
-Everything lives in one state directory: the certificates, etcd's data, one log
-per process, ``kubeconfig`` (the admin's) and ``state.json`` (the processes'
-ids, for ``stop`` from another process). The API server listens on the
-bridge's host address, which the Pods reach too; etcd on loopback.
+Everything lives in one state directory: the certificates, etcd's data, one log per
+process, the node's files, ``kubeconfig`` (the admin's) and ``state.json`` (the processes'
+ids, for ``stop`` from another process). The API server listens on the bridge's host
+address, which the Pods reach too (directly, or as the ``kubernetes`` Service through
+kube-proxy's rules); etcd on loopback. One node runs on a machine at a time (the kubelet's
+cgroups and iptables chains are the machine's): ``MACHINE_RECORD`` names the state
+directory of the one that runs, so that a start after a SIGKILLed run sweeps its leftovers
+first.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from dispatcher._testing.cluster import network, processes
-from dispatcher._testing.cluster.binaries import binaries
-from dispatcher._testing.cluster.kubelet.logs import container_log_path, pod_file
-from dispatcher._testing.cluster.pki import Pki, make_pki
 from dispatcher._testing.waiting import eventually_sync
+from tools.cluster import leftovers, network, node, processes
+from tools.cluster.binaries import binaries, images
+from tools.cluster.pki import Pki, make_pki
 
-__all__ = ["NODE_NAME", "Cluster", "start", "stop"]
+__all__ = ["MACHINE_RECORD", "NODE_NAME", "Cluster", "start", "stop"]
 
-NODE_NAME = "local"
-SERVICE_CIDR = "10.0.0.0/24"  # a value the API requires; no Service address is ever contacted
-_ORDER = ("kubelet", "kube-controller-manager", "kube-apiserver", "etcd")  # stopping order
+NODE_NAME = node.NODE_NAME
+SERVICE_CIDR = "10.0.0.0/24"  # the kubernetes Service is 10.0.0.1, served through kube-proxy
+MACHINE_RECORD = Path("/run/outbox-dispatcher/cluster")  # the running cluster's state dir
+# stopping order: the node first (nothing restarts a Pod then), etcd last
+_ORDER = (
+    "kubelet",
+    "kube-proxy",
+    "kube-scheduler",
+    "kube-controller-manager",
+    "kube-apiserver",
+    "containerd",
+    "etcd",
+)
 
 
 @dataclass(frozen=True)
@@ -63,42 +77,42 @@ class Cluster:
             raise RuntimeError(f"{tool} {' '.join(args)}:\n{done.stdout}\n{done.stderr}")
         return done.stdout
 
+    def container_pids(self, namespace: str, pod: str, container: str) -> list[int]:
+        """The host's pids of a container's processes (from the node's cgroups), for a test
+        that kills one from outside, as a crash would."""
+        found = json.loads(self.run("kubectl", "-n", namespace, "get", "pod", pod, "-o", "json"))
+        (status,) = [s for s in found["status"]["containerStatuses"] if s["name"] == container]
+        container_id = status["containerID"].split("://", 1)[1]
+        pids: set[int] = set()
+        hierarchy = Path("/sys/fs/cgroup/pids") / leftovers.CGROUP_ROOT
+        for cgroup in hierarchy.rglob(f"*{container_id}*"):
+            pids.update(int(p) for p in (cgroup / "cgroup.procs").read_text().split())
+        return sorted(pids)
+
+    def import_image(self, archive: Path) -> None:
+        """Load an image archive (``docker-archive``) into the node's containerd."""
+        node.import_archives(node.NodePaths(self.state_dir / "node"), [archive])
+
+    def tag_image(self, source: str, target: str) -> None:
+        """Give an image the node has a second name (a test's "new version" of an image)."""
+        node.tag_image(node.NodePaths(self.state_dir / "node"), source, target)
+
     def run_status(self, tool: str, *args: str) -> int:
         """The exit status of ``kubectl`` or ``helm`` against this cluster (output dropped)."""
         return subprocess.run(
             [str(self.bin_dir / tool), *args], capture_output=True, env=self.env(), check=False
         ).returncode
 
-    def pod_kubeconfig(self, namespace: str, pod: str) -> Path | None:
-        """The kubeconfig the kubelet gave a Pod (its ServiceAccount's token)."""
-        return pod_file(self.state_dir / "pods", namespace, pod, "kubeconfig")
 
-    def container_log(self, namespace: str, pod: str, container: str) -> str:
-        """What a container of a Pod printed (the kubelet keeps it in the Pod's directory)."""
-        path = container_log_path(self.state_dir / "pods", namespace, pod, container)
-        return path.read_text(errors="replace") if path else ""
-
-
-def _write_kubeconfig(path: Path, *, server: str, pki: Pki) -> None:
+def _write_kubeconfig(path: Path, *, server: str, ca: Path, cert: Path, key: Path) -> None:
+    cluster = {"server": server, "certificate-authority": str(ca)}
+    user = {"client-certificate": str(cert), "client-key": str(key)}
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [
-            {
-                "name": "local",
-                "cluster": {"server": server, "certificate-authority": str(pki.ca_cert)},
-            }
-        ],
-        "users": [
-            {
-                "name": "admin",
-                "user": {
-                    "client-certificate": str(pki.admin_cert),
-                    "client-key": str(pki.admin_key),
-                },
-            }
-        ],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+        "clusters": [{"name": "local", "cluster": cluster}],
+        "users": [{"name": "user", "user": user}],
+        "contexts": [{"name": "local", "context": {"cluster": "local", "user": "user"}}],
         "current-context": "local",
     }
     path.write_text(json.dumps(config, indent=2))
@@ -114,18 +128,18 @@ def _apiserver_argv(bin_dir: Path, *, pki: Pki, port: int, etcd: str) -> list[st
         f"--tls-cert-file={pki.serving_cert}",
         f"--tls-private-key-file={pki.serving_key}",
         f"--client-ca-file={pki.ca_cert}",
-        "--authorization-mode=RBAC",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={pki.sa_pub}",
         f"--service-account-signing-key-file={pki.sa_key}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
-        # kubectl logs: the API server calls the kubelet as the admin (the kubelet checks the CA)
+        # kubectl logs/exec: the API server calls the kubelet as the admin
         f"--kubelet-client-certificate={pki.admin_cert}",
         f"--kubelet-client-key={pki.admin_key}",
         "--kubelet-preferred-address-types=InternalIP",
         "--allow-privileged=true",
         "--profiling=false",
-        "--endpoint-reconciler-type=none",
     ]
 
 
@@ -163,11 +177,32 @@ def _check(pids: dict[str, int], state_dir: Path) -> None:
             raise RuntimeError(f"{name} exited at start; the end of its log:\n{tail}")
 
 
+def _claim_machine(state_dir: Path) -> None:
+    """Record ``state_dir`` as the machine's cluster, after sweeping what a cluster that was
+    killed left (refused while another one runs: the node's cgroups and chains are shared)."""
+    with contextlib.suppress(FileNotFoundError):
+        previous = Path(MACHINE_RECORD.read_text().strip())
+        running = load(previous)
+        if running is not None and any(
+            processes.runs(pid, needle=str(previous)) for pid in running.pids.values()
+        ):
+            raise RuntimeError(
+                f"a local cluster runs already (its files in {previous}); stop it first: "
+                f"python -m tools.cluster down --state-dir {previous}"
+            )
+        leftovers.sweep(previous)
+    leftovers.sweep(state_dir)
+    MACHINE_RECORD.parent.mkdir(parents=True, exist_ok=True)
+    MACHINE_RECORD.write_text(f"{state_dir}\n")
+
+
 def start(state_dir: Path, *, bin_dir: Path | None = None) -> Cluster:
     """Start a cluster with its files in ``state_dir`` (emptied first) and wait for its Node."""
     if (state_dir / "state.json").exists():
         stop(state_dir)
     bin_dir = bin_dir or binaries()
+    archives = images()
+    _claim_machine(state_dir)
     shutil.rmtree(state_dir, ignore_errors=True)
     logs = state_dir / "logs"
     logs.mkdir(parents=True)
@@ -176,18 +211,22 @@ def start(state_dir: Path, *, bin_dir: Path | None = None) -> Cluster:
         state_dir / "pki",
         ips=[network.HOST_IP, "127.0.0.1", "10.0.0.1"],
         dns=["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"],
+        node=NODE_NAME,
     )
     etcd_port, peer_port = processes.free_port("127.0.0.1"), processes.free_port("127.0.0.1")
     etcd = f"http://127.0.0.1:{etcd_port}"
-    api_port, kubelet_port = (
-        processes.free_port(network.HOST_IP),
-        processes.free_port(network.HOST_IP),
-    )
+    api_port = processes.free_port(network.HOST_IP)
     server = f"https://{network.HOST_IP}:{api_port}"
-    kubeconfig = state_dir / "kubeconfig"
-    _write_kubeconfig(kubeconfig, server=server, pki=pki)
+    kubeconfig, node_kubeconfig = state_dir / "kubeconfig", state_dir / "node.kubeconfig"
+    _write_kubeconfig(
+        kubeconfig, server=server, ca=pki.ca_cert, cert=pki.admin_cert, key=pki.admin_key
+    )
+    _write_kubeconfig(
+        node_kubeconfig, server=server, ca=pki.ca_cert, cert=pki.node_cert, key=pki.node_key
+    )
     pids: dict[str, int] = {}
     cluster = Cluster(state_dir=state_dir, bin_dir=bin_dir, server=server, pids=pids)
+    paths = node.NodePaths(state_dir / "node")
     try:
         pids["etcd"] = processes.spawn(
             "etcd",
@@ -205,7 +244,21 @@ def start(state_dir: Path, *, bin_dir: Path | None = None) -> Cluster:
         pids["kube-apiserver"] = processes.spawn(
             "kube-apiserver", _apiserver_argv(bin_dir, pki=pki, port=api_port, etcd=etcd), logs
         )
+        # containerd starts (and imports the images) while the API server comes up.
+        network.write_cni_config(paths.cni_conf, ipam_dir=paths.root / "cni" / "ipam")
+        paths.containerd.mkdir(parents=True, exist_ok=True)
+        (paths.containerd / "config.toml").write_text(node.containerd_config(paths))
+        pids["containerd"] = processes.spawn(
+            "containerd", ["containerd", f"--config={paths.containerd / 'config.toml'}"], logs
+        )
         _save(cluster)
+
+        def containerd_ready() -> bool:
+            _check(pids, state_dir)
+            return paths.socket.exists()
+
+        eventually_sync(containerd_ready, within=60, interval=0.2, what="containerd's socket")
+        node.import_archives(paths, sorted(archives.glob("*.tar")))
 
         def api_ready() -> bool:
             _check(pids, state_dir)
@@ -217,16 +270,47 @@ def start(state_dir: Path, *, bin_dir: Path | None = None) -> Cluster:
             _controller_manager_argv(bin_dir, pki=pki, kubeconfig=kubeconfig),
             logs,
         )
+        pids["kube-scheduler"] = processes.spawn(
+            "kube-scheduler",
+            [
+                str(bin_dir / "kube-scheduler"),
+                f"--kubeconfig={kubeconfig}",
+                "--leader-elect=false",
+                "--secure-port=0",
+                "--profiling=false",
+            ],
+            logs,
+        )
+        kubelet_config = node.kubelet_config(
+            paths,
+            pki=pki,
+            port=processes.free_port(network.HOST_IP),
+            healthz_port=processes.free_port("127.0.0.1"),
+        )
+        paths.kubelet.mkdir(parents=True, exist_ok=True)
+        node.make_cgroup_root()
+        (paths.root / "kubelet.json").write_text(json.dumps(kubelet_config, indent=2))
         pids["kubelet"] = processes.spawn(
             "kubelet",
             [
-                sys.executable,
-                *("-m", "dispatcher._testing.cluster.kubelet"),
-                *("--kubeconfig", str(kubeconfig), "--state-dir", str(state_dir / "pods")),
-                *("--node-name", NODE_NAME, "--port", str(kubelet_port)),
-                *("--tls-cert", str(pki.serving_cert), "--tls-key", str(pki.serving_key)),
-                *("--client-ca", str(pki.ca_cert)),
+                str(bin_dir / "kubelet"),
+                f"--config={paths.root / 'kubelet.json'}",
+                f"--kubeconfig={node_kubeconfig}",
+                f"--root-dir={paths.kubelet}",
+                f"--hostname-override={NODE_NAME}",
+                f"--node-ip={network.HOST_IP}",
             ],
+            logs,
+        )
+        proxy_config = node.kube_proxy_config(
+            kubeconfig=kubeconfig,
+            metrics_port=processes.free_port("127.0.0.1"),
+            healthz_port=processes.free_port("127.0.0.1"),
+        )
+        (paths.root / "kube-proxy.json").write_text(json.dumps(proxy_config, indent=2))
+        pids["kube-proxy"] = processes.spawn(
+            "kube-proxy",
+            [str(bin_dir / "kube-proxy"), f"--config={paths.root / 'kube-proxy.json'}"],
             logs,
         )
         _save(cluster)
@@ -276,13 +360,16 @@ def load(state_dir: Path) -> Cluster | None:
 
 
 def stop(state_dir: Path) -> None:
-    """Stop the cluster of ``state_dir`` (the kubelet stops its Pods first); keep its files."""
+    """Stop the cluster of ``state_dir`` and remove everything it left on the machine (its
+    Pods are killed: delete them first for their grace periods); keep its files."""
     cluster = load(state_dir)
     if cluster is not None:
         for name in _ORDER:
             if name in cluster.pids:
-                # The kubelet gives each Pod its grace period; the rest stop at once.
-                processes.terminate(cluster.pids[name], grace=60 if name == "kubelet" else 15)
+                processes.terminate(cluster.pids[name], grace=15)
         (state_dir / "state.json").unlink()
-    processes.kill_leftover_containers(state_dir / "pods")
-    network.remove_pod_networks(state_dir / "pods")
+    leftovers.sweep(state_dir)
+    with contextlib.suppress(FileNotFoundError, OSError):
+        if MACHINE_RECORD.read_text().strip() == str(state_dir):
+            MACHINE_RECORD.unlink()
+            MACHINE_RECORD.parent.rmdir()
