@@ -32,13 +32,14 @@ from controller.resource import API_GROUP, PLURAL
 from dispatcher._testing.servers import PostgresProcess, RedisProcess
 from dispatcher._testing.waiting import eventually_sync
 from tools.cluster import HOST_IP, Cluster, start, stop
+from tools.cluster.leftovers import inventory
 
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     state_dir = Path(tempfile.mkdtemp(prefix="od-cluster-"))
     try:
-        running = start(state_dir)
+        running = start(state_dir, owner=os.getpid())
     except RuntimeError as exc:
         pytest.fail(f"the local cluster did not start: {exc}")
     print(f"\nlocal cluster: {running.server}, files in {state_dir}")
@@ -47,6 +48,10 @@ def cluster() -> Iterator[Cluster]:
     finally:
         stop(state_dir)
         shutil.rmtree(state_dir / "etcd", ignore_errors=True)
+    # The session leaves the machine as it found it (docs/local-cluster.md lists what a node
+    # leaves by default): an error of the last test's teardown otherwise.
+    left = inventory(state_dir)
+    assert not left, f"the local cluster left on the machine: {left}"
 
 
 @pytest.fixture(scope="module")

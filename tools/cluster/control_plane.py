@@ -7,8 +7,8 @@ ids, for ``stop`` from another process). The API server listens on the bridge's 
 address, which the Pods reach too (directly, or as the ``kubernetes`` Service through
 kube-proxy's rules); etcd on loopback. One node runs on a machine at a time (the kubelet's
 cgroups and iptables chains are the machine's): ``MACHINE_RECORD`` names the state
-directory of the one that runs, so that a start after a SIGKILLed run sweeps its leftovers
-first.
+directory of the one that runs and the process it belongs to, so that a start after a
+SIGKILLed test session stops that session's cluster and sweeps what it left first.
 """
 
 from __future__ import annotations
@@ -177,32 +177,52 @@ def _check(pids: dict[str, int], state_dir: Path) -> None:
             raise RuntimeError(f"{name} exited at start; the end of its log:\n{tail}")
 
 
-def _claim_machine(state_dir: Path) -> None:
-    """Record ``state_dir`` as the machine's cluster, after sweeping what a cluster that was
-    killed left (refused while another one runs: the node's cgroups and chains are shared)."""
-    with contextlib.suppress(FileNotFoundError):
-        previous = Path(MACHINE_RECORD.read_text().strip())
+def _machine_record() -> tuple[Path, int | None] | None:
+    """The state directory of the machine's cluster and the pid of the process it belongs to
+    (None: ``make cluster``'s, which outlives its command), or None without a record."""
+    try:
+        record = json.loads(MACHINE_RECORD.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    owner = record.get("owner")
+    return Path(record["state_dir"]), (int(owner) if owner is not None else None)
+
+
+def _claim_machine(state_dir: Path, *, owner: int | None) -> None:
+    """Record ``state_dir`` as the machine's cluster (of the process ``owner``), after removing
+    what an earlier one left: a cluster whose owner was killed (its processes run on, in
+    sessions of their own) is stopped; one still wanted is refused (the node's cgroups and
+    chains are the machine's)."""
+    found = _machine_record()
+    if found is not None:
+        previous, previous_owner = found
         running = load(previous)
-        if running is not None and any(
+        runs = running is not None and any(
             processes.runs(pid, needle=str(previous)) for pid in running.pids.values()
-        ):
+        )
+        owned = previous_owner is not None and processes.alive(previous_owner)
+        if runs and (previous_owner is None or owned):
             raise RuntimeError(
                 f"a local cluster runs already (its files in {previous}); stop it first: "
                 f"python -m tools.cluster down --state-dir {previous}"
             )
-        leftovers.sweep(previous)
+        stop(previous)  # its processes, if any, and everything it left
     leftovers.sweep(state_dir)
     MACHINE_RECORD.parent.mkdir(parents=True, exist_ok=True)
-    MACHINE_RECORD.write_text(f"{state_dir}\n")
+    MACHINE_RECORD.write_text(json.dumps({"state_dir": str(state_dir), "owner": owner}))
 
 
-def start(state_dir: Path, *, bin_dir: Path | None = None) -> Cluster:
-    """Start a cluster with its files in ``state_dir`` (emptied first) and wait for its Node."""
+def start(state_dir: Path, *, bin_dir: Path | None = None, owner: int | None = None) -> Cluster:
+    """Start a cluster with its files in ``state_dir`` (emptied first) and wait for its Node.
+
+    ``owner``: the pid of the process the cluster belongs to (a test session): if it is
+    killed, the next start stops this cluster and sweeps what it left. Without one the
+    cluster is meant to outlive its command (``make cluster``) and the next start refuses."""
     if (state_dir / "state.json").exists():
         stop(state_dir)
     bin_dir = bin_dir or binaries()
     archives = images()
-    _claim_machine(state_dir)
+    _claim_machine(state_dir, owner=owner)
     shutil.rmtree(state_dir, ignore_errors=True)
     logs = state_dir / "logs"
     logs.mkdir(parents=True)
@@ -365,11 +385,14 @@ def stop(state_dir: Path) -> None:
     cluster = load(state_dir)
     if cluster is not None:
         for name in _ORDER:
-            if name in cluster.pids:
+            # A recorded pid counts while its process names this cluster's files (a cluster
+            # killed long ago may have left pids that belong to other processes now).
+            if name in cluster.pids and processes.runs(cluster.pids[name], needle=str(state_dir)):
                 processes.terminate(cluster.pids[name], grace=15)
         (state_dir / "state.json").unlink()
     leftovers.sweep(state_dir)
     with contextlib.suppress(FileNotFoundError, OSError):
-        if MACHINE_RECORD.read_text().strip() == str(state_dir):
+        found = _machine_record()
+        if found is not None and found[0] == state_dir:
             MACHINE_RECORD.unlink()
             MACHINE_RECORD.parent.rmdir()

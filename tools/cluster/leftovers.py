@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tools.cluster import network
 
-__all__ = ["CGROUP_ROOT", "sweep"]
+__all__ = ["CGROUP_ROOT", "inventory", "sweep"]
 
 CGROUP_ROOT = "outbox-dispatcher-node"  # the kubelet's cgroupRoot: every Pod's cgroup is in it
 _CGROUPS = Path("/sys/fs/cgroup")
@@ -59,27 +59,40 @@ def _kill_cgroup_members() -> None:
         time.sleep(0.1)
 
 
-def _kill_processes_naming(needle: str) -> None:
-    """SIGKILL every process whose command line names ``needle`` (the shims name the
-    containerd socket in the state directory)."""
+def _processes_naming(needle: str) -> list[int]:
+    """The processes whose command line names ``needle`` (the node's processes and the shims
+    name files in the state directory)."""
+    found = []
     for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
             continue
         with contextlib.suppress(OSError):
-            if needle in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(
-                errors="replace"
-            ):
-                os.kill(int(proc.name), signal.SIGKILL)
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+            if needle in cmdline.decode(errors="replace"):
+                found.append(int(proc.name))
+    return found
+
+
+def _kill_processes_naming(needle: str) -> None:
+    """SIGKILL every process whose command line names ``needle``."""
+    for pid in _processes_naming(needle):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _mounts_under(prefix: str) -> list[str]:
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if point == prefix or point.startswith(prefix.rstrip("/") + "/"):
+            points.append(point)
+    return points
 
 
 def _unmount_under(prefixes: list[str]) -> None:
     """Lazily unmount every mount point under one of ``prefixes``, deepest first."""
     for _ in range(5):
-        points = []
-        for line in Path("/proc/self/mountinfo").read_text().splitlines():
-            point = line.split()[4].replace("\\040", " ")
-            if any(point == p or point.startswith(p.rstrip("/") + "/") for p in prefixes):
-                points.append(point)
+        points = [point for prefix in prefixes for point in _mounts_under(prefix)]
         if not points:
             return
         for point in sorted(set(points), key=len, reverse=True):
@@ -112,7 +125,9 @@ def _kube_chains_removed(dump: str) -> str | None:
     return "\n".join(kept) + "\n" if changed else None
 
 
-def _remove_kube_chains() -> None:
+def _kube_chains() -> dict[tuple[str, str], str]:
+    """Each (iptables backend, table) that holds ``KUBE-`` chains or rules: its cleaned dump."""
+    found = {}
     for tool in _IPTABLES:
         if shutil.which(tool) is None:
             continue
@@ -122,10 +137,16 @@ def _remove_kube_chains() -> None:
             )
             cleaned = _kube_chains_removed(saved.stdout) if saved.returncode == 0 else None
             if cleaned is not None:
-                subprocess.run(
-                    [f"{tool}-restore", "-w", "5"], input=cleaned, text=True, check=True,
-                    capture_output=True,
-                )  # fmt: skip
+                found[tool, table] = cleaned
+    return found
+
+
+def _remove_kube_chains() -> None:
+    for (tool, _), cleaned in _kube_chains().items():
+        subprocess.run(
+            [f"{tool}-restore", "-w", "5"], input=cleaned, text=True, check=True,
+            capture_output=True,
+        )  # fmt: skip
 
 
 def _remove_files(state_dir: Path) -> None:
@@ -150,6 +171,20 @@ def _remove_files(state_dir: Path) -> None:
             shutil.rmtree(run / name, ignore_errors=True)
         with contextlib.suppress(OSError):
             run.rmdir()
+
+
+def inventory(state_dir: Path) -> list[str]:
+    """What a node whose files are in ``state_dir`` (or any node: the machine-wide parts) left
+    on the machine, one line each; empty when the machine is clean."""
+    left = [f"process {pid} naming {state_dir}" for pid in _processes_naming(str(state_dir))]
+    left += [f"mount {point}" for point in _mounts_under(str(state_dir))]
+    left += [f"cgroup {cgroup}" for cgroup in _cgroup_dirs()]
+    left += [f"iptables chains in {tool} {table}" for tool, table in _kube_chains()]
+    if Path(f"/sys/class/net/{network.BRIDGE}").exists():
+        left.append(f"bridge {network.BRIDGE}")
+    left += [f"file {p}" for p in Path("/var/lib/cni/results").glob(f"{network.CNI_NETWORK}-*")]
+    left += [f"path {p}" for p in ("/run/containerd", "/var/lib/kubelet") if Path(p).exists()]
+    return left
 
 
 def sweep(state_dir: Path) -> None:
