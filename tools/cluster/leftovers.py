@@ -190,7 +190,7 @@ def inventory(state_dir: Path) -> list[str]:
 def sweep(state_dir: Path) -> None:
     """Remove everything a node whose files are in ``state_dir`` left on the host (its
     processes must be stopped first; the Pods' are killed here)."""
-    _kill_processes_naming(str(state_dir / "containerd"))
+    _kill_processes_naming(str(state_dir))  # what stop did not end, and the shims
     _kill_cgroup_members()
     network.remove_pod_namespaces()
     _unmount_under([str(state_dir)])  # the netns mounts too: containerd keeps them there
