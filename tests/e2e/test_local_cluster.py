@@ -10,10 +10,12 @@ they run before the session's (``own_cluster``, ordered by ``tests/e2e/conftest.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,7 @@ pytestmark = [pytest.mark.own_cluster, pytest.mark.timeout(900)]
 # A "test session": it starts a cluster it owns, runs a Pod on the node, says so, and waits.
 SESSION = """
 import json, os, subprocess, sys, time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from tools.cluster import start
 cluster = start(Path(sys.argv[1]), owner=os.getpid())
@@ -40,6 +43,21 @@ cluster.run("kubectl", "wait", "--for=condition=Ready", "pod/sleeper", "--timeou
 print("running", flush=True)
 time.sleep(3600)
 """
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Callable[[str], Path]]:
+    """State dirs short enough for containerd's sockets (pytest's tmp_path may not be),
+    removed after the test (their clusters are stopped by then)."""
+    made: list[Path] = []
+
+    def make(name: str) -> Path:
+        made.append(Path(tempfile.mkdtemp(prefix=f"od-{name}-")))
+        return made[-1]
+
+    yield make
+    for path in made:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def sleepers() -> list[str]:
@@ -55,9 +73,9 @@ def sleepers() -> list[str]:
 
 
 def test_a_killed_sessions_cluster_is_removed_by_the_next_start_and_a_stop_leaves_nothing(
-    tmp_path: Path,
+    short_dir: Callable[[str], Path],
 ) -> None:
-    killed = Path(tempfile.mkdtemp(prefix="od-killed-"))
+    killed = short_dir("killed")
     session = subprocess.Popen(
         [sys.executable, "-c", SESSION, str(killed)],
         cwd=ROOT, stdout=subprocess.PIPE, text=True,
@@ -77,7 +95,7 @@ def test_a_killed_sessions_cluster_is_removed_by_the_next_start_and_a_stop_leave
     assert any(line.startswith("iptables") for line in left), left
     assert sleepers()
 
-    fresh = tmp_path / "next"
+    fresh = short_dir("next")
     cluster = start(fresh, owner=os.getpid())
     try:
         # The killed session's cluster is gone, and nothing of it is left.
@@ -91,13 +109,14 @@ def test_a_killed_sessions_cluster_is_removed_by_the_next_start_and_a_stop_leave
     assert left == [], left
 
 
-def test_a_cluster_that_is_wanted_is_never_taken_over(tmp_path: Path) -> None:
+def test_a_cluster_that_is_wanted_is_never_taken_over(short_dir: Callable[[str], Path]) -> None:
     """``make cluster``'s cluster (no owner: it outlives its command) is refused, not stopped."""
-    first = start(tmp_path / "first")  # as `make cluster` starts it
+    first_dir = short_dir("first")
+    first = start(first_dir)  # as `make cluster` starts it
     try:
         with pytest.raises(RuntimeError, match="a local cluster runs already"):
-            start(tmp_path / "second", owner=os.getpid())
+            start(short_dir("second"), owner=os.getpid())
         eventually_sync(lambda: first.run("kubectl", "get", "nodes") != "", within=30)
     finally:
-        stop(tmp_path / "first")
-    assert inventory(tmp_path / "first") == []
+        stop(first_dir)
+    assert inventory(first_dir) == []

@@ -212,12 +212,29 @@ def _claim_machine(state_dir: Path, *, owner: int | None) -> None:
     MACHINE_RECORD.write_text(json.dumps({"state_dir": str(state_dir), "owner": owner}))
 
 
+# A unix socket's path is at most 107 bytes on Linux; containerd refuses a ttrpc one over
+# 104 (its limit on every platform).
+SOCKET_PATH_MAX = 104
+
+
+def _check_socket_paths(state_dir: Path) -> None:
+    """Refuse a state dir too deep for containerd's sockets before anything starts."""
+    longest = node.NodePaths(state_dir.absolute() / "node").socket.with_suffix(".sock.ttrpc")
+    if len(str(longest).encode()) > SOCKET_PATH_MAX:
+        raise ValueError(
+            f"the state dir {state_dir} is too deep for containerd: its socket {longest} would be "
+            f"{len(str(longest).encode())} bytes, over {SOCKET_PATH_MAX}; choose a shorter path "
+            "(python -m tools.cluster up --state-dir DIR)"
+        )
+
+
 def start(state_dir: Path, *, bin_dir: Path | None = None, owner: int | None = None) -> Cluster:
     """Start a cluster with its files in ``state_dir`` (emptied first) and wait for its Node.
 
     ``owner``: the pid of the process the cluster belongs to (a test session): if it is
     killed, the next start stops this cluster and sweeps what it left. Without one the
     cluster is meant to outlive its command (``make cluster``) and the next start refuses."""
+    _check_socket_paths(state_dir)
     if (state_dir / "state.json").exists():
         stop(state_dir)
     bin_dir = bin_dir or binaries()
