@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: services install lint test test-quick demo faults bench bench-peers soak e2e e2e-kind cluster-build images cluster cluster-down clean
+.PHONY: services install lint test test-quick demo faults bench bench-peers soak e2e e2e-kind cluster-build images cluster cluster-down clean screenshots
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,6 +28,11 @@ test: $(STAMP) cluster-build images
 
 test-quick: $(STAMP)
 	$(PY) -m pytest tests/unit
+
+# The console's screenshots in docs/images, taken by its browser tests (a test run alone
+# saves them in a temporary folder).
+screenshots: $(STAMP)
+	CONSOLE_SCREENSHOTS=docs/images $(PY) -m pytest tests/browser
 
 demo: $(STAMP)
 	$(VENV)/bin/dispatcher demo

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -27,7 +28,12 @@ from dispatcher._testing.servers import free_port
 from dispatcher._testing.waiting import eventually_sync
 
 ROOT = Path(__file__).resolve().parents[1]
-SCREENSHOTS = ROOT / "docs" / "images"
+# Where the console tests save their screenshots: a temporary folder, so a test run leaves
+# the checkout as it was; `make screenshots` points it at docs/images to renew the docs' ones.
+SCREENSHOTS = Path(
+    os.environ.get("CONSOLE_SCREENSHOTS")
+    or Path(tempfile.gettempdir()) / "outbox-dispatcher-console-screenshots"
+)
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,8 @@ when it needs tasks flowing, and drives the page as a person would: the numbers
 the page shows are the servers' own, a replay from the page is handled, a
 cancel from the page stops the run, and actions are refused without the token
 (or without the CSRF token and our own origin). The screenshots of
-docs/images/ (shown by the README and docs/console.md) are taken here.
+docs/images/ (shown by the README and docs/console.md) are taken here
+(``make screenshots``; a plain run saves them in a temporary folder).
 """
 
 from __future__ import annotations
