@@ -1,0 +1,158 @@
+"""The chart's web console on the real node: its Pod and Service, the status naming its URL,
+and the page reached through ``kubectl port-forward`` as docs/console.md says.
+
+A release of its own (namespace ``od-console``) with the chart's
+OutboxDispatcher and ``console.enabled=true``, over a database and a Redis database of its
+own: the console container runs from the enqueuer image as the chart renders it (non-root,
+read-only root), the dispatcher's ``status.consoleUrl`` names the console's Service, and the
+numbers its API serves through the port-forward are the servers' (the shard count the
+operator wrote, the outbox's rows due later). ``helm uninstall`` removes it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from dispatcher import TaskDispatch, enqueue_dispatch
+from dispatcher._testing.servers import PostgresProcess, RedisProcess
+from dispatcher._testing.waiting import eventually_sync
+from tools.cluster import HOST_IP, Cluster
+from tools.cluster.binaries import ROOT
+
+pytestmark = pytest.mark.timeout(900)
+
+NS = RELEASE = "od-console"
+NAME = "orders"
+SHARDS = 3  # not the chart's default, so the page's figure is the operator's write
+
+
+def kubectl(cluster: Cluster, *args: str) -> str:
+    return cluster.run("kubectl", "-n", NS, *args)
+
+
+def for_pods(url: str) -> str:
+    return url.replace("127.0.0.1", HOST_IP)
+
+
+@pytest.fixture(scope="module")
+def release(
+    cluster: Cluster, cluster_postgres: PostgresProcess, cluster_redis: RedisProcess
+) -> Iterator[str]:
+    """The release installed; the database URL (from the host). Uninstalled after."""
+    database = cluster_postgres.create_database("console")
+    redis_url = cluster_redis.url.rsplit("/", 1)[0] + "/5"  # a database of its own
+    cluster.run("kubectl", "create", "namespace", NS)
+    for secret, url in (("dispatcher-postgres", database), ("dispatcher-redis", redis_url)):
+        kubectl(cluster, "create", "secret", "generic", secret,
+                f"--from-literal=url={for_pods(url)}")  # fmt: skip
+    kubectl(cluster, "create", "secret", "generic", "console-token",
+            f"--from-literal=token={uuid.uuid4().hex}")  # fmt: skip
+    cluster.run(
+        "helm", "install", RELEASE, str(ROOT / "charts" / "outbox-dispatcher"), "--namespace", NS,
+        "--set", "dispatcher.enabled=true", "--set", f"dispatcher.name={NAME}",
+        "--set", f"dispatcher.spec.shards={SHARDS}",
+        "--set", "console.enabled=true", "--set", "console.token.secretRef.name=console-token",
+    )  # fmt: skip
+    try:
+        yield database
+    finally:
+        cluster.run("helm", "-n", NS, "uninstall", RELEASE, "--wait")
+        cluster.run("kubectl", "delete", "namespace", NS, "--wait=true", "--timeout=180s")
+
+
+def console_deployment(cluster: Cluster) -> dict[str, Any]:
+    found = json.loads(
+        kubectl(cluster, "get", "deployments", "-l", "app.kubernetes.io/component=console",
+                "-o", "json")
+    )["items"]  # fmt: skip
+    (deployment,) = found
+    return dict(deployment)
+
+
+def test_the_dispatchers_status_names_the_consoles_service(cluster: Cluster, release: str) -> None:
+    def url() -> str | None:
+        obd = json.loads(kubectl(cluster, "get", "obd", NAME, "-o", "json"))
+        return (obd.get("status") or {}).get("consoleUrl")
+
+    eventually_sync(lambda: url() is not None, within=300, interval=2, what="status.consoleUrl")
+    name = console_deployment(cluster)["metadata"]["name"]
+    service = json.loads(kubectl(cluster, "get", "service", name, "-o", "json"))
+    port = service["spec"]["ports"][0]["port"]
+    assert url() == f"http://{name}.{NS}.svc:{port}/"
+
+
+def test_the_console_runs_from_the_enqueuer_image_as_a_non_root_user(
+    cluster: Cluster, release: str
+) -> None:
+    name = console_deployment(cluster)["metadata"]["name"]
+    kubectl(cluster, "rollout", "status", f"deployment/{name}", "--timeout=300s")
+    pods = json.loads(
+        kubectl(cluster, "get", "pods", "-l", "app.kubernetes.io/component=console", "-o", "json")
+    )["items"]
+    (pod,) = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    (container,) = pod["spec"]["containers"]
+    assert container["image"].rsplit("/", 1)[-1].startswith("outbox-dispatcher-enqueuer:")
+    pod_name = pod["metadata"]["name"]
+    assert kubectl(cluster, "exec", pod_name, "--", "id", "-u").strip() != "0"
+    wrote = cluster.run_status(
+        "kubectl", "-n", NS, "exec", pod_name, "--", "sh", "-c", "echo x > /probe"
+    )
+    assert wrote != 0  # a read-only root
+
+
+def test_the_page_and_its_numbers_come_through_kubectl_port_forward(
+    cluster: Cluster, release: str
+) -> None:
+    name = console_deployment(cluster)["metadata"]["name"]
+    kubectl(cluster, "rollout", "status", f"deployment/{name}", "--timeout=300s")
+    pending = 7
+    with psycopg.connect(release) as conn:  # due in an hour: they stay in the outbox
+        for _ in range(pending):
+            dispatch = TaskDispatch(
+                task_id=f"later-{uuid.uuid4().hex[:8]}", run_id="console", workflow_id="wf",
+                workflow_version=1, node_id="n", node_type="t", queue="default", input="{}",
+            )  # fmt: skip
+            enqueue_dispatch(conn, dispatch, datetime.now(UTC) + timedelta(hours=1))
+    # As docs/console.md says: kubectl port-forward svc/<name> <local>:80 (here: any port).
+    forward = subprocess.Popen(
+        [str(cluster.bin_dir / "kubectl"), "--kubeconfig", str(cluster.kubeconfig), "-n", NS,
+         "port-forward", f"svc/{name}", ":80"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert forward.stdout is not None
+        first = forward.stdout.readline()
+        found = re.search(r"Forwarding from 127\.0\.0\.1:(\d+) ->", first)
+        assert found, first
+        base = f"http://127.0.0.1:{found.group(1)}"
+        with urllib.request.urlopen(base + "/", timeout=30) as page:
+            assert page.status == 200
+            assert "outbox-dispatcher" in page.read().decode().lower()
+
+        def sample() -> dict[str, Any] | None:
+            with urllib.request.urlopen(base + "/api/overview", timeout=30) as answer:
+                found: dict[str, Any] | None = json.load(answer)["sample"]
+            return found
+
+        def shown() -> bool:
+            now = sample()
+            return (
+                now is not None
+                and now["shard_count"] == SHARDS
+                and (now["outbox"]["due_later"] == pending)
+            )
+
+        eventually_sync(shown, within=120, interval=2, what="the servers' numbers on the page")
+    finally:
+        forward.terminate()
+        forward.wait(timeout=30)
