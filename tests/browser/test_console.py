@@ -130,6 +130,8 @@ def test_the_page_shows_the_servers_numbers_while_tasks_flow(
             )
         site = console()
         chrome.get(site.url)
+        # A mark on this page's window: a reload or a navigation would drop it.
+        chrome.execute_script("window.sameDocument = true")
         # Tasks flow through `orders` while the page watches: its rate shows them handled.
         for batch in range(6):
             with psycopg.connect(outbox_db_url, autocommit=True) as conn:
@@ -147,6 +149,8 @@ def test_the_page_shows_the_servers_numbers_while_tasks_flow(
             ),
             "a handled rate on the page",
         )
+        # ... on the page as it was loaded: the numbers updated without a reload.
+        assert chrome.execute_script("return window.sameDocument") is True
         # `reports` has no worker: its numbers hold still, and must be Redis's own.
         lengths = {task_stream(IDLE, s): r.xlen(task_stream(IDLE, s)) for s in range(SHARDS)}
         assert sum(lengths.values()) == 37
