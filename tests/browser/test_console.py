@@ -61,6 +61,11 @@ def _number(text: str) -> int:
     return int(text.replace(",", ""))
 
 
+def _rate(text: str) -> float:
+    """A rate cell's value; 0 while the page has no rate yet ("-")."""
+    return 0.0 if text == "-" else float(text)
+
+
 def _shot(driver: WebDriver, name: str) -> None:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     driver.save_screenshot(str(SCREENSHOTS / f"{name}.png"))
@@ -139,16 +144,9 @@ def test_the_page_shows_the_servers_numbers_while_tasks_flow(
                     d = dispatch(f"o-{batch}-{i}", FLOWING, input=SLEEP0)
                     enqueue_dispatch(conn, d)
             _seen(chrome, lambda b=batch: len(_handled(r)) >= 50 * (b + 1), "tasks handled")
-        _seen(
-            chrome,
-            lambda: (
-                float(
-                    _cell(chrome, f'#queues tr[data-queue="{FLOWING}"] [data-field=handled_per_s]')
-                )
-                > 0
-            ),
-            "a handled rate on the page",
-        )
+        rate = f'#queues tr[data-queue="{FLOWING}"] [data-field=handled_per_s]'
+        # "-" until two samples make a rate.
+        _seen(chrome, lambda: _rate(_cell(chrome, rate)) > 0, "a handled rate on the page")
         # ... on the page as it was loaded: the numbers updated without a reload.
         assert chrome.execute_script("return window.sameDocument") is True
         # `reports` has no worker: its numbers hold still, and must be Redis's own.
