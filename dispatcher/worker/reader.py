@@ -45,9 +45,10 @@ Submit = Callable[["StreamReader", Sequence[Message]], Awaitable[None]]
 
 # Entries one read takes while the stream's handlers finish in their first step, so the
 # round trips and the Python of a batch (read, claim, settle) stop mattering per entry.
-# Measured on the no-op worker benchmark (A/B interleaved, 3 rounds): 300 against 100
-# settled ~25 % more messages per second at ~17 % less worker CPU each; 1000 gained no
-# more. The claim of a batch is one script: with 4 busy shards joined, ~1,200 keys.
+# On the no-op worker benchmark 300 against 100 settled ~25 % more messages per second at
+# ~17 % less worker CPU each; 1000 gained no more (2026-12-03; benchmarks/NOTES.md,
+# "Figures the code's comments quote"). The claim of a batch is one script: with 4 busy
+# shards joined, ~1,200 keys.
 READ_AHEAD = 300
 
 _BACKOFF_FIRST = 0.1
