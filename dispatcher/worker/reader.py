@@ -23,7 +23,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from redis.exceptions import RedisError
 
@@ -33,10 +33,7 @@ from dispatcher.stream.entries import Message
 from dispatcher.stream.publisher import error_code
 from dispatcher.worker.slots import SlotPool
 
-if TYPE_CHECKING:
-    from dispatcher.worker.limits import LimitGate
-
-__all__ = ["StreamReader", "Submit"]
+__all__ = ["ReadLimits", "StreamReader", "Submit"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +53,18 @@ _BACKOFF_MAX = 5.0
 _SLOT_POLL = 0.2
 
 
+class ReadLimits(Protocol):
+    """What a reader asks of its worker's queue limits (``limits.LimitGate``)."""
+
+    async def room(self, queue: str, want: int) -> int:
+        """How many of ``want`` entries a read of ``queue`` may take now."""
+        ...
+
+    def settled(self, stream: str, entry_ids: Sequence[str]) -> None:
+        """``entry_ids`` of ``stream`` are done with: free the slots they hold."""
+        ...
+
+
 @dataclass(slots=True, kw_only=True)
 class StreamReader:
     """Reads one stream of one queue for a worker until ``stopping`` is set."""
@@ -71,8 +80,8 @@ class StreamReader:
     in_hand: set[str] = field(default_factory=set)
     # The handlers of the last batch all finished in their first step: read ahead.
     inline: bool = False
-    # The queue limits of the worker (``limits.py``): frees slots, bounds reads while entries wait.
-    limits: LimitGate | None = None
+    # The queue limits of the worker: frees slots, bounds reads while entries wait.
+    limits: ReadLimits | None = None
 
     @property
     def stream(self) -> str:
