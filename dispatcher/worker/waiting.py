@@ -34,6 +34,8 @@ __all__ = ["WaitingRoom"]
 
 log = logging.getLogger(__name__)
 
+# Seconds between two looks at a queue's waiting entries when no slot is freed here
+# (a slot freed by another worker, a new token).
 POLL = 0.05
 
 
