@@ -12,9 +12,9 @@ the operator with the same message.
 No credentials live in the spec: PostgreSQL and Redis are reached through
 ``secretRef: {name, key}`` to a Secret in the resource's namespace.
 
-It is kept whole (a little over 300 lines) because it is the spec's schema:
-one file read top to bottom is the CRD's ``spec``, in its order; the pod
-settings and the status, which are schemas of their own, live apart.
+Read top to bottom, this module is the CRD's ``spec`` in its order; the pod
+settings (``controller.podsettings``) and the status (``controller.conditions``)
+are schemas of their own.
 """
 
 from __future__ import annotations

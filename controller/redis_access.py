@@ -51,9 +51,6 @@ class Measurement:
         rows = [self.streams.get(task_stream(queue, s), (0, 0)) for s in range(self.shards)]
         return sum(r[0] for r in rows), sum(r[1] for r in rows)
 
-    def lengths(self, streams: Iterable[str]) -> dict[str, int]:
-        return {s: self.streams.get(s, (0, 0))[0] for s in streams}
-
 
 # What the owner marker reads as when it holds bytes that are not UTF-8 (a decoding client
 # cannot return them): something that is not an owner record.

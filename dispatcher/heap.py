@@ -6,11 +6,11 @@ fields, parsed inputs, models), nearly all freed by reference counting, yet
 at the default young-generation threshold (700 net allocations) a collection
 runs every few batches and scans the whole batch still in hand; the full
 collections that follow scan the process's start-up heap (modules, pydantic
-schemas, the handler's imports) over and over. Measured on the no-op worker
-benchmark: ~1.5 s of 6 s of CPU for 200,000 messages, ~7 µs per message. The
-enqueuer is alike: a claim of 100 rows makes thousands of short-lived objects,
-and at idle a young collection ran for nearly every dispatch (189 collections,
-69 ms, for 200 dispatches).
+schemas, the handler's imports) over and over: on the no-op worker benchmark
+1.56 s of ~6.5 s of CPU for 200,000 messages (2026-12-03; benchmarks/NOTES.md,
+"Figures the code's comments quote"). The enqueuer is alike: a claim of 100
+rows makes thousands of short-lived objects, and at idle a young collection
+ran for nearly every dispatch.
 
 ``settle_heap`` moves what exists after start-up into the permanent generation
 (``gc.freeze``: never scanned again, and never freed; it is live anyway) and

@@ -232,8 +232,9 @@ def _nested_text(value: Any) -> str:
 def _json_value(text: str) -> Any:
     """``json.loads(text)``, or None where it raises ValueError; parsed in Rust first.
 
-    pydantic-core's parser (2.4 us for a 0.5 KB dispatch against 4.4) gives the same
-    values; where it refuses what ``json`` takes (a lone surrogate escape) ``json`` decides.
+    pydantic-core's parser (2.4 us for a 0.5 KB dispatch against 4.4: 2026-12-03,
+    benchmarks/NOTES.md, "Figures the code's comments quote") gives the same values;
+    where it refuses what ``json`` takes (a lone surrogate escape) ``json`` decides.
     """
     try:
         return from_json(text)
@@ -323,8 +324,9 @@ def _with_input(fields: Mapping[str, str]) -> dict[str, Any]:
         return {**fields, "input": None}
     try:
         # In Rust: a fraction of json.loads on the hot path. Object keys repeat from one
-        # task to the next and are cached; values rarely repeat (measured: 13 % faster
-        # than caching both on a realistic input).
+        # task to the next and are cached; values rarely repeat (1.48 us an input against
+        # 1.71 caching both: 2026-12-03, benchmarks/NOTES.md, "Figures the code's comments
+        # quote").
         value = from_json(raw, cache_strings="keys")
     except ValueError:
         try:  # the reference parser decides (deeper nesting, its own error messages)

@@ -40,10 +40,6 @@ class Outage:
         self._clock = clock
         self._since: float | None = None
 
-    @property
-    def down(self) -> bool:
-        return self._since is not None
-
     def failed(self, exc: BaseException, *, what: str) -> bool:
         """Report a failure of ``what``; False (nothing logged) if it is no outage."""
         if not is_outage(exc):

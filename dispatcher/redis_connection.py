@@ -1,7 +1,7 @@
 """The library's own Redis connection classes, and pre-packed commands sent in bulk.
 
 redis-py 5-8 pack commands with hiredis only in the sync client; the asyncio
-client packs every argument in Python, which was 37 % of the enqueuer's CPU
+client packs every argument in Python, which showed in the enqueuer's CPU
 while draining (a 50-row XADD pipeline is ~1,000 arguments). ``connect_redis``
 makes its clients with the classes here (``packing_class`` maps redis-py's
 TCP, TLS and Unix socket classes to ours), so an application that imports the

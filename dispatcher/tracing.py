@@ -24,7 +24,6 @@ __all__ = [
     "carries_trace",
     "child_span",
     "current_trace_fields",
-    "tracing_enabled",
 ]
 
 TRACE_FIELDS = ("traceparent", "tracestate")
@@ -37,11 +36,6 @@ def current_trace_fields() -> dict[str, str]:
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     return {k: v for k, v in carrier.items() if k in TRACE_FIELDS}
-
-
-def tracing_enabled() -> bool:
-    """Whether OpenTelemetry is installed (the ``otel`` extra): spans are opened at all."""
-    return trace is not None and propagate is not None
 
 
 def carries_trace(fields: Mapping[str, str]) -> bool:

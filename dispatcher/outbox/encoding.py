@@ -19,7 +19,6 @@ from dispatcher.tracing import child_span
 __all__ = [
     "FALLBACK_STREAM",
     "EncodedBatch",
-    "Entry",
     "encode_batch",
     "short_error",
 ]
@@ -27,8 +26,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 FALLBACK_STREAM = "workflow.tasks"
-
-Entry = tuple[str, dict[str, str]]
 
 
 class EncodedBatch:

@@ -20,8 +20,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-# FNV-1a 32-bit hash (in C), the same numbers as Go's ``fnv.New32a``: 0.1 us for a uuid
-# where a Python loop takes 4 us, for every row published.
+# FNV-1a 32-bit hash (in C), the same numbers as Go's ``fnv.New32a``, for every row
+# published: 0.1 us for a uuid where a Python loop took 4 us (2026-12-03;
+# benchmarks/NOTES.md, "Figures the code's comments quote").
 from fnv_hash_fast import fnv1a_32
 
 __all__ = [

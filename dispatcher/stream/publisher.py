@@ -99,14 +99,6 @@ class RedisStreamPublisher:
         """The consumer group made on each stream before its first entry (None: none)."""
         return self._group
 
-    def group_ready(self, stream: str) -> bool:
-        """Whether a publish to ``stream`` may skip creating its group (made, or none asked)."""
-        return self._group is None or stream in self._ready
-
-    def group_made(self, stream: str) -> None:
-        """``stream``'s group exists (made on a connection of the caller's own)."""
-        self._ready.add(stream)
-
     async def publish(self, stream: str, fields: Fields) -> str:
         (result,) = await self.publish_many([(stream, fields)])
         if result.error is not None:

@@ -29,9 +29,8 @@ returned or it was decided without a run. Each entry is guarded: a Redis
 error leaves that entry pending, any other exception makes that entry alone
 a ``malformed`` dead letter; the rest of the batch goes on.
 
-It runs a little over 300 lines on purpose: the decision above is one state
-machine over one batch (which entry runs, which waits for a slot, which is
-settled), and splitting it would put its states in two files.
+The decision above is one state machine over one batch (which entry runs,
+which waits for a slot, which is settled); its states live here together.
 """
 
 from __future__ import annotations

@@ -6,11 +6,12 @@ be read as limits (not UTF-8, not JSON, not numbers, a key of another type)
 keeps the last good value, with a warning once per change. For a queue
 with limits, the claim of a read batch goes through ``LimitScripts`` (a slot
 and a token per run, in the same round trip as the leases, joined across
-concurrent batches); the entries that found no room wait in the
-``WaitingRoom``. The worker's slots of a queue are renewed together every
-third of the lease TTL, as leases are; a slot is freed when its entry is
-settled here: counted, and sent with the queue's next claim or, if none
-comes within the loop turn, on its own. A slot this worker fails to free
+concurrent batches); the entries that found no room wait in the worker's
+``WaitingRoom``, which its loop per queue retries them from. The worker's
+slots of a queue are renewed together every third of the lease TTL, as
+leases are; a slot is freed when its entry is settled here: counted, and
+sent with the queue's next claim or, if none comes within the loop turn, on
+its own. A slot this worker fails to free
 comes back when the worker's slots end (it dies, or stops renewing them);
 one it holds keeps counting until then. A queue without limits costs a
 dictionary lookup per batch.
@@ -69,9 +70,9 @@ class LimitGate:
         *,
         queues: Sequence[str],
         slots: SlotPool,
+        waiting: WaitingRoom,
         max_runs: int,
         lease_ttl: float,
-        reclaim_idle: float,
         registry: CollectorRegistry,
         refresh_every: float = REFRESH_EVERY,
     ) -> None:
@@ -82,7 +83,7 @@ class LimitGate:
         self._max_runs = max_runs
         self._renew_every = lease_ttl / 3
         self._refresh_every = refresh_every
-        self.waiting = WaitingRoom(slots=slots, reclaim_idle=reclaim_idle)
+        self.waiting = waiting
         self._limits: dict[str, QueueLimits] = {}
         self._warned: dict[str, str] = {}  # per queue: the last problem said
         self._held: dict[str, set[str]] = {}  # per stream: the entries holding a slot
@@ -210,15 +211,12 @@ class LimitGate:
         """Follow the limits and renew the slots held, until cancelled."""
         loop = asyncio.get_running_loop()
         renewed = loop.time()
-        try:
-            while True:
-                await self.refresh()
-                if loop.time() - renewed >= self._renew_every:
-                    renewed = loop.time()
-                    await self.renew()
-                await asyncio.sleep(min(self._refresh_every, self._renew_every))
-        finally:
-            await self.waiting.aclose()
+        while True:
+            await self.refresh()
+            if loop.time() - renewed >= self._renew_every:
+                renewed = loop.time()
+                await self.renew()
+            await asyncio.sleep(min(self._refresh_every, self._renew_every))
 
     async def refresh(self) -> None:
         """Read every queue's limits key once."""

@@ -23,7 +23,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from redis.exceptions import RedisError
 
@@ -33,10 +33,7 @@ from dispatcher.stream.entries import Message
 from dispatcher.stream.publisher import error_code
 from dispatcher.worker.slots import SlotPool
 
-if TYPE_CHECKING:
-    from dispatcher.worker.limits import LimitGate
-
-__all__ = ["StreamReader", "Submit"]
+__all__ = ["ReadLimits", "StreamReader", "Submit"]
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +42,27 @@ Submit = Callable[["StreamReader", Sequence[Message]], Awaitable[None]]
 
 # Entries one read takes while the stream's handlers finish in their first step, so the
 # round trips and the Python of a batch (read, claim, settle) stop mattering per entry.
-# Measured on the no-op worker benchmark (A/B interleaved, 3 rounds): 300 against 100
-# settled ~25 % more messages per second at ~17 % less worker CPU each; 1000 gained no
-# more. The claim of a batch is one script: with 4 busy shards joined, ~1,200 keys.
+# On the no-op worker benchmark 300 against 100 settled ~25 % more messages per second at
+# ~17 % less worker CPU each; 1000 gained no more (2026-12-03; benchmarks/NOTES.md,
+# "Figures the code's comments quote"). The claim of a batch is one script: with 4 busy
+# shards joined, ~1,200 keys.
 READ_AHEAD = 300
 
 _BACKOFF_FIRST = 0.1
 _BACKOFF_MAX = 5.0
 _SLOT_POLL = 0.2
+
+
+class ReadLimits(Protocol):
+    """What a reader asks of its worker's queue limits (``limits.LimitGate``)."""
+
+    async def room(self, queue: str, want: int) -> int:
+        """How many of ``want`` entries a read of ``queue`` may take now."""
+        ...
+
+    def settled(self, stream: str, entry_ids: Sequence[str]) -> None:
+        """``entry_ids`` of ``stream`` are done with: free the slots they hold."""
+        ...
 
 
 @dataclass(slots=True, kw_only=True)
@@ -70,8 +80,8 @@ class StreamReader:
     in_hand: set[str] = field(default_factory=set)
     # The handlers of the last batch all finished in their first step: read ahead.
     inline: bool = False
-    # The queue limits of the worker (``limits.py``): frees slots, bounds reads while entries wait.
-    limits: LimitGate | None = None
+    # The queue limits of the worker: frees slots, bounds reads while entries wait.
+    limits: ReadLimits | None = None
 
     @property
     def stream(self) -> str:

@@ -4,7 +4,9 @@ One worker process reads every shard stream of its queues (``streams.py``),
 each with its own read and reclaim loops (``reader.py``), and runs handlers
 in one bounded pool of slots (``slots.py``): each read batch is one task that
 claims all its entries at once, starts their handlers and settles them
-together (``delivery.py``); long runs keep their leases and their entries
+together (``delivery.py``); entries that wait for their queue's limits
+(``limits.py``) are started again by a loop per queue, as the limits make
+room (``waiting.py``); long runs keep their leases and their entries
 fresh (``leases.py``), and a thread warns when the event loop stalls for
 long enough to let them lapse (``stalls.py``). ``request_stop()`` stops reading; handlers in hand
 finish within the grace period, the rest stay pending for another worker; a
@@ -52,6 +54,7 @@ from dispatcher.worker.slots import SlotPool
 from dispatcher.worker.stalls import LoopWatch
 from dispatcher.worker.streams import WorkerStreams
 from dispatcher.worker.verdicts import Verdicts
+from dispatcher.worker.waiting import WaitingRoom
 
 __all__ = ["Worker"]
 
@@ -86,6 +89,24 @@ class Worker:
         self._keeper: asyncio.Task[None] | None = None
         self._handlers: set[asyncio.Task[None]] = set()
         self._slots = SlotPool(config.concurrency)
+        self._executor = ThreadPoolExecutor(config.concurrency, thread_name_prefix="handler")
+        guard = AttemptGuard(
+            client,
+            owner=config.consumer,
+            lease_ttl_ms=int(config.lease_ttl * 1000),
+            done_ttl_ms=int(config.dedup_window * 1000),
+        )
+        self._waiting = WaitingRoom(slots=self._slots, reclaim_idle=config.reclaim_idle)
+        self._limits = LimitGate(
+            client,
+            LimitScripts(client, guard, max_runs=config.max_runs),
+            queues=config.queues,
+            slots=self._slots,
+            waiting=self._waiting,
+            max_runs=config.max_runs,
+            lease_ttl=config.lease_ttl,
+            registry=self.metrics.registry,
+        )
         self._streams = WorkerStreams(
             client=client,
             config=config,
@@ -95,13 +116,12 @@ class Worker:
             stopping=self._stopping,
             on_redis_ok=self._redis_ok,
             spawn_loop=self._spawn_loop,
+            limits=self._limits,
         )
         self._last_redis_ok = 0.0
         self._started = False
         self._cut_short: tuple[str, ...] = ()
-        self._executor = ThreadPoolExecutor(config.concurrency, thread_name_prefix="handler")
-        self._deliveries = self._make_deliveries()
-        self._streams.limits = self._limits
+        self._deliveries = self._make_deliveries(guard)
         self._limits_task: asyncio.Task[None] | None = None
         calls = self._deliveries.calls
         self._side = SideRenewal(calls.leases.guard, held=calls.leases.running_keys)
@@ -189,13 +209,7 @@ class Worker:
 
     # -- start-up -------------------------------------------------------------
 
-    def _make_deliveries(self) -> Deliveries:
-        guard = AttemptGuard(
-            self.client,
-            owner=self.config.consumer,
-            lease_ttl_ms=int(self.config.lease_ttl * 1000),
-            done_ttl_ms=int(self.config.dedup_window * 1000),
-        )
+    def _make_deliveries(self, guard: AttemptGuard) -> Deliveries:
         calls = HandlerCalls(
             handler=self._handler,
             leases=LeaseKeeper(guard, reclaim_idle=self.config.reclaim_idle),
@@ -209,17 +223,6 @@ class Worker:
             metrics=self.metrics,
             max_runs=self.config.max_runs,
         )
-        self._limits = limits = LimitGate(
-            self.client,
-            LimitScripts(self.client, guard, max_runs=self.config.max_runs),
-            queues=self.config.queues,
-            slots=self._slots,
-            max_runs=self.config.max_runs,
-            lease_ttl=self.config.lease_ttl,
-            reclaim_idle=self.config.reclaim_idle,
-            registry=self.metrics.registry,
-        )
-        limits.waiting.retry = self._start_batch
         return Deliveries(
             claims=Coalescer(guard.claim_many, name="claim"),
             calls=calls,
@@ -228,7 +231,7 @@ class Worker:
             metrics=self.metrics,
             max_runs=self.config.max_runs,
             spawn=self._spawn_handling,
-            limits=limits,
+            limits=self._limits,
         )
 
     async def _start(self) -> None:
@@ -245,6 +248,8 @@ class Worker:
         self._spawn_loop(self._streams.watch(), "shard watch")
         self._spawn_loop(self._report_stats(), "stream stats")
         self._spawn_loop(self._deliveries.cancels.watch(self._stopping), "cancel watch")
+        for queue in self.config.queues:
+            self._spawn_loop(self._retry_waiting(queue), f"waiting {queue}")
         self._started = True
         log.info(
             "worker started",
@@ -279,6 +284,14 @@ class Worker:
             return
         in_hand.update([m.id for m in todo])
         await self._start_batch(reader, todo)
+
+    async def _retry_waiting(self, queue: str) -> None:
+        """Start the entries of ``queue`` that wait for its limits again as room frees."""
+        async for reader, batch in self._waiting.released(queue, stopping=self._stopping):
+            try:
+                await self._start_batch(reader, batch)
+            except Exception as exc:  # never the waiting loop's end: others still wait
+                log.error("cannot retry waiting entries: %s", exc, exc_info=exc)
 
     async def _start_batch(self, reader: StreamReader, batch: Sequence[Message]) -> None:
         """Start a batch of entries in hand; return once each started or was decided."""

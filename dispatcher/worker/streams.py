@@ -30,9 +30,8 @@ from dispatcher.stream.naming import DEFAULT_SHARDS, parse_task_stream, queue_st
 from dispatcher.stream.shard_count import InvalidShardCount, read_shard_count
 from dispatcher.stream.stats import stream_stats
 from dispatcher.worker.config import WorkerConfig
-from dispatcher.worker.limits import LimitGate
 from dispatcher.worker.metrics import WorkerMetrics
-from dispatcher.worker.reader import StreamReader, Submit
+from dispatcher.worker.reader import ReadLimits, StreamReader, Submit
 from dispatcher.worker.slots import SlotPool
 
 __all__ = ["WorkerStreams"]
@@ -56,7 +55,7 @@ class WorkerStreams:
     stopping: asyncio.Event
     on_redis_ok: Callable[[], None]
     spawn_loop: Callable[[Coroutine[Any, Any, None], str], None]
-    limits: LimitGate | None = None
+    limits: ReadLimits
     readers: dict[str, StreamReader] = field(default_factory=dict)
     shards: int = 0
     invalid_count: str | None = None  # the bad shard count said last

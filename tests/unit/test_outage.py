@@ -29,7 +29,12 @@ def test_many_failures_of_one_outage_are_one_warning_and_its_end_another(
         "it is back",
         "Redis is back after 31 s",
     ]
-    assert not outage.down
+    caplog.clear()
+    assert outage.failed(RedisConnectionError("Error 111"), what="read shard 0")
+    assert [r.getMessage() for r in caplog.records] == [  # over: the next failure is a new one
+        "Redis is down (read shard 0 failed: Error 111); retrying with backoff, quietly until "
+        "it is back",
+    ]
 
 
 def test_an_error_that_is_no_outage_is_left_to_the_caller(
@@ -38,5 +43,6 @@ def test_an_error_that_is_no_outage_is_left_to_the_caller(
     outage = Outage("Redis")
 
     assert not outage.failed(ResponseError("NOGROUP no such group"), what="read")
-    assert not outage.down
+    assert caplog.records == []
+    outage.ok()  # no outage began, so none ends
     assert caplog.records == []

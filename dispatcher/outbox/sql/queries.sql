@@ -11,8 +11,9 @@ VALUES (%(id)s, %(task_id)s, %(stream)s, %(payload)s, %(type)s, 'PENDING', %(not
 -- name: prepare_claim_batch
 -- The claim: due rows locked by the enqueuer's open transaction, which publishes them and
 -- deletes them before it commits. Prepared once per session (ClaimStatement runs it; $1 is
--- the batch size): parsed and planned once, not for every batch (planning costs PostgreSQL
--- 0.2-0.7 ms). Columns in the order of ClaimedRow's fields (the batch reads them
+-- the batch size): parsed and planned once, not for every batch (planning cost PostgreSQL
+-- 0.2-0.7 ms a batch: 2026-12-03, benchmarks/NOTES.md, "Figures the code's comments
+-- quote"). Columns in the order of ClaimedRow's fields (the batch reads them
 -- positionally), then the transaction's id, which the batch's journal row records (locking
 -- a row assigned it before the row comes out); the payload as JSON text. LIMIT
 -- sits above the row locking, so at most "limit" rows are locked (an "id IN (SELECT ...
