@@ -9,12 +9,13 @@ Job, the enqueuer and the worker run as Pods (``kubectl get obd`` shows them); t
 labels and the dispatcher's select apart; 1,000 dispatches committed on the host are
 handled by the worker containers (each one's done mark in Redis, none lost); what only a node
 shows (the image's user, a read-only root, the memory limit, a liveness restart, a graceful
-stop finishing the task in hand, an unschedulable queue); a spec change
-reaches the Pods; a backlog scales the workers; the shard count follows the spec; deleting
-the dispatcher removes what it owned; ``helm uninstall`` leaves nothing of the release in
-any namespaced kind the API server serves (the operator's Lease goes with its owner); then
-the kustomize install (``deploy/base``: Pod Security "restricted" enforced) runs the same
-dispatcher and is deleted as the README says. The tests share that one installation, in order.
+stop finishing the task in hand, an unschedulable queue); a spec change (a handler of the
+handler image) reaches the Pods; a backlog scales the workers; the shard count follows the
+spec; deleting the dispatcher removes what it owned; ``helm uninstall`` leaves nothing of the
+release in any namespaced kind the API server serves (the operator's Lease goes with its
+owner); then the kustomize install (``deploy/base``: Pod Security "restricted" enforced)
+runs the same dispatcher and is deleted as the README says. The tests share that one
+installation, in order.
 """
 
 from __future__ import annotations
@@ -337,10 +338,13 @@ def test_an_unschedulable_queue_stays_pending_and_the_status_says_why(cluster: C
             json.dumps({"spec": {"queues": queues}}))  # fmt: skip
 
 
-def test_a_spec_change_reaches_the_pods(cluster: Cluster, backends: Backends) -> None:
-    handler = "dispatcher._testing.handlers:noop"
+def test_a_spec_change_reaches_the_pods(
+    cluster: Cluster, backends: Backends, handler_image: str
+) -> None:
+    handler = "e2e_handlers:noop"
     queues = get(cluster, "obd", NAME, namespace=NS)["spec"]["queues"]
-    patch = {"spec": {"queues": [{**queues[0], "handler": handler, "concurrency": 4}]}}
+    changed = {**queues[0], "image": handler_image, "handler": handler, "concurrency": 4}
+    patch = {"spec": {"queues": [changed]}}
     kubectl(cluster, "-n", NS, "patch", "obd", NAME, "--type=merge", "-p", json.dumps(patch))
     deployment = f"deployment/{NAME}-worker-default"
 
