@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: services install lint test test-quick demo faults bench bench-peers soak e2e e2e-kind cluster-build images cluster cluster-down clean screenshots
+.PHONY: services install lint test test-unit demo faults bench bench-peers soak e2e e2e-kind cluster-build images cluster cluster-down clean screenshots
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -26,7 +26,8 @@ lint: $(STAMP)
 test: $(STAMP) cluster-build images
 	$(PY) -m pytest tests
 
-test-quick: $(STAMP)
+# The unit tier: no root, no Go, no server of any kind (tests/unit is pure).
+test-unit: $(STAMP)
 	$(PY) -m pytest tests/unit
 
 # The console's screenshots in docs/images, taken by its browser tests (a test run alone

@@ -21,6 +21,7 @@ from typing import Any
 
 import kopf
 import pytest
+import redis.asyncio as aioredis
 
 from controller.handlers import register
 from controller.kubeclient import KubeClient
@@ -91,6 +92,15 @@ def live_namespace(cluster: Cluster, redis_url: str) -> Iterator[LiveNamespace]:
         yield live
     finally:
         cluster.run("kubectl", "delete", "namespace", name, "--wait=false")
+
+
+@pytest.fixture
+async def live_redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """The test's Redis (the one the namespace's ``rd`` Secret names), as a plain redis-py
+    client that decodes what it reads: what a test reads and writes beside the operator."""
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    await client.aclose()
 
 
 def kubeconfig_via(

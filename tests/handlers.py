@@ -1,14 +1,23 @@
-"""Handlers for the worker process tests, loaded by path in a subprocess worker.
+"""The tests' handlers: what a worker process run from the checkout loads by path
+(``--handler tests.handlers:slow``).
 
-Subprocess workers import these by path (``--handler tests.handlers:slow``).
-Handlers that record what they saw push to a Redis list named by the
-environment (``HANDLER_REDIS_URL``, ``HANDLER_LOG_KEY``), so the test can read
-it after the worker process is gone.
+- ``noop`` does nothing (a worker that needs a handler and no effect).
+- ``slow``, ``exclusive``, ``exclusive_blocking``, ``raises``, ``offloaded`` and ``timed``
+  record what they saw in a Redis list named by the environment (``HANDLER_REDIS_URL``,
+  ``HANDLER_LOG_KEY``), so a worker process test reads it after the worker is gone.
+- ``record`` is the fault suite's: it logs each successful run where no fault reaches it
+  (a JSON record on ``FAULT_RECORD_URL``/``FAULT_RECORD_KEY``, a redis-server no scenario
+  ever faults; the consumer name from ``FAULT_CONSUMER``), and ``{"poison": true}`` in a
+  task's input makes every run raise ``PoisonTask``.
+
+The handlers the Pods of the e2e tests run are in ``tests/e2e/handler_image/e2e_handlers.py``:
+that image holds one module, not this package.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from functools import cache
@@ -16,6 +25,10 @@ from functools import cache
 import redis as sync_redis
 
 from dispatcher.models import TaskMessage
+
+
+async def noop(message: TaskMessage) -> None:
+    """Do nothing."""
 
 
 @cache
@@ -108,3 +121,31 @@ def timed(message: TaskMessage) -> None:
     sleep = given.get("first_sleep", 0) if run == 1 and "first_sleep" in given else given["sleep"]
     time.sleep(float(sleep))
     client.rpush(key, f"end:{message.task_id}:{time.time()!r}")
+
+
+class PoisonTask(RuntimeError):
+    """Raised for every run of a poison task."""
+
+
+@cache
+def _recorder() -> tuple[sync_redis.Redis, str, str]:
+    client = sync_redis.Redis.from_url(os.environ["FAULT_RECORD_URL"], decode_responses=True)
+    return client, os.environ["FAULT_RECORD_KEY"], os.environ.get("FAULT_CONSUMER", "?")
+
+
+def record(message: TaskMessage) -> None:
+    """Run the task (``{"sleep": s}`` takes ``s`` seconds), then log the run on the recorder."""
+    client, key, consumer = _recorder()
+    spec = message.input if isinstance(message.input, dict) else {}
+    if spec.get("poison"):
+        client.incr(f"{key}:poison-runs")
+        raise PoisonTask(f"task {message.task_id} is poison")
+    if spec.get("sleep"):
+        time.sleep(float(spec["sleep"]))
+    run = {
+        "task": message.task_id,
+        "attempt": message.attempt,
+        "outbox_id": message.outbox_id,
+        "consumer": consumer,
+    }
+    client.rpush(key, json.dumps(run))

@@ -1,38 +1,60 @@
 """The dispatcher ``orders`` of ``tests.fix_kube.dispatcher()`` on the local cluster, as the
-operator tests of ``test_operator_ported_a`` read it: its objects, status, Events (#32)."""
+tests of the operator in the test's own event loop write and read it: its spec, its objects,
+its status and conditions, its Events.
+
+The setting of those tests (``tests/e2e/test_operator_*.py`` but ``_ha`` and ``_console``,
+which install the chart): the operator runs in the test's event loop
+(``tests.fix_live_operator``) against the local cluster's API server, in a namespace of each
+test's own, with the machine's Redis; ``orders`` has no migration Job and no enqueuer replica
+unless a test says so (``idle()``: no worker Pod either). The helpers of that setting are
+written here once; a test module imports them, never another test module.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from controller.conditions import OutboxDispatcherStatus
 from dispatcher._testing.waiting import eventually
+from tests.e2e.cluster_objects import condition as condition_in
+from tests.e2e.cluster_objects import events_in
 from tests.fix_kube import dispatcher
 from tests.fix_live_operator import LiveNamespace
+
+__all__ = [
+    "EMAILS", "NAME", "WORKERS", "body", "burst", "condition", "condition_of", "container",
+    "deployment", "events", "get", "idle", "replicas", "scaled", "settled", "shows",
+    "status_of", "templates", "until",
+]  # fmt: skip
 
 NAME = "orders"
 WORKERS = ("orders-worker-emails", "orders-worker-invoices")
 EMAILS = {"name": "emails", "handler": "app.tasks:send", "minReplicas": 1, "maxReplicas": 5}
 
 
-def body(live: LiveNamespace, **spec: Any) -> dict[str, Any]:
-    """``dispatcher()`` in the test's namespace, with no migration Job and no enqueuer Pod."""
-    found = dispatcher(NAME, migrate=False, **{"enqueuer": {"replicas": 0}, **spec})
+def body(live: LiveNamespace, *queues: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    """``dispatcher()`` in the test's namespace (its two queues unless ``queues`` are given),
+    with no migration Job and no enqueuer Pod unless ``spec`` says otherwise."""
+    found = dispatcher(NAME, **{"migrate": False, "enqueuer": {"replicas": 0}, **spec})
+    if queues:
+        found["spec"]["queues"] = list(queues)
     found["metadata"]["namespace"] = live.name
     return found
 
 
-def idle(live: LiveNamespace, **spec: Any) -> dict[str, Any]:
-    """``body()`` with no worker Pod either: its Deployments become available at once."""
-    queues = [{"name": "emails", "handler": "app.tasks:send", "minReplicas": 0},
-              {"name": "invoices", "handler": "billing:render", "minReplicas": 0}]  # fmt: skip
-    return body(live, **{"queues": queues, **spec})
+def idle(live: LiveNamespace, *queues: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    """``body()`` with no worker Pod either (every queue from ``minReplicas: 0`` unless it
+    says otherwise): its Deployments become available at once."""
+    found = body(live, *queues, **spec)
+    for queue in found["spec"]["queues"]:
+        queue.setdefault("minReplicas", 0)
+    return found
 
 
 async def get(live: LiveNamespace, kind: str, name: str) -> dict[str, Any] | None:
+    """The object, None while there is none."""
     return await asyncio.to_thread(live.get, kind, name)
 
 
@@ -51,9 +73,10 @@ async def scaled(live: LiveNamespace, wanted: int) -> bool:
     return await replicas(live, WORKERS[0]) == wanted
 
 
-def container(found: dict[str, Any]) -> dict[str, Any]:
-    first: dict[str, Any] = found["spec"]["template"]["spec"]["containers"][0]
-    return first
+def container(workload: dict[str, Any] | None) -> dict[str, Any]:
+    """The first container of a Deployment's or Job's Pod template ({} while there is none)."""
+    pod = (workload or {}).get("spec", {}).get("template", {}).get("spec", {})
+    return dict((pod.get("containers") or [{}])[0])
 
 
 async def status_of(live: LiveNamespace) -> OutboxDispatcherStatus:
@@ -61,7 +84,13 @@ async def status_of(live: LiveNamespace) -> OutboxDispatcherStatus:
     return OutboxDispatcherStatus.model_validate(cr.get("status") or {})
 
 
+async def condition(live: LiveNamespace, type_: str) -> dict[str, Any]:
+    """A condition of the dispatcher's status as written ({} while it is absent)."""
+    return condition_in(await get(live, "obd", NAME) or {}, type_) or {}
+
+
 async def condition_of(live: LiveNamespace, type_: str) -> tuple[str, str] | None:
+    """A condition of the dispatcher's status as ``(status, reason)``, None while absent."""
     return await asyncio.to_thread(live.condition, NAME, type_)
 
 
@@ -70,12 +99,13 @@ async def shows(live: LiveNamespace, type_: str, status: str, reason: str) -> bo
 
 
 def until(check: Callable[[], Awaitable[Any]]) -> Awaitable[Any]:
+    """``check``'s first true answer, asked every half second for up to a minute."""
     return eventually(check, within=60, interval=0.5)
 
 
 async def events(live: LiveNamespace, reason: str | None = None) -> list[dict[str, Any]]:
-    listed = json.loads(await asyncio.to_thread(live.kubectl, "get", "events", "-o", "json"))
-    return [e for e in listed["items"] if reason is None or e.get("reason") == reason]
+    """The namespace's Events (with ``reason``: only those)."""
+    return await asyncio.to_thread(events_in, live.cluster, live.name, reason=reason)
 
 
 async def settled(live: LiveNamespace, *, ready: bool = False) -> None:

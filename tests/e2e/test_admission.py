@@ -25,15 +25,12 @@ from controller.podsettings import (
     TMP_MOUNT_RULE,
     TMP_VOLUME_RULE,
 )
+from tests.e2e.cluster_objects import kubectl
 from tools.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(300)
 
 NS = "admission"
-
-
-def kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
-    return cluster.run("kubectl", *args, stdin=stdin)
 
 
 @pytest.fixture(scope="module")

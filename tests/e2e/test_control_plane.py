@@ -9,12 +9,13 @@ Job, the enqueuer and the worker run as Pods (``kubectl get obd`` shows them); t
 labels and the dispatcher's select apart; 1,000 dispatches committed on the host are
 handled by the worker containers (each one's done mark in Redis, none lost); what only a node
 shows (the image's user, a read-only root, the memory limit, a liveness restart, a graceful
-stop finishing the task in hand, an unschedulable queue); a spec change
-reaches the Pods; a backlog scales the workers; the shard count follows the spec; deleting
-the dispatcher removes what it owned; ``helm uninstall`` leaves nothing of the release in
-any namespaced kind the API server serves (the operator's Lease goes with its owner); then
-the kustomize install (``deploy/base``: Pod Security "restricted" enforced) runs the same
-dispatcher and is deleted as the README says. The tests share that one installation, in order.
+stop finishing the task in hand, an unschedulable queue); a spec change (a handler of the
+handler image) reaches the Pods; a backlog scales the workers; the shard count follows the
+spec; deleting the dispatcher removes what it owned; ``helm uninstall`` leaves nothing of the
+release in any namespaced kind the API server serves (the operator's Lease goes with its
+owner); then the kustomize install (``deploy/base``: Pod Security "restricted" enforced)
+runs the same dispatcher and is deleted as the README says. The tests share that one
+installation, in order.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from dispatcher._testing.waiting import eventually_sync
 from dispatcher.stream.limits import limits_key
 from dispatcher.stream.naming import SHARDS_KEY
 from dispatcher.worker import attempt_key
+from tests.e2e.cluster_objects import condition, condition_status, get, kubectl
 from tests.e2e.leftovers import leftovers
 from tools.cluster import HOST_IP, Cluster
 from tools.cluster.binaries import ROOT
@@ -66,22 +68,6 @@ def backends(cluster_postgres: PostgresProcess, cluster_redis: RedisProcess) -> 
     return Backends(
         database_url=cluster_postgres.create_database("e2e"), redis_url=cluster_redis.url
     )
-
-
-def kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
-    return cluster.run("kubectl", *args, stdin=stdin)
-
-
-def get(cluster: Cluster, kind: str, name: str) -> dict[str, Any]:
-    found: dict[str, Any] = json.loads(kubectl(cluster, "-n", NS, "get", kind, name, "-o", "json"))
-    return found
-
-
-def condition(obj: dict[str, Any], type_: str) -> str | None:
-    for found in (obj.get("status") or {}).get("conditions") or []:
-        if found["type"] == type_:
-            return str(found["status"])
-    return None
 
 
 def commit(
@@ -143,7 +129,7 @@ def test_helm_install_runs_the_operator_as_its_service_account(cluster: Cluster)
     (container,) = operator["spec"]["containers"]
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics",
                                                       "scheme": "HTTP"}  # fmt: skip
-    assert condition(operator, "Ready") == "True"
+    assert condition_status(operator, "Ready") == "True"
     # Its token is the ServiceAccount's, and the chart's Role is all it may do.
     account = f"system:serviceaccount:{NS}:{RELEASE}-operator"
     token = kubectl(cluster, "-n", NS, "exec", operator["metadata"]["name"], "--", "cat",
@@ -171,13 +157,13 @@ def test_the_example_dispatcher_becomes_ready(cluster: Cluster, backends: Backen
     kubectl(cluster, "apply", "-k", str(ROOT / "deploy" / "example"))
 
     def ready() -> bool:
-        return condition(get(cluster, "obd", NAME), "Ready") == "True"
+        return condition_status(get(cluster, "obd", NAME, namespace=NS), "Ready") == "True"
 
     eventually_sync(ready, within=300, interval=2, what="the OutboxDispatcher Ready")
     listing = kubectl(cluster, "-n", NS, "get", "obd", "--no-headers")
     # NAME SHARDS QUEUES WORKERS (ready/wanted) BACKLOG READY AGE
     assert listing.split()[:6] == [NAME, "4", "default", "1/1", "0", "True"], listing
-    assert condition(get(cluster, "obd", NAME), "Migrated") == "True"
+    assert condition_status(get(cluster, "obd", NAME, namespace=NS), "Migrated") == "True"
     # The migration ran as a Job's Pod: `dispatcher migrate`, to completion.
     jobs = json.loads(kubectl(cluster, "-n", NS, "get", "jobs", "-o", "json"))["items"]
     (job,) = [j for j in jobs if j["metadata"]["name"].startswith(f"{NAME}-migrate")]
@@ -251,7 +237,11 @@ def worker_pod(cluster: Cluster, queue: str) -> dict[str, Any]:
 
 def set_queue(cluster: Cluster, queue: dict[str, Any]) -> None:
     """Add ``queue`` to the example dispatcher, or replace the queue of its name."""
-    queues = [q for q in get(cluster, "obd", NAME)["spec"]["queues"] if q["name"] != queue["name"]]
+    queues = [
+        q
+        for q in get(cluster, "obd", NAME, namespace=NS)["spec"]["queues"]
+        if q["name"] != queue["name"]
+    ]
     patch = json.dumps({"spec": {"queues": [*queues, queue]}})
     kubectl(cluster, "-n", NS, "patch", "obd", NAME, "--type=merge", "-p", patch)
 
@@ -289,7 +279,7 @@ def test_a_failing_liveness_probe_restarts_the_worker_container(cluster: Cluster
         os.kill(pid, signal.SIGSTOP)
 
     def restarted() -> bool:
-        found = get(cluster, "pod", name)
+        found = get(cluster, "pod", name, namespace=NS)
         (status,) = found["status"]["containerStatuses"]
         return int(status["restartCount"]) > before and bool(status.get("ready"))
 
@@ -329,10 +319,9 @@ def test_an_unschedulable_queue_stays_pending_and_the_status_says_why(cluster: C
                         "maxReplicas": 1, "nodeSelector": {"disk": "none-such"}})  # fmt: skip
 
     def says_why() -> str | None:
-        for found in (get(cluster, "obd", NAME).get("status") or {}).get("conditions") or []:
-            if found["type"] == "Ready" and found["status"] == "False":
-                message = str(found.get("message", ""))
-                return message if "Unschedulable" in found["reason"] else None
+        found = condition(get(cluster, "obd", NAME, namespace=NS), "Ready") or {}
+        if found.get("status") == "False" and "Unschedulable" in found["reason"]:
+            return str(found.get("message", ""))
         return None
 
     eventually_sync(lambda: says_why() is not None, within=240, interval=2,
@@ -343,21 +332,24 @@ def test_an_unschedulable_queue_stays_pending_and_the_status_says_why(cluster: C
     selector = "dispatch.composer.dev/queue=nowhere"
     pods = json.loads(kubectl(cluster, "-n", NS, "get", "pods", "-l", selector, "-o", "json"))
     assert {p["status"]["phase"] for p in pods["items"]} == {"Pending"}
-    queues = [q for q in get(cluster, "obd", NAME)["spec"]["queues"]
+    queues = [q for q in get(cluster, "obd", NAME, namespace=NS)["spec"]["queues"]
               if q["name"] not in ("nowhere", "slow")]  # fmt: skip
     kubectl(cluster, "-n", NS, "patch", "obd", NAME, "--type=merge", "-p",
             json.dumps({"spec": {"queues": queues}}))  # fmt: skip
 
 
-def test_a_spec_change_reaches_the_pods(cluster: Cluster, backends: Backends) -> None:
-    handler = "dispatcher._testing.handlers:noop"
-    queues = get(cluster, "obd", NAME)["spec"]["queues"]
-    patch = {"spec": {"queues": [{**queues[0], "handler": handler, "concurrency": 4}]}}
+def test_a_spec_change_reaches_the_pods(
+    cluster: Cluster, backends: Backends, handler_image: str
+) -> None:
+    handler = "e2e_handlers:noop"
+    queues = get(cluster, "obd", NAME, namespace=NS)["spec"]["queues"]
+    changed = {**queues[0], "image": handler_image, "handler": handler, "concurrency": 4}
+    patch = {"spec": {"queues": [changed]}}
     kubectl(cluster, "-n", NS, "patch", "obd", NAME, "--type=merge", "-p", json.dumps(patch))
     deployment = f"deployment/{NAME}-worker-default"
 
     def rolled_out() -> bool:
-        found = get(cluster, "deployment", f"{NAME}-worker-default")
+        found = get(cluster, "deployment", f"{NAME}-worker-default", namespace=NS)
         args = found["spec"]["template"]["spec"]["containers"][0]["args"]
         return any(handler in arg for arg in args)
 
@@ -381,7 +373,7 @@ def test_a_backlog_scales_the_workers_and_the_shard_count_follows_the_spec(
         "maxRuns": 1000,
         "reclaimIdleSeconds": 3600,
     }
-    queues = get(cluster, "obd", NAME)["spec"]["queues"]
+    queues = get(cluster, "obd", NAME, namespace=NS)["spec"]["queues"]
     patch = {"spec": {"queues": [*queues, burst]}}
     kubectl(cluster, "-n", NS, "patch", "obd", NAME, "--type=merge", "-p", json.dumps(patch))
     eventually_sync(
@@ -396,7 +388,7 @@ def test_a_backlog_scales_the_workers_and_the_shard_count_follows_the_spec(
     commit(backends.database_url, 400, queue="burst")
 
     def scaled() -> bool:
-        found = get(cluster, "deployment", f"{NAME}-worker-burst")
+        found = get(cluster, "deployment", f"{NAME}-worker-burst", namespace=NS)
         return int(found["spec"].get("replicas") or 0) > 1
 
     eventually_sync(scaled, within=300, interval=2, what="burst workers scaled up")
@@ -408,7 +400,7 @@ def test_a_backlog_scales_the_workers_and_the_shard_count_follows_the_spec(
         lambda: client.get(SHARDS_KEY) == "8", within=120, interval=1, what="8 shards in Redis"
     )
     eventually_sync(
-        lambda: (get(cluster, "obd", NAME).get("status") or {}).get("shards") == 8,
+        lambda: (get(cluster, "obd", NAME, namespace=NS).get("status") or {}).get("shards") == 8,
         within=120,
         interval=1,
         what="status.shards = 8",
@@ -422,7 +414,7 @@ def test_queue_limits_in_the_spec_reach_redis_and_change_live(
     key = limits_key("default")
 
     def limit(limits: dict[str, Any]) -> None:
-        queues = get(cluster, "obd", NAME)["spec"]["queues"]
+        queues = get(cluster, "obd", NAME, namespace=NS)["spec"]["queues"]
         limited = [{**q, "limits": limits} if q["name"] == "default" else q for q in queues]
         patch = json.dumps({"spec": {"queues": limited}})
         kubectl(cluster, "-n", NS, "patch", "obd", NAME, "--type=merge", "-p", patch)
@@ -448,7 +440,9 @@ def test_the_api_server_refuses_nonsense_queue_limits(cluster: Cluster) -> None:
         ({"maxInFlight": -1}, "maxInFlight"),
         ({"rate": -2, "burst": 1}, "rate"),
     ]:
-        bad = get(cluster, "obd", NAME)  # the example, as another resource with these limits
+        bad = get(
+            cluster, "obd", NAME, namespace=NS
+        )  # the example, as another resource with these limits
         bad["metadata"] = {"name": "bad-limits", "namespace": NS}
         bad.pop("status", None)
         bad["spec"]["queues"][0]["limits"] = limits
@@ -471,7 +465,7 @@ def test_deleting_the_dispatcher_removes_what_it_owned(cluster: Cluster) -> None
 def test_helm_uninstall_leaves_nothing_of_ours(cluster: Cluster) -> None:
     """Every namespaced kind the API server serves is listed (the operator's Lease too)."""
     kubectl(cluster, "-n", NS, "delete", "secret", "dispatcher-postgres", "dispatcher-redis")
-    assert get(cluster, "lease", f"{RELEASE}-operator")["metadata"]["ownerReferences"]
+    assert get(cluster, "lease", f"{RELEASE}-operator", namespace=NS)["metadata"]["ownerReferences"]
     cluster.run("helm", "-n", NS, "uninstall", RELEASE, "--wait")
 
     def nothing_left() -> bool:
@@ -501,7 +495,7 @@ def test_the_kustomize_install_meets_pod_security_restricted(
                 f"--from-literal=url={backends.for_pods(url)}")  # fmt: skip
     kubectl(cluster, "apply", "-k", str(ROOT / "deploy" / "example"))
     eventually_sync(
-        lambda: condition(get(cluster, "obd", NAME), "Ready") == "True",
+        lambda: condition_status(get(cluster, "obd", NAME, namespace=NS), "Ready") == "True",
         within=300,
         interval=2,
         what="the OutboxDispatcher Ready under restricted Pod Security",

@@ -34,9 +34,10 @@ import yaml
 from controller.model import OutboxDispatcherSpec
 from dispatcher._testing.servers import free_port
 from dispatcher._testing.waiting import eventually_sync
+from tests.chart import CHART, CRD, K8S_VERSION, render
+from tests.dockerfile import stages
+from tests.e2e.cluster_objects import condition_status
 from tests.e2e.leftovers import leftovers
-from tests.unit.test_deploy_chart import CHART, CRD, K8S_VERSION, render
-from tests.unit.test_deploy_images import stages
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKING = Path(__file__).resolve().parent / "manifests" / "backing.yaml"
@@ -178,17 +179,6 @@ def _get(kind: str, name: str, namespace: str = NAMESPACE) -> dict[str, Any] | N
     return json.loads(done.stdout) if done.returncode == 0 else None
 
 
-def _status(cr: dict[str, Any] | None) -> dict[str, Any]:
-    return dict((cr or {}).get("status") or {})
-
-
-def _condition(cr: dict[str, Any] | None, type_: str) -> str | None:
-    for condition in _status(cr).get("conditions") or []:
-        if condition["type"] == type_:
-            return str(condition["status"])
-    return None
-
-
 @contextlib.contextmanager
 def port_forward(namespace: str, service: str, port: int) -> Iterator[int]:
     local = free_port()
@@ -300,7 +290,7 @@ def test_kind_end_to_end(cluster: str) -> None:
     _install()
     # The operator migrated first (its Job), then started the enqueuer.
     cr = eventually_sync(
-        lambda: _condition(_get("obd", DISPATCHER), "Migrated") == "True",
+        lambda: condition_status(_get("obd", DISPATCHER) or {}, "Migrated") == "True",
         within=300,
         interval=2,
         what="Migrated",

@@ -25,6 +25,8 @@ from controller.kubeclient import KubeClient
 from controller.leader import LEASE_LABELS, LeaseConfig, LeaseElector
 from controller.leadership import Leadership, NotLeading
 from dispatcher._testing.waiting import eventually
+from tests.e2e.cluster_objects import get
+from tests.fix_live_operator import LiveNamespace
 from tools.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(300)
@@ -69,8 +71,7 @@ async def candidate(name: str, lease: str, *, kubeconfig: Path) -> AsyncIterator
 
 
 def lease_spec(cluster: Cluster, name: str) -> dict[str, object]:
-    found = json.loads(cluster.run("kubectl", "-n", NS, "get", "lease", name, "-o", "json"))
-    spec: dict[str, object] = found["spec"]
+    spec: dict[str, object] = get(cluster, "lease", name, namespace=NS)["spec"]
     return spec
 
 
@@ -115,7 +116,7 @@ async def test_a_leader_whose_lease_was_taken_stops_its_pass_at_once(
 
         running = asyncio.create_task(a.run(endless_pass()))
         await started.wait()
-        found = json.loads(cluster.run("kubectl", "-n", NS, "get", "lease", "taken", "-o", "json"))
+        found = get(cluster, "lease", "taken", namespace=NS)
         found["spec"]["holderIdentity"] = "intruder"
         cluster.run("kubectl", "replace", "-f", "-", stdin=json.dumps(found))
         await eventually(lambda: running.done(), within=30, what="the pass stopped")
@@ -152,9 +153,7 @@ async def test_a_leader_that_cannot_renew_steps_down_before_its_lease_expires(
 
 
 def lease(cluster: Cluster, name: str) -> dict[str, Any] | None:
-    found = cluster.run("kubectl", "-n", NS, "get", "lease", name, "-o", "json",
-                        "--ignore-not-found")  # fmt: skip
-    return json.loads(found) if found.strip() else None
+    return LiveNamespace(cluster, NS).get("lease", name)
 
 
 async def test_the_lease_belongs_to_the_operators_deployment_and_goes_with_it(
@@ -178,8 +177,7 @@ async def test_the_lease_belongs_to_the_operators_deployment_and_goes_with_it(
         assert lease(cluster, "owned") is None
         cluster.run("kubectl", "-n", NS, "create", "deployment", "od-operator",
                     "--image=outbox-dispatcher-operator:0", "--replicas=0")  # fmt: skip
-        uid = json.loads(cluster.run("kubectl", "-n", NS, "get", "deployment", "od-operator",
-                                     "-o", "json"))["metadata"]["uid"]  # fmt: skip
+        uid = get(cluster, "deployment", "od-operator", namespace=NS)["metadata"]["uid"]
         # A Lease an earlier version created: no owner, no labels.
         older = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                  "metadata": {"name": "older", "namespace": NS}, "spec": {}}  # fmt: skip

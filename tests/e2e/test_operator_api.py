@@ -32,14 +32,13 @@ import pytest
 import redis
 
 from dispatcher._testing.waiting import eventually
-from tests.fix_kube import dispatcher
+from tests.e2e.live_dispatcher import NAME, condition_of, get, idle
 from tests.fix_live_operator import LiveNamespace, kubeconfig_via, running_live_operator
 from tests.fix_proxy import TcpProxy
 from tools.cluster import HOST_IP
 
 pytestmark = pytest.mark.timeout(600)
 
-NAME = "orders"
 WORKER = f"{NAME}-worker-emails"
 POD_SETTINGS = {
     "nodeSelector": {"disktype": "ssd"},
@@ -51,20 +50,13 @@ POD_SETTINGS = {
 
 
 def idle_dispatcher(live: LiveNamespace, **queue: Any) -> dict[str, Any]:
-    """``tests.fix_kube.dispatcher()`` with nothing to run: no enqueuer, no worker, no Job."""
-    body = dispatcher(
-        NAME,
-        migrate=False,
-        enqueuer={"replicas": 0},
-        queues=[{"name": "emails", "handler": "app.tasks:send", "minReplicas": 0,
-                 "maxReplicas": 3, **queue}],
-    )  # fmt: skip
-    body["metadata"]["namespace"] = live.name
-    return body
+    """``idle()`` with its one queue ``emails``: no enqueuer, no worker, no Job."""
+    return idle(live, {"name": "emails", "handler": "app.tasks:send", "minReplicas": 0,
+                       "maxReplicas": 3, **queue})  # fmt: skip
 
 
 async def deployment(live: LiveNamespace, name: str = WORKER) -> dict[str, Any] | None:
-    return await asyncio.to_thread(live.get, "deployment", name)
+    return await get(live, "deployment", name)
 
 
 async def pod_spec(live: LiveNamespace) -> dict[str, Any]:
@@ -143,7 +135,7 @@ async def test_removed_pod_settings_leave_the_deployment_and_others_fields_stay(
         assert template["metadata"]["labels"]["example.com/cost"] == "q"
         managers = {m["manager"] for m in found["metadata"]["managedFields"]}
         assert "outbox-dispatcher-operator" in managers
-        assert await asyncio.to_thread(live.condition, NAME, "Degraded") == (
+        assert await condition_of(live, "Degraded") == (
             "False",
             "AsExpected",
         )
@@ -198,7 +190,7 @@ async def test_a_deployment_deleted_while_the_watch_is_cut_is_created_again(
             await eventually(applied, within=60, interval=0.5)
 
             async def settled() -> bool:
-                return await asyncio.to_thread(live.condition, NAME, "Degraded") == (
+                return await condition_of(live, "Degraded") == (
                     "False",
                     "AsExpected",
                 )
@@ -228,7 +220,7 @@ async def test_an_unchanged_dispatcher_is_never_written(live_namespace: LiveName
 
         async def settled() -> bool:
             return (
-                await asyncio.to_thread(live.condition, NAME, "Degraded")
+                await condition_of(live, "Degraded")
                 == (
                     "False",
                     "AsExpected",
@@ -244,7 +236,7 @@ async def test_an_unchanged_dispatcher_is_never_written(live_namespace: LiveName
         await asyncio.to_thread(live.apply, same)
 
         async def observed() -> bool:
-            cr = await asyncio.to_thread(live.get, "obd", NAME) or {}
+            cr = await get(live, "obd", NAME) or {}
             return (cr.get("status") or {}).get("observedGeneration") == 2
 
         await eventually(observed, within=60, interval=0.5)
@@ -272,7 +264,7 @@ async def test_external_autoscaling_leaves_replicas_to_the_users_scaler(
         await asyncio.to_thread(live.apply, idle_dispatcher(live, **annotated))
 
         async def measured_and_applied() -> bool:
-            cr = await asyncio.to_thread(live.get, "obd", NAME) or {}
+            cr = await get(live, "obd", NAME) or {}
             rows = (cr.get("status") or {}).get("queues") or []
             found = await deployment(live) or {}
             template = found.get("spec", {}).get("template", {}).get("metadata", {})

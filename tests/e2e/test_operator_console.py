@@ -28,6 +28,7 @@ import pytest
 from dispatcher import TaskDispatch, enqueue_dispatch
 from dispatcher._testing.servers import PostgresProcess, RedisProcess
 from dispatcher._testing.waiting import eventually_sync
+from tests.e2e.cluster_objects import get, kubectl
 from tools.cluster import HOST_IP, Cluster
 from tools.cluster.binaries import ROOT
 
@@ -37,10 +38,7 @@ NS = RELEASE = "od-console"
 NAME = "orders"
 SHARDS = 3  # not the chart's default, so the page's figure is the operator's write
 PASSWORD = f"pw-{uuid.uuid4().hex}"
-
-
-def kubectl(cluster: Cluster, *args: str) -> str:
-    return cluster.run("kubectl", "-n", NS, *args)
+COMPONENT = "app.kubernetes.io/component=console"  # the console's objects
 
 
 def for_pods(url: str) -> str:
@@ -58,9 +56,9 @@ def release(
     redis_url = cluster_redis.url.rsplit("/", 1)[0] + "/5"  # a database of its own
     cluster.run("kubectl", "create", "namespace", NS)
     for secret, url in (("dispatcher-postgres", database), ("dispatcher-redis", redis_url)):
-        kubectl(cluster, "create", "secret", "generic", secret,
+        kubectl(cluster, "-n", NS, "create", "secret", "generic", secret,
                 f"--from-literal=url={for_pods(url)}")  # fmt: skip
-    kubectl(cluster, "create", "secret", "generic", "console-token",
+    kubectl(cluster, "-n", NS, "create", "secret", "generic", "console-token",
             f"--from-literal=token={uuid.uuid4().hex}")  # fmt: skip
     cluster.run(
         "helm", "install", RELEASE, str(ROOT / "charts" / "outbox-dispatcher"), "--namespace", NS,
@@ -77,22 +75,20 @@ def release(
 
 
 def console_deployment(cluster: Cluster) -> dict[str, Any]:
-    found = json.loads(
-        kubectl(cluster, "get", "deployments", "-l", "app.kubernetes.io/component=console",
-                "-o", "json")
-    )["items"]  # fmt: skip
+    listed = kubectl(cluster, "-n", NS, "get", "deployments", "-l", COMPONENT, "-o", "json")
+    found = json.loads(listed)["items"]
     (deployment,) = found
     return dict(deployment)
 
 
 def test_the_dispatchers_status_names_the_consoles_service(cluster: Cluster, release: str) -> None:
     def url() -> str | None:
-        obd = json.loads(kubectl(cluster, "get", "obd", NAME, "-o", "json"))
+        obd = get(cluster, "obd", NAME, namespace=NS)
         return (obd.get("status") or {}).get("consoleUrl")
 
     eventually_sync(lambda: url() is not None, within=300, interval=2, what="status.consoleUrl")
     name = console_deployment(cluster)["metadata"]["name"]
-    service = json.loads(kubectl(cluster, "get", "service", name, "-o", "json"))
+    service = get(cluster, "service", name, namespace=NS)
     port = service["spec"]["ports"][0]["port"]
     assert url() == f"http://{name}.{NS}.svc:{port}/"
 
@@ -101,15 +97,14 @@ def test_the_console_runs_from_the_enqueuer_image_as_a_non_root_user(
     cluster: Cluster, release: str
 ) -> None:
     name = console_deployment(cluster)["metadata"]["name"]
-    kubectl(cluster, "rollout", "status", f"deployment/{name}", "--timeout=300s")
-    pods = json.loads(
-        kubectl(cluster, "get", "pods", "-l", "app.kubernetes.io/component=console", "-o", "json")
-    )["items"]
+    kubectl(cluster, "-n", NS, "rollout", "status", f"deployment/{name}", "--timeout=300s")
+    listed = kubectl(cluster, "-n", NS, "get", "pods", "-l", COMPONENT, "-o", "json")
+    pods = json.loads(listed)["items"]
     (pod,) = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     (container,) = pod["spec"]["containers"]
     assert container["image"].rsplit("/", 1)[-1].startswith("outbox-dispatcher-enqueuer:")
     pod_name = pod["metadata"]["name"]
-    assert kubectl(cluster, "exec", pod_name, "--", "id", "-u").strip() != "0"
+    assert kubectl(cluster, "-n", NS, "exec", pod_name, "--", "id", "-u").strip() != "0"
     wrote = cluster.run_status(
         "kubectl", "-n", NS, "exec", pod_name, "--", "sh", "-c", "echo x > /probe"
     )
@@ -120,7 +115,7 @@ def test_the_page_and_its_numbers_come_through_kubectl_port_forward(
     cluster: Cluster, release: str
 ) -> None:
     name = console_deployment(cluster)["metadata"]["name"]
-    kubectl(cluster, "rollout", "status", f"deployment/{name}", "--timeout=300s")
+    kubectl(cluster, "-n", NS, "rollout", "status", f"deployment/{name}", "--timeout=300s")
     pending = 7
     with psycopg.connect(release) as conn:  # due in an hour: they stay in the outbox
         for _ in range(pending):
@@ -167,10 +162,12 @@ def test_the_page_and_its_numbers_come_through_kubectl_port_forward(
 def test_the_operator_at_debug_logs_no_secret_value(cluster: Cluster, release: str) -> None:
     """docs/security.md: Secret values are never logged, at any level."""
     eventually_sync(
-        lambda: "ShardsPublished" in kubectl(cluster, "get", "events"),
+        lambda: "ShardsPublished" in kubectl(cluster, "-n", NS, "get", "events"),
         within=300, interval=2, what="the operator at work (the shard count written)",
     )  # fmt: skip
-    logs = kubectl(cluster, "logs", "deployment/" + operator_deployment(cluster), "--tail=-1")
+    logs = kubectl(
+        cluster, "-n", NS, "logs", "deployment/" + operator_deployment(cluster), "--tail=-1"
+    )
     assert "DEBUG" in logs  # the level the release asked for
     url = for_pods(release)
     for secret in (url, base64.b64encode(url.encode()).decode(), PASSWORD):
@@ -178,6 +175,6 @@ def test_the_operator_at_debug_logs_no_secret_value(cluster: Cluster, release: s
 
 
 def operator_deployment(cluster: Cluster) -> str:
-    found = json.loads(kubectl(cluster, "get", "deployments", "-o", "json"))["items"]
+    found = json.loads(kubectl(cluster, "-n", NS, "get", "deployments", "-o", "json"))["items"]
     (name,) = [d["metadata"]["name"] for d in found if d["metadata"]["name"].endswith("-operator")]
     return str(name)

@@ -28,6 +28,7 @@ import redis
 from dispatcher._testing.servers import PostgresProcess, RedisProcess
 from dispatcher._testing.waiting import eventually_sync
 from dispatcher.stream.naming import SHARDS_KEY, SHARDS_OWNER_KEY
+from tests.e2e.cluster_objects import condition, condition_status, events_in, get, kubectl
 from tools.cluster import HOST_IP, Cluster
 from tools.cluster.binaries import ROOT
 
@@ -39,19 +40,8 @@ CRD = ROOT / "crds" / "outboxdispatchers.yaml"
 COMPONENT = "outbox-dispatcher-operator"  # the Events' reportingComponent
 
 
-def kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
-    return cluster.run("kubectl", *args, stdin=stdin)
-
-
-def get(cluster: Cluster, namespace: str, kind: str, name: str) -> dict[str, Any]:
-    found: dict[str, Any] = json.loads(
-        kubectl(cluster, "-n", namespace, "get", kind, name, "-o", "json")
-    )
-    return found
-
-
 def holder(cluster: Cluster) -> str | None:
-    spec = get(cluster, NS, "lease", OPERATOR).get("spec") or {}
+    spec = get(cluster, "lease", OPERATOR, namespace=NS).get("spec") or {}
     return spec.get("holderIdentity")
 
 
@@ -63,19 +53,8 @@ def operator_pods(cluster: Cluster) -> list[str]:
 
 
 def our_events(cluster: Cluster, namespace: str, reason: str | None = None) -> list[dict[str, Any]]:
-    events = json.loads(kubectl(cluster, "-n", namespace, "get", "events", "-o", "json"))["items"]
-    return [
-        e
-        for e in events
-        if e.get("reportingComponent") == COMPONENT and reason in (None, e["reason"])
-    ]
-
-
-def condition(obj: dict[str, Any], type_: str) -> dict[str, Any] | None:
-    for found in (obj.get("status") or {}).get("conditions") or []:
-        if found["type"] == type_:
-            return dict(found)
-    return None
+    events = events_in(cluster, namespace, reason=reason)
+    return [e for e in events if e.get("reportingComponent") == COMPONENT]
 
 
 def dispatcher(name: str, namespace: str, *, shards: int, redis_secret: str) -> str:
@@ -156,7 +135,7 @@ def test_two_operator_replicas_run_and_only_the_leases_holder_acts(
         secret(cluster, NS, name, urls[key])
     kubectl(cluster, "apply", "-f", "-", stdin=dispatcher("one", NS, shards=2, redis_secret="rd"))
     eventually_sync(
-        lambda: (get(cluster, NS, "obd", "one").get("status") or {}).get("shards") == 2,
+        lambda: (get(cluster, "obd", "one", namespace=NS).get("status") or {}).get("shards") == 2,
         within=120,
         interval=1,
         what="status.shards = 2",
@@ -221,12 +200,12 @@ def test_a_second_dispatcher_on_the_same_redis_database_is_degraded_and_writes_n
 ) -> None:
     client = redis.Redis.from_url(urls["redis"], decode_responses=True)
     owner = json.loads(client.get(SHARDS_OWNER_KEY) or "{}")
-    uid = get(cluster, NS, "obd", "one")["metadata"]["uid"]
+    uid = get(cluster, "obd", "one", namespace=NS)["metadata"]["uid"]
     assert owner == {"namespace": NS, "name": "one", "uid": uid}
     kubectl(cluster, "apply", "-f", "-", stdin=dispatcher("two", NS, shards=7, redis_secret="rd"))
 
     def degraded() -> dict[str, Any] | None:
-        found = condition(get(cluster, NS, "obd", "two"), "Degraded")
+        found = condition(get(cluster, "obd", "two", namespace=NS), "Degraded")
         return found if found is not None and found["status"] == "True" else None
 
     eventually_sync(lambda: degraded() is not None, within=120, interval=1, what="two Degraded")
@@ -234,12 +213,12 @@ def test_a_second_dispatcher_on_the_same_redis_database_is_degraded_and_writes_n
     assert found is not None
     assert found["reason"] == "RedisConflict", found
     assert f"OutboxDispatcher {NS}/one" in found["message"]
-    assert condition(get(cluster, NS, "obd", "one"), "Degraded")["status"] == "False"  # type: ignore[index]
+    assert condition_status(get(cluster, "obd", "one", namespace=NS), "Degraded") == "False"
     (warning,) = our_events(cluster, NS, "RedisConflict")
     assert warning["type"] == "Warning"
     assert warning["involvedObject"]["name"] == "two"
     assert client.get(SHARDS_KEY) == "4"  # the owner's count, not 7
-    assert (get(cluster, NS, "obd", "two").get("status") or {}).get("shards") is None
+    assert (get(cluster, "obd", "two", namespace=NS).get("status") or {}).get("shards") is None
     two = cluster.run_status("kubectl", "-n", NS, "get", "deployment", "two-worker-q")
     assert two != 0  # nothing rendered for it either
     kubectl(cluster, "-n", NS, "delete", "obd", "one", "--wait=true")
@@ -253,7 +232,8 @@ def test_a_second_dispatcher_on_the_same_redis_database_is_degraded_and_writes_n
     eventually_sync(taken, within=60, interval=1, what="two owns the database")
     eventually_sync(
         lambda: (
-            (condition(get(cluster, NS, "obd", "two"), "Degraded") or {}).get("status") == "False"
+            (condition(get(cluster, "obd", "two", namespace=NS), "Degraded") or {}).get("status")
+            == "False"
         ),
         within=60,
         interval=1,
@@ -276,16 +256,15 @@ def test_a_dispatcher_in_another_namespace_is_reconciled(
     )
     eventually_sync(
         lambda: (
-            condition(get(cluster, OTHER_NS, "obd", "three"), "Ready") is not None
-            and condition(get(cluster, OTHER_NS, "obd", "three"), "Ready")["status"] == "True"
-        ),  # type: ignore[index]
+            condition_status(get(cluster, "obd", "three", namespace=OTHER_NS), "Ready") == "True"
+        ),
         within=120,
         interval=1,
         what="three Ready",
     )
     client = redis.Redis.from_url(urls["redis-other"], decode_responses=True)
     assert client.get(SHARDS_KEY) == "5"
-    deployment = get(cluster, OTHER_NS, "deployment", "three-worker-q")
+    deployment = get(cluster, "deployment", "three-worker-q", namespace=OTHER_NS)
     assert deployment["metadata"]["ownerReferences"][0]["name"] == "three"
     instances = {e.get("reportingInstance") for e in our_events(cluster, OTHER_NS)}
     assert instances == {holder(cluster)}

@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from dispatcher._testing.waiting import eventually
+from tests.e2e.live_dispatcher import get
 from tests.fix_kube import dispatcher
 from tests.fix_live_operator import LiveNamespace, kubeconfig_via, running_live_operator
 from tools.cluster.binaries import ROOT
@@ -78,10 +79,8 @@ async def test_the_role_grants_exactly_what_the_operator_uses(
         await asyncio.to_thread(live.apply, older)
 
         async def created() -> bool:
-            cr = await asyncio.to_thread(live.get, "obd", "orders") or {}
-            invoices_worker = await asyncio.to_thread(
-                live.get, "deployment", "orders-worker-invoices"
-            )
+            cr = await get(live, "obd", "orders") or {}
+            invoices_worker = await get(live, "deployment", "orders-worker-invoices")
             job = await asyncio.to_thread(live.kubectl, "get", "jobs", "-o", "name")
             return bool(invoices_worker and job.strip() and not cr["metadata"].get("finalizers"))
 
@@ -108,9 +107,9 @@ async def test_the_role_grants_exactly_what_the_operator_uses(
         await asyncio.to_thread(live.apply, shrunk)
 
         async def pruned() -> bool:
-            worker = await asyncio.to_thread(live.get, "deployment", "orders-worker-emails")
-            gone = await asyncio.to_thread(live.get, "deployment", "orders-worker-invoices")
-            budget = await asyncio.to_thread(live.get, "pdb", "orders-worker-emails") or {}
+            worker = await get(live, "deployment", "orders-worker-emails")
+            gone = await get(live, "deployment", "orders-worker-invoices")
+            budget = await get(live, "pdb", "orders-worker-emails") or {}
             return (
                 gone is None
                 and "--handler=app.tasks:send_v2" in json.dumps(worker)

@@ -40,7 +40,7 @@ ENQUEUER_FLAGS = (
     *("--batch-size", "50", "--concurrency", "2"),
 )
 WORKER_FLAGS = (
-    *("--handler", "tests.faults.handlers:record", "--concurrency", "8", "--reclaim-idle", "1"),
+    *("--handler", "tests.handlers:record", "--concurrency", "8", "--reclaim-idle", "1"),
     *("--lease-ttl", "2", "--max-runs", "10", "--grace-period", "2"),
 )
 

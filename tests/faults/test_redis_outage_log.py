@@ -17,6 +17,7 @@ from dispatcher._testing.data import insert_rows
 from dispatcher._testing.servers import RedisProcess
 from dispatcher._testing.waiting import eventually_sync
 from tests.enqueuers import spawn_enqueuer
+from tests.fix_worker_process import ROOT
 
 DOWN = "Redis is down"
 BACK = "Redis is back after"
@@ -27,11 +28,12 @@ def spawn_worker(redis_url: str, log_path: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [
                 *(sys.executable, "-m", "dispatcher.cli", "worker", "--redis-url", redis_url),
-                *("--queue", "outage", "--handler", "dispatcher._testing.handlers:noop"),
+                *("--queue", "outage", "--handler", "tests.handlers:noop"),
                 *("--shards", "8", "--metrics-port", "0"),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
+            cwd=ROOT,  # where tests.handlers imports from
         )
 
 

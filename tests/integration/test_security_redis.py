@@ -311,7 +311,7 @@ def _run(command: str, *, database_url: str, redis_url: str) -> tuple[int, str]:
     SIGTERM it); its exit code and everything it printed."""
     flags = {
         "enqueuer": ["--no-listen"],
-        "worker": ["--queue", "q", "--handler", "tests.faults.handlers:record"],
+        "worker": ["--queue", "q", "--handler", "tests.handlers:record"],
     }[command]
     env = {
         "DATABASE_URL": database_url,

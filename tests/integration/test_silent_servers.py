@@ -125,7 +125,7 @@ def test_a_command_against_a_silent_postgres_ends_in_one_line(
     [
         (["enqueuer", "--no-listen"], "redis"),
         (["enqueuer", "--no-listen"], "postgres"),
-        (["worker", "--queue", "q", "--handler", "tests.faults.handlers:record"], "redis"),
+        (["worker", "--queue", "q", "--handler", "tests.handlers:record"], "redis"),
     ],
     ids=["enqueuer-redis", "enqueuer-postgres", "worker-redis"],
 )

@@ -24,6 +24,7 @@ from dispatcher._testing.servers import free_port
 from dispatcher._testing.waiting import eventually_sync
 from tests.enqueuers import spawn_enqueuer
 from tests.fix_proxy import TcpProxy
+from tests.fix_worker_process import ROOT
 from tests.outbox_rows import outbox_status
 
 
@@ -106,11 +107,12 @@ def test_a_worker_whose_redis_is_silent_retries_serving_healthz(
             [
                 *(sys.executable, "-m", "dispatcher.cli", "worker"),
                 *("--redis-url", f"redis://127.0.0.1:{silent_port}/0"),
-                *("--queue", "startup", "--handler", "dispatcher._testing.handlers:noop"),
+                *("--queue", "startup", "--handler", "tests.handlers:noop"),
                 *("--metrics-port", str(metrics)),
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
+            cwd=ROOT,  # where tests.handlers imports from
         )
     try:
         eventually_sync(lambda: "trying again" in log.read_text(), within=40)

@@ -29,7 +29,7 @@ from dispatcher._testing.data import insert_rows
 from dispatcher._testing.servers import free_port
 from dispatcher._testing.waiting import eventually_sync
 from dispatcher.outbox.schema import available_migrations
-from tests.unit.test_deploy_images import build_sources
+from tests.dockerfile import build_sources
 
 pytestmark = pytest.mark.slow
 

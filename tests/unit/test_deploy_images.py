@@ -12,18 +12,13 @@ import fnmatch
 import json
 import re
 import shlex
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
-from dockerfile_parse import DockerfileParser
 
 from dispatcher.cli.main import build_parser
+from tests.dockerfile import DOCKERFILE, ROOT, Stage, chain, copied_from, stages, wheel_stage
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILE = "Dockerfile"
 IMAGE_UID = 10001
 # image -> the Dockerfile target that builds it (also its `dispatcher` subcommand)
 IMAGES = {
@@ -33,69 +28,6 @@ IMAGES = {
 }
 PINNED_SLIM_PYTHON = re.compile(r"^python:3\.\d+\.\d+-slim(-[a-z]+)?(@sha256:[0-9a-f]{64})?$")
 BUILD_TOOLS = re.compile(r"\b(gcc|g\+\+|clang|make|build-essential|cargo|rustc|apt-get|apk)\b")
-
-
-@dataclass
-class Stage:
-    name: str
-    parent: str  # the image or the earlier stage it starts FROM
-    instructions: list[dict[str, Any]] = field(default_factory=list)
-
-    def values(self, instruction: str) -> list[str]:
-        return [i["value"] for i in self.instructions if i["instruction"] == instruction]
-
-
-def stages(path: str = DOCKERFILE) -> dict[str, Stage]:
-    """The Dockerfile's stages by name, ``${ARG}`` defaults of the global ARGs substituted."""
-    found: dict[str, Stage] = {}
-    args: dict[str, str] = {}
-    current: Stage | None = None
-    for instruction in DockerfileParser(str(ROOT / path)).structure:
-        kind, value = instruction["instruction"], instruction["value"]
-        if kind == "ARG" and current is None and "=" in value:
-            name, _, default = value.partition("=")
-            args[name] = default
-        elif kind == "FROM":
-            words = value.split()
-            parent = words[0]
-            for name, default in args.items():
-                parent = parent.replace(f"${{{name}}}", default).replace(f"${name}", default)
-            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else str(len(found))
-            current = found[name] = Stage(name=name, parent=parent)
-        elif current is not None and kind != "COMMENT":
-            current.instructions.append(instruction)
-    return found
-
-
-def chain(target: str, found: dict[str, Stage] | None = None) -> list[Stage]:
-    """The stages a target is built on, from the one that starts from an image to ``target``."""
-    found = found if found is not None else stages()
-    line = [found[target]]
-    while line[0].parent in found:
-        line.insert(0, found[line[0].parent])
-    return line
-
-
-def copied_from(stage: Stage) -> list[str]:
-    """The stages a stage copies from (``COPY --from=...``)."""
-    return [v.split()[0].removeprefix("--from=") for v in stage.values("COPY") if "--from=" in v]
-
-
-def wheel_stage(found: dict[str, Stage] | None = None) -> Stage:
-    """The one stage that builds the project's wheel."""
-    found = found if found is not None else stages()
-    (stage,) = [s for s in found.values() if any("pip wheel" in r for r in s.values("RUN"))]
-    return stage
-
-
-def build_sources() -> list[str]:
-    """What the wheel is built from: the repository paths the wheel stage copies in."""
-    return [
-        source.rstrip("/")
-        for copy in wheel_stage().values("COPY")
-        if not copy.startswith("--")
-        for source in copy.split()[:-1]
-    ]
 
 
 def labels(stage: Stage) -> dict[str, str]:

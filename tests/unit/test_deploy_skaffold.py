@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from tests.unit.test_deploy_chart import render
+from tests.chart import render
 
 ROOT = Path(__file__).resolve().parents[2]
 TAG = "e2e1234"

@@ -195,7 +195,7 @@ def test_worker_flags_are_finite_numbers_or_exit_2_with_one_error_line(
 ) -> None:
     argv = [
         "worker",
-        *("--queue", "q", "--handler", "dispatcher._testing.handlers:noop", f"{flag}={value}"),
+        *("--queue", "q", "--handler", "tests.handlers:noop", f"{flag}={value}"),
     ]
     args = _parse_or_exit(argv)
     if args is None:

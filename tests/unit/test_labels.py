@@ -23,7 +23,7 @@ from controller.render import (
     build_worker_deployment,
     build_worker_pdb,
 )
-from tests.unit.test_deploy_chart import VALUE_SETS, render
+from tests.chart import VALUE_SETS, render
 
 NAME = "orders"  # the release and the dispatcher
 SHARED = {"app.kubernetes.io/name", "app.kubernetes.io/part-of", "app.kubernetes.io/version"}

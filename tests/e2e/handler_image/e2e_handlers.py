@@ -1,5 +1,11 @@
-"""Handlers of the e2e tests' handler image: each run of a task leaves marks in the worker's
-own Redis (``REDIS_URL``), so a test can tell how often and how far each task ran."""
+"""Handlers of the e2e tests' handler image, run by worker Pods on the local cluster.
+
+A file of its own rather than part of ``tests/handlers.py``: the image is built as users build
+theirs (``Containerfile``: FROM the worker image, one handler module copied onto ``/app``), so
+it holds this one module, from this folder as its build context, and nothing of ``tests``.
+``slow`` leaves marks in the worker's own Redis (``REDIS_URL``), so a test can tell how often
+and how far each task ran; ``noop`` does nothing.
+"""
 
 from __future__ import annotations
 
@@ -28,3 +34,7 @@ async def slow(message: TaskMessage) -> None:
     seconds = message.input.get("seconds", 0) if isinstance(message.input, dict) else 0
     await asyncio.sleep(float(seconds))
     await client.set(f"e2e:done:{message.task_id}", 1)
+
+
+async def noop(message: TaskMessage) -> None:
+    """Do nothing."""
