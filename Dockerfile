@@ -41,7 +41,6 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY dispatcher/ dispatcher/
-COPY controller/ controller/
 RUN pip wheel --no-deps --wheel-dir /wheels . \
  && python -m venv /opt/venv \
  && /opt/venv/bin/pip install --compile /wheels/outbox_dispatcher-*.whl \

@@ -36,11 +36,11 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry
 
-from controller.handlers import register
-from controller.kubeclient import KubeClient
-from controller.operator import Operator
-from controller.operator_config import OperatorConfig
-from dispatcher._testing.servers import PostgresProcess, RedisProcess
+from dispatcher.controller.handlers import register
+from dispatcher.controller.kubeclient import KubeClient
+from dispatcher.controller.operator import Operator
+from dispatcher.controller.operator_config import OperatorConfig
+from dispatcher.demo.processes import PostgresProcess, RedisProcess
 from tests.fix_kube import kopf_running
 from tools.cluster import Cluster, start, stop
 

@@ -108,7 +108,8 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(ROOT))
-    from dispatcher._testing.servers import RedisClusterProcess, RedisProcess
+    from dispatcher.demo.processes import RedisProcess
+    from tests.redis_cluster import RedisClusterProcess
 
     checkouts = {"this checkout": ROOT}
     if args.baseline is not None:

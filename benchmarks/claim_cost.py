@@ -21,9 +21,9 @@ from typing import Any
 import psycopg
 
 from benchmarks.env import bench_env, machine_facts
-from dispatcher._testing.data import insert_rows
 from dispatcher.outbox.claim_statement import PREPARE, claim_statement
 from dispatcher.outbox.repository import OutboxRepository, enqueuer_pool
+from tests.data import insert_rows
 
 
 def _ms(values: list[float]) -> float:

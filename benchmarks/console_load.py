@@ -40,10 +40,10 @@ import psycopg
 import redis as sync_redis
 
 from benchmarks.workload import ROOT, load_average
-from dispatcher._testing.browser import chromium
-from dispatcher._testing.servers import PostgresProcess, RedisProcess, free_port
+from dispatcher.demo.processes import PostgresProcess, RedisProcess, free_port
 from dispatcher.outbox.schema import migrate
 from dispatcher.stream.naming import SHARDS_KEY, dead_letter_stream, task_stream
+from tests.chromium import chromium
 
 RESULT = ROOT / "benchmarks" / "results" / "console_load.md"
 QUEUE, SHARDS, GROUP = "big", 4, "workers"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psycopg
 
-from dispatcher._testing.servers import RedisProcess
+from dispatcher.demo.processes import RedisProcess
 from dispatcher.outbox.schema import migrate
 
 __all__ = ["ADMIN_URL", "BenchEnv", "RedisProcess", "bench_env", "machine_facts"]

@@ -27,10 +27,10 @@ import psycopg
 
 from benchmarks.enqueuer_bench import _dispatch, _with_enqueuer, idle_latency, percentile
 from benchmarks.env import BenchEnv
-from dispatcher._testing.data import insert_rows
 from dispatcher.outbox import OutboxEnqueuer, enqueue_dispatch
 from dispatcher.outbox.queries import QUERIES
 from dispatcher.stream import task_stream
+from tests.data import insert_rows
 
 RATES = {"50/s": (50.0, 5.0), "sparse": (2.0, 10.0)}  # rows/s, seconds
 

@@ -3,7 +3,7 @@
 A config dataclass declares each setting a user can change with ``option()``
 instead of a bare default, and the process settings are ``Option`` values
 (``dispatcher.config``). The ``dispatcher`` flags and their ``--help``
-(``dispatcher.cli.flags``), the CRD model's defaults (``controller.model``) and
+(``dispatcher.cli.flags``), the CRD model's defaults (``dispatcher.controller.model``) and
 the tables of docs/configuration.md (``dispatcher.cli.docs``) are all read from here, so they
 cannot drift apart.
 

@@ -1,6 +1,6 @@
 """The console's browser tests: Debian's headless Chromium (Selenium) and consoles to drive.
 
-``chrome`` is one headless Chromium (``dispatcher._testing.browser``: Debian's,
+``chrome`` is one headless Chromium (``tests.chromium``: Debian's,
 never a downloaded one) for the session, its cookies cleared for each test.
 ``console`` starts ``dispatcher console`` as a process on a free port against
 the test's PostgreSQL and Redis (``console(token="t")``) and stops it after.
@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from dispatcher._testing.browser import BrowserMissing, chromium
-from dispatcher._testing.servers import free_port
-from dispatcher._testing.waiting import eventually_sync
+from dispatcher.demo.processes import free_port
+from tests.chromium import BrowserMissing, chromium
+from tests.waiting import eventually_sync
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where the console tests save their screenshots: a temporary folder, so a test run leaves

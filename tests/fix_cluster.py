@@ -26,11 +26,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from controller.crd import CRD_PATH
-from controller.model import DEFAULT_VERSION_TAG
-from controller.resource import API_GROUP, PLURAL
-from dispatcher._testing.servers import PostgresProcess, RedisProcess
-from dispatcher._testing.waiting import eventually_sync
+from dispatcher.controller.crd import CRD_PATH
+from dispatcher.controller.model import DEFAULT_VERSION_TAG
+from dispatcher.controller.resource import API_GROUP, PLURAL
+from dispatcher.demo.processes import PostgresProcess, RedisProcess
+from tests.waiting import eventually_sync
 from tools.cluster import HOST_IP, Cluster, start, stop
 from tools.cluster.leftovers import inventory
 

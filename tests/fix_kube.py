@@ -9,7 +9,7 @@ completes at once (``status`` at the new generation,
 every replica available). It also stands in for the Job controller: a Job is
 stored as finished with ``job_outcome`` ("Complete" by default, "Failed", or None
 to leave it running until the test writes its status).
-``operator`` runs the real kopf operator (``controller.handlers.register``) in
+``operator`` runs the real kopf operator (``dispatcher.controller.handlers.register``) in
 the test's event loop against it, with an injected clock for the autoscaler.
 """
 
@@ -33,11 +33,11 @@ from kmock._internal import dicts as kmock_dicts
 from kmock._internal import rendering
 from kubernetes_asyncio.client import Configuration
 
-from controller.conditions import OutboxDispatcherStatus
-from controller.handlers import register
-from controller.kubeclient import KubeClient
-from controller.operator import Operator
-from controller.operator_config import OperatorConfig
+from dispatcher.controller.conditions import OutboxDispatcherStatus
+from dispatcher.controller.handlers import register
+from dispatcher.controller.kubeclient import KubeClient
+from dispatcher.controller.operator import Operator
+from dispatcher.controller.operator_config import OperatorConfig
 from tests.suite_servers import postgres_admin_url
 
 NAMESPACE = "default"

@@ -18,9 +18,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from dispatcher._testing.servers import free_port
-from dispatcher._testing.waiting import eventually_sync
+from dispatcher.demo.processes import free_port
 from tests.suite_servers import postgres_admin_url
+from tests.waiting import eventually_sync
 
 __all__ = ["pgbouncer"]
 

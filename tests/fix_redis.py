@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 import redis as sync_redis
 
-from dispatcher._testing.servers import RedisClusterProcess
 from dispatcher.redis_client import RedisClient, connect_redis
+from tests.redis_cluster import RedisClusterProcess
 from tests.suite_servers import redis_base_url
 
 _db_numbers = itertools.cycle(range(1, 16))

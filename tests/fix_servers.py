@@ -1,7 +1,7 @@
 """Own server processes for tests: ``redis_process``, ``redis_cluster_process``, ``pg_process``.
 
 Fault tests kill, pause and restart these; the machine's shared services are
-never touched. The processes are the testing kit's (``dispatcher._testing``),
+never touched. The processes are the demo's (``dispatcher.demo.processes``),
 the same the demo and the benchmarks start; each is killed at teardown
 whatever the test did to it.
 """
@@ -16,9 +16,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from dispatcher._testing.servers import PostgresProcess, RedisClusterProcess, RedisProcess
+from dispatcher.demo.processes import PostgresProcess, RedisProcess
 from tests.faults.load import BUSINESS_TABLE
 from tests.fix_db import migrate_url
+from tests.redis_cluster import RedisClusterProcess
 
 __all__ = ["own_pg_db_url", "pg_process", "redis_cluster_process", "redis_process"]
 

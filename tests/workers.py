@@ -15,9 +15,9 @@ import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
-from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskMessage
 from dispatcher.worker import Handler, Worker, WorkerConfig
+from tests.waiting import eventually
 
 FAST = WorkerConfig(
     queues=("placeholder",),

@@ -1,15 +1,15 @@
 """``dispatcher operator``: run the kopf operator for ``OutboxDispatcher`` resources.
 
-The same handlers as ``kopf run -m controller.handlers``, with the scope
+The same handlers as ``kopf run -m dispatcher.controller.handlers``, with the scope
 (``--namespace`` or ``--all-namespaces``), kopf's liveness endpoint and the
 autoscaler interval as flags. Leader election on a Lease is on unless
-``--no-leader-election`` (``controller.leader``): several replicas may run, one acts.
+``--no-leader-election`` (``dispatcher.controller.leader``): several replicas may run, one acts.
 kopf handles SIGTERM/SIGINT itself (the Lease is released then). With
 ``--metrics-port`` (env ``METRICS_PORT``) the operator's own Prometheus
 metrics are served on ``/metrics`` there, and its readiness on ``/readyz``
 (``Operator.ready``: kopf's start-up finished and the CRD served).
 
-The command layer of ``controller.operator`` (its twin by name): this module
+The command layer of ``dispatcher.controller.operator`` (its twin by name): this module
 parses flags and starts kopf; that one is the operator's loop.
 """
 
@@ -21,12 +21,12 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from controller.leader import LeaseConfig, identity
-from controller.leadership import Leadership
-from controller.operator_config import OperatorConfig
 from dispatcher.cli.flags import add_options
 from dispatcher.cli.main import Common, UsageError
 from dispatcher.config import METRICS_PORT, Settings
+from dispatcher.controller.leader import LeaseConfig, identity
+from dispatcher.controller.leadership import Leadership
+from dispatcher.controller.operator_config import OperatorConfig
 from dispatcher.options import options
 
 __all__ = ["register"]
@@ -139,9 +139,9 @@ async def _serve(args: argparse.Namespace, settings: Settings, election: LeaseCo
     import kopf
     from prometheus_client import REGISTRY
 
-    from controller.handlers import register as register_handlers
-    from controller.handlers import register_login
-    from controller.operator import Operator
+    from dispatcher.controller.handlers import register as register_handlers
+    from dispatcher.controller.handlers import register_login
+    from dispatcher.controller.operator import Operator
     from dispatcher.observability import ObservabilityServer
 
     registry = kopf.OperatorRegistry()

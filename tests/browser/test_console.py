@@ -24,16 +24,16 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
-from dispatcher._testing.data import dispatch, insert_rows
-from dispatcher._testing.waiting import eventually_sync
 from dispatcher.models import payload_fields
 from dispatcher.outbox.app_api import enqueue_dispatch
 from dispatcher.stream.cancels import CANCELLED_RUNS
 from dispatcher.stream.limits import QueueLimits, limits_key
 from dispatcher.stream.naming import SHARDS_KEY, dead_letter_stream, shard_for, task_stream
+from tests.data import dispatch, insert_rows
 from tests.enqueuers import spawn_enqueuer
 from tests.fix_browser import SCREENSHOTS, ConsoleProcess
 from tests.fix_worker_process import LOG_KEY, WorkerProcess
+from tests.waiting import eventually_sync
 
 SHARDS = 2
 TOKEN = "let-me-act"

@@ -16,12 +16,12 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from controller.conditions import OutboxDispatcherStatus
-from dispatcher._testing.waiting import eventually
+from dispatcher.controller.conditions import OutboxDispatcherStatus
 from tests.e2e.cluster_objects import condition as condition_in
 from tests.e2e.cluster_objects import events_in
 from tests.fix_kube import dispatcher
 from tests.fix_live_operator import LiveNamespace
+from tests.waiting import eventually
 
 __all__ = [
     "EMAILS", "NAME", "WORKERS", "body", "burst", "condition", "condition_of", "container",

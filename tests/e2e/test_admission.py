@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from controller.crd import cel_rules
-from controller.limits import BURST_RULE
-from controller.model import MAX_NAME, MAX_RUNS_CONFLICT
-from controller.podsettings import (
+from dispatcher.controller.crd import cel_rules
+from dispatcher.controller.limits import BURST_RULE
+from dispatcher.controller.model import MAX_NAME, MAX_RUNS_CONFLICT
+from dispatcher.controller.podsettings import (
     ENV_RULE,
     LABEL_RULE,
     MOUNT_RULE,

@@ -33,13 +33,13 @@ import pytest
 import redis
 
 from dispatcher import TaskDispatch, enqueue_dispatch
-from dispatcher._testing.servers import PostgresProcess, RedisProcess
-from dispatcher._testing.waiting import eventually_sync
+from dispatcher.demo.processes import PostgresProcess, RedisProcess
 from dispatcher.stream.limits import limits_key
 from dispatcher.stream.naming import SHARDS_KEY
 from dispatcher.worker import attempt_key
 from tests.e2e.cluster_objects import condition, condition_status, get, kubectl
 from tests.e2e.leftovers import leftovers
+from tests.waiting import eventually_sync
 from tools.cluster import HOST_IP, Cluster
 from tools.cluster.binaries import ROOT
 

@@ -31,13 +31,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from controller.model import OutboxDispatcherSpec
-from dispatcher._testing.servers import free_port
-from dispatcher._testing.waiting import eventually_sync
+from dispatcher.controller.model import OutboxDispatcherSpec
+from dispatcher.demo.processes import free_port
 from tests.chart import CHART, CRD, K8S_VERSION, render
 from tests.dockerfile import stages
 from tests.e2e.cluster_objects import condition_status
 from tests.e2e.leftovers import leftovers
+from tests.waiting import eventually_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKING = Path(__file__).resolve().parent / "manifests" / "backing.yaml"

@@ -1,8 +1,8 @@
 """Leader election against the real API server: two candidates in this process, short terms.
 
-``LeaseElector`` instances (``controller.leader``) with a 4 s Lease run here against the local
-cluster's API server (the admin's kubeconfig, or a ServiceAccount's token under the chart's
-Lease Role): one of two leads; a released Lease passes to the other; a leader whose Lease
+``LeaseElector`` instances (``dispatcher.controller.leader``) with a 4 s Lease run here against
+the local cluster's API server (the admin's kubeconfig, or a ServiceAccount's token under the
+chart's Lease Role): one of two leads; a released Lease passes to the other; a leader whose Lease
 another holder took stops its running pass at once; a leader that can no longer renew (its
 RoleBinding removed) steps down before the Lease expires; the Lease is owned by the operator's
 Deployment (and labelled as the operator's), none is created without it, and it goes with it.
@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.kubeclient import KubeClient
-from controller.leader import LEASE_LABELS, LeaseConfig, LeaseElector
-from controller.leadership import Leadership, NotLeading
-from dispatcher._testing.waiting import eventually
+from dispatcher.controller.kubeclient import KubeClient
+from dispatcher.controller.leader import LEASE_LABELS, LeaseConfig, LeaseElector
+from dispatcher.controller.leadership import Leadership, NotLeading
 from tests.e2e.cluster_objects import get
 from tests.fix_live_operator import LiveNamespace
+from tests.waiting import eventually
 from tools.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(300)

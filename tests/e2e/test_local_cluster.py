@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher._testing.waiting import eventually_sync
+from tests.waiting import eventually_sync
 from tools.cluster import start, stop
 from tools.cluster.binaries import ROOT
 from tools.cluster.control_plane import load

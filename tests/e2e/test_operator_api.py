@@ -31,10 +31,10 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from dispatcher._testing.waiting import eventually
 from tests.e2e.live_dispatcher import NAME, condition_of, get, idle
 from tests.fix_live_operator import LiveNamespace, kubeconfig_via, running_live_operator
 from tests.fix_proxy import TcpProxy
+from tests.waiting import eventually
 from tools.cluster import HOST_IP
 
 pytestmark = pytest.mark.timeout(600)

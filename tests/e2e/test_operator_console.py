@@ -26,9 +26,9 @@ import psycopg
 import pytest
 
 from dispatcher import TaskDispatch, enqueue_dispatch
-from dispatcher._testing.servers import PostgresProcess, RedisProcess
-from dispatcher._testing.waiting import eventually_sync
+from dispatcher.demo.processes import PostgresProcess, RedisProcess
 from tests.e2e.cluster_objects import get, kubectl
+from tests.waiting import eventually_sync
 from tools.cluster import HOST_IP, Cluster
 from tools.cluster.binaries import ROOT
 

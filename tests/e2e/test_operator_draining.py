@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 import redis
 
-from dispatcher._testing.waiting import eventually
 from dispatcher.stream.naming import SHARDS_KEY
 from tests.e2e.live_dispatcher import (
     condition,
@@ -27,6 +26,7 @@ from tests.e2e.live_dispatcher import (
     until,
 )
 from tests.fix_live_operator import LiveNamespace, running_live_operator
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 import redis
 
-from dispatcher._testing.servers import PostgresProcess, RedisProcess
-from dispatcher._testing.waiting import eventually_sync
+from dispatcher.demo.processes import PostgresProcess, RedisProcess
 from dispatcher.stream.naming import SHARDS_KEY, SHARDS_OWNER_KEY
 from tests.e2e.cluster_objects import condition, condition_status, events_in, get, kubectl
+from tests.waiting import eventually_sync
 from tools.cluster import HOST_IP, Cluster
 from tools.cluster.binaries import ROOT
 

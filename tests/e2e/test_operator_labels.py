@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from controller.identity import DISPATCHER_LABEL, Owner
-from controller.model import OutboxDispatcherSpec
-from controller.render import build_worker_deployment, build_worker_pdb
+from dispatcher.controller.identity import DISPATCHER_LABEL, Owner
+from dispatcher.controller.model import OutboxDispatcherSpec
+from dispatcher.controller.render import build_worker_deployment, build_worker_pdb
 from tests.e2e.live_dispatcher import NAME, get, idle, until
 from tests.fix_live_operator import LiveNamespace, running_live_operator
 

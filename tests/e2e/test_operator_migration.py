@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from controller.identity import Owner, migration_job_name
-from controller.model import DEFAULT_VERSION_TAG
-from dispatcher._testing.servers import PostgresProcess
-from dispatcher._testing.waiting import eventually
+from dispatcher.controller.identity import Owner, migration_job_name
+from dispatcher.controller.model import DEFAULT_VERSION_TAG
+from dispatcher.demo.processes import PostgresProcess
 from tests.e2e.live_dispatcher import NAME, condition, container, events, get, idle, shows, until
 from tests.fix_live_operator import LiveNamespace, running_live_operator
+from tests.waiting import eventually
 from tools.cluster import HOST_IP, Cluster
 
 pytestmark = pytest.mark.timeout(600)

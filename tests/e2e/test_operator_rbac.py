@@ -27,10 +27,10 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatcher._testing.waiting import eventually
 from tests.e2e.live_dispatcher import get
 from tests.fix_kube import dispatcher
 from tests.fix_live_operator import LiveNamespace, kubeconfig_via, running_live_operator
+from tests.waiting import eventually
 from tools.cluster.binaries import ROOT
 
 pytestmark = pytest.mark.timeout(600)

@@ -16,14 +16,14 @@ import kopf
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller.handlers import register, register_login
-from controller.operator import Operator
-from controller.operator_config import OperatorConfig
-from dispatcher._testing.servers import free_port
-from dispatcher._testing.waiting import eventually
 from dispatcher.cli.operator import operator_settings
+from dispatcher.controller.handlers import register, register_login
+from dispatcher.controller.operator import Operator
+from dispatcher.controller.operator_config import OperatorConfig
+from dispatcher.demo.processes import free_port
 from dispatcher.observability import ObservabilityServer
 from tests.fix_kube import spawned_by_kopf
+from tests.waiting import eventually
 from tools.cluster import Cluster
 
 pytestmark = pytest.mark.timeout(120)

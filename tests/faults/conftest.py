@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher._testing.servers import RedisClusterProcess, RedisProcess
-from dispatcher._testing.waiting import eventually_sync
+from dispatcher.demo.processes import RedisProcess
 from tests.faults.harness import Pipeline
 from tests.fix_proxy import TcpProxy
+from tests.redis_cluster import RedisClusterProcess
+from tests.waiting import eventually_sync
 
 
 @pytest.fixture(scope="session")

@@ -25,9 +25,9 @@ from typing import Any
 
 import redis as sync_redis
 
-from dispatcher._testing.waiting import eventually_sync
 from tests.faults.checker import Report, check, record_result, snapshot
 from tests.faults.load import LoadGenerator, LoadSpec
+from tests.waiting import eventually_sync
 
 __all__ = ["LONG", "Pipeline", "Proc", "Scale", "scale"]
 

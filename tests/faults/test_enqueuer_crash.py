@@ -17,15 +17,15 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher._testing.data import insert_rows
-from dispatcher._testing.servers import RedisProcess, free_port
-from dispatcher._testing.waiting import eventually
+from dispatcher.demo.processes import RedisProcess, free_port
 from dispatcher.outbox import OutboxEnqueuer, OutboxRepository
 from dispatcher.outbox.repository import Recovery
 from dispatcher.redis_client import connect_redis
 from dispatcher.stream import RedisStreamPublisher
+from tests.data import insert_rows
 from tests.enqueuers import make_enqueuer, metric, spawn_enqueuer
 from tests.outbox_rows import outbox_status, published
+from tests.waiting import eventually
 
 BLOCK_DELETES = """
 CREATE OR REPLACE FUNCTION test_block_delete() RETURNS trigger LANGUAGE plpgsql AS $$

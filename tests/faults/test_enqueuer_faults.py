@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 import psycopg
 
-from dispatcher._testing.servers import RedisProcess
-from dispatcher._testing.waiting import eventually_sync
+from dispatcher.demo.processes import RedisProcess
 from tests.faults.harness import Pipeline, scale
 from tests.faults.load import LoadSpec
+from tests.waiting import eventually_sync
 
 RECOVERY_AGE = 3.0  # --hung-batch-timeout of ENQUEUER_FLAGS
 

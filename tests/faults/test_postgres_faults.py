@@ -14,10 +14,10 @@ from typing import Any
 
 import psycopg
 
-from dispatcher._testing.servers import PostgresProcess, RedisProcess
-from dispatcher._testing.waiting import eventually_sync
+from dispatcher.demo.processes import PostgresProcess, RedisProcess
 from tests.faults.harness import Pipeline, scale
 from tests.faults.load import LoadSpec
+from tests.waiting import eventually_sync
 
 TERMINATE_LISTENERS = """
 SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity

@@ -14,12 +14,13 @@ from collections.abc import Callable
 
 import psycopg
 
-from dispatcher._testing.servers import RedisClusterProcess, RedisProcess
-from dispatcher._testing.waiting import eventually_sync
+from dispatcher.demo.processes import RedisProcess
 from dispatcher.stream import queue_streams
 from tests.faults.harness import Pipeline, scale
 from tests.faults.load import LoadSpec
 from tests.fix_proxy import TcpProxy
+from tests.redis_cluster import RedisClusterProcess
+from tests.waiting import eventually_sync
 
 
 def test_redis_restarted_with_aof_and_paused(

@@ -17,10 +17,10 @@ from collections.abc import Callable
 
 import psycopg
 
-from dispatcher._testing.servers import RedisProcess
-from dispatcher._testing.waiting import eventually_sync
+from dispatcher.demo.processes import RedisProcess
 from tests.faults.harness import LONG, Pipeline
 from tests.faults.load import LoadSpec
+from tests.waiting import eventually_sync
 
 TASKS = 50_000
 PADDING = "x" * 560  # with the dispatch's own fields, ~0.7 KB per outbox payload

@@ -13,11 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-from dispatcher._testing.data import insert_rows
-from dispatcher._testing.servers import RedisProcess
-from dispatcher._testing.waiting import eventually_sync
+from dispatcher.demo.processes import RedisProcess
+from tests.data import insert_rows
 from tests.enqueuers import spawn_enqueuer
 from tests.fix_worker_process import ROOT
+from tests.waiting import eventually_sync
 
 DOWN = "Redis is down"
 BACK = "Redis is back after"

@@ -20,13 +20,13 @@ from typing import Any
 
 import psycopg
 
-from dispatcher._testing.servers import RedisProcess
-from dispatcher._testing.waiting import eventually_sync
+from dispatcher.demo.processes import RedisProcess
 from dispatcher.stream import parse_task_stream
 from tests.faults.checker import shard_streams
 from tests.faults.harness import ROOT, Pipeline, scale
 from tests.faults.load import LoadSpec
 from tests.fix_proxy import TcpProxy
+from tests.waiting import eventually_sync
 
 QUEUES = 3
 

@@ -15,11 +15,11 @@ import dataclasses
 
 import pytest
 
-from dispatcher._testing.servers import RedisProcess
-from dispatcher._testing.waiting import eventually
+from dispatcher.demo.processes import RedisProcess
 from dispatcher.redis_client import connect_redis
 from dispatcher.worker import Worker, WorkerConfig
 from dispatcher.worker.runtime import REDIS_DEAD_AFTER, REDIS_UNREADY_AFTER
+from tests.waiting import eventually
 
 
 @dataclasses.dataclass

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher._testing.data import insert_rows
-from dispatcher._testing.servers import RedisProcess
-from dispatcher._testing.waiting import eventually
+from dispatcher.demo.processes import RedisProcess
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.stream import publish_shard_count
+from tests.data import insert_rows
 from tests.enqueuers import make_enqueuer, running
 from tests.integration.test_redis_persistence import aof_redis  # noqa: F401 (a fixture)
 from tests.outbox_rows import outbox_status
+from tests.waiting import eventually
 
 OFF = "Redis runs without AOF now"
 

@@ -15,8 +15,6 @@ from prometheus_client import CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher import cancel_requested, cancel_run, cancel_run_async, enqueue_dispatch_async
-from dispatcher._testing.data import tasks
-from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.outbox import CancelMissing, InvalidRunId
 from dispatcher.redis_client import RedisClient
@@ -31,7 +29,9 @@ from dispatcher.stream.cancels import (
 from dispatcher.stream.naming import dead_letter_stream
 from dispatcher.worker import Worker
 from tests import enqueuers, workers
+from tests.data import tasks
 from tests.integration.test_ops import cli
+from tests.waiting import eventually
 
 SLOTS = 4  # per worker; two workers
 

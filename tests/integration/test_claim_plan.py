@@ -18,8 +18,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from dispatcher._testing.data import insert_rows
 from dispatcher.outbox.claim_statement import PREPARE
+from tests.data import insert_rows
 
 NOT_YET_DUE = """
 INSERT INTO outbox (id, task_id, stream, payload, next_attempt_at)

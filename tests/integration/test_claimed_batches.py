@@ -18,9 +18,9 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher._testing.data import insert_rows
 from dispatcher.outbox import OutboxRepository
 from dispatcher.outbox.repository import Recovery
+from tests.data import insert_rows
 from tests.outbox_rows import outbox_status
 
 

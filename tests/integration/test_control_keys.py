@@ -19,8 +19,6 @@ from typing import Any
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher._testing.data import insert_rows, publish, tasks
-from dispatcher._testing.waiting import eventually
 from dispatcher.cli.main import main
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.stream import publish_shard_count
@@ -37,9 +35,11 @@ from dispatcher.stream.naming import SHARDS_KEY, dead_letter_stream
 from dispatcher.stream.shard_count import REFRESH_EVERY
 from dispatcher.worker import Worker
 from dispatcher.worker.dedup import attempt_key
+from tests.data import insert_rows, publish, tasks
 from tests.enqueuers import make_enqueuer
 from tests.enqueuers import running as enqueuers_running
 from tests.outbox_rows import outbox_status
+from tests.waiting import eventually
 from tests.workers import FAST, recorder, running
 
 LIMITED, FREE = "lim", "free"

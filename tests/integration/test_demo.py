@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher._testing.waiting import eventually_sync
+from tests.waiting import eventually_sync
 
 
 def processes_mentioning(text: str) -> list[str]:

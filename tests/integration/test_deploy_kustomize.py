@@ -19,7 +19,7 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
-from controller.model import OutboxDispatcherSpec
+from dispatcher.controller.model import OutboxDispatcherSpec
 from tests.chart import CRD, K8S_VERSION, NAMESPACE, RELEASE, render
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -12,9 +12,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from dispatcher._testing.data import dispatch
 from dispatcher.models import TaskDispatch
 from dispatcher.outbox import enqueue_dispatch
+from tests.data import dispatch
 from tests.outbox_rows import outbox_status
 
 INT32_MAX = 2**31 - 1

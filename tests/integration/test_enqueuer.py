@@ -10,15 +10,15 @@ import psycopg
 from prometheus_client import REGISTRY, CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher._testing.data import insert_rows
-from dispatcher._testing.servers import RedisProcess
-from dispatcher._testing.waiting import eventually
+from dispatcher.demo.processes import RedisProcess
 from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.outbox import OutboxRepository, enqueue_dispatch
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.stream import publish_shard_count, shard_for, task_stream
+from tests.data import insert_rows
 from tests.enqueuers import make_enqueuer, running
 from tests.outbox_rows import outbox_status, published
+from tests.waiting import eventually
 
 
 def dispatch(task_id: str, queue: str) -> TaskDispatch:

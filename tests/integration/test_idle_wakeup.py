@@ -9,12 +9,12 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher._testing.data import insert_rows
-from dispatcher._testing.waiting import eventually, eventually_sync
 from dispatcher.outbox.idle_flag import IDLE_FLAG_KEY
 from dispatcher.redis_client import RedisClient
+from tests.data import insert_rows
 from tests.enqueuers import make_enqueuer, running
 from tests.outbox_rows import outbox_status, published
+from tests.waiting import eventually, eventually_sync
 
 
 def notifications_after_insert(db_url: str, queue: str) -> list[str]:

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import psycopg
 import pytest
 
-from dispatcher._testing.waiting import eventually
 from dispatcher.outbox.listener import NOTIFY_CHANNEL, OutboxListener
+from tests.waiting import eventually
 
 
 @contextlib.asynccontextmanager

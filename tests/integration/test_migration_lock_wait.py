@@ -14,9 +14,9 @@ import logging
 import psycopg
 import pytest
 
-from dispatcher._testing.waiting import eventually
 from dispatcher.outbox import schema
 from dispatcher.outbox.schema import available_migrations, migrate
+from tests.waiting import eventually
 
 INSERT = "INSERT INTO outbox (id, stream, payload) VALUES (%s, 'workflow.tasks.q', '{}')"
 # A hang guard only: a statement blocked this long means nothing bounded the wait.

@@ -17,12 +17,12 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher._testing.data import insert_rows
-from dispatcher._testing.waiting import eventually
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import queue_streams
+from tests.data import insert_rows
 from tests.enqueuers import make_enqueuer, running
 from tests.outbox_rows import INSERT_ONE, flat_payload
+from tests.waiting import eventually
 
 POLL_FAR_AWAY = 3600.0  # seconds: only the claims that keep coming can publish meanwhile
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from controller.limits import publish_limits
-from controller.model import OutboxDispatcherSpec
+from dispatcher.controller.limits import publish_limits
+from dispatcher.controller.model import OutboxDispatcherSpec
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.limits import QueueLimits, limits_key, read_limits
 

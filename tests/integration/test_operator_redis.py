@@ -9,7 +9,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
 
-from controller.redis_access import WORKER_GROUP, measure
+from dispatcher.controller.redis_access import WORKER_GROUP, measure
 from dispatcher.stream.naming import SHARDS_KEY, task_stream
 
 

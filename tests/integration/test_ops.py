@@ -13,8 +13,6 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher._testing.data import insert_rows, publish, tasks
-from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import (
@@ -24,8 +22,10 @@ from dispatcher.stream import (
     task_stream,
 )
 from dispatcher.worker import Worker, WorkerConfig, attempt_key
+from tests.data import insert_rows, publish, tasks
 from tests.enqueuers import make_enqueuer
 from tests.outbox_rows import outbox_status, published
+from tests.waiting import eventually
 
 
 def cli(*args: str, db_url: str, redis_url: str) -> subprocess.CompletedProcess[str]:

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher._testing.data import insert_rows
-from dispatcher._testing.waiting import eventually
 from dispatcher.outbox.pooler import session_pooling
 from dispatcher.redis_client import RedisClient
+from tests.data import insert_rows
 from tests.enqueuers import spawn_enqueuer
 from tests.fix_pgbouncer import PgBouncerProcess
 from tests.outbox_rows import outbox_status, published
+from tests.waiting import eventually
 
 
 def run_enqueuer(db_url: str, redis_url: str) -> subprocess.CompletedProcess[str]:

@@ -13,8 +13,9 @@ from typing import Any, ClassVar
 
 from redis.asyncio import Connection, ConnectionPool, Redis, RedisCluster
 
-from dispatcher._testing.servers import RedisClusterProcess, RedisProcess
+from dispatcher.demo.processes import RedisProcess
 from dispatcher.stream import RedisStreamPublisher, queue_streams, shard_for, task_stream
+from tests.redis_cluster import RedisClusterProcess
 
 N = 1000
 

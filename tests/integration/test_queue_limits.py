@@ -17,12 +17,12 @@ from collections.abc import Callable
 import pytest
 import redis as sync_redis
 
-from dispatcher._testing.data import publish, tasks
-from dispatcher._testing.waiting import eventually_sync
 from dispatcher.cli.main import main
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import dead_letter_stream, publish_shard_count
+from tests.data import publish, tasks
 from tests.fix_worker_process import LOG_KEY, WorkerProcess
+from tests.waiting import eventually_sync
 
 
 @dataclasses.dataclass

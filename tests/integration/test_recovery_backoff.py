@@ -16,9 +16,9 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher._testing.data import insert_rows
 from dispatcher.outbox import OutboxRepository
 from dispatcher.outbox.backoff import DEFAULT_MAX_RETRIES, retry_delay
+from tests.data import insert_rows
 
 PER_CASE = 40
 # (backoff_seconds, attempt_count before the probe): 0 is "the default"; the last one is

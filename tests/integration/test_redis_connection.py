@@ -11,9 +11,9 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.connection import AbstractConnection
 
 import dispatcher
-from dispatcher._testing.servers import RedisClusterProcess
 from dispatcher.redis_client import connect_redis
 from dispatcher.redis_connection import HiredisPacking, execute_packed, pack_commands
+from tests.redis_cluster import RedisClusterProcess
 
 PYTHON_PACK = AbstractConnection.pack_command
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import redis as sync_redis
 
-from dispatcher._testing.servers import RedisProcess
-from dispatcher._testing.waiting import eventually_sync
+from dispatcher.demo.processes import RedisProcess
 from dispatcher.stream import SHARDS_KEY
+from tests.waiting import eventually_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = ("worker", "--queue", "q", "--handler", "tests.handlers:slow")

@@ -10,12 +10,12 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher._testing.waiting import eventually
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import queue_streams
 from tests.enqueuers import make_enqueuer, running
 from tests.fix_db import charged
 from tests.outbox_rows import INSERT_ONE, dead_letters, flat_payload
+from tests.waiting import eventually
 
 # Deeper than Python's recursion limit: json.loads raises RecursionError on it.
 DEEP = 3000

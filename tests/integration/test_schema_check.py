@@ -17,13 +17,13 @@ import psycopg
 import pytest
 import redis
 
-from dispatcher._testing.waiting import eventually_sync
 from dispatcher.models import TaskDispatch
 from dispatcher.outbox import enqueue_dispatch, enqueue_dispatch_async
 from dispatcher.outbox.schema import OutboxMissing, available_migrations
 from dispatcher.stream.naming import SHARDS_KEY
 from tests.enqueuers import spawn_enqueuer
 from tests.fix_db import migrate_url
+from tests.waiting import eventually_sync
 
 LATEST = available_migrations()[-1].version
 

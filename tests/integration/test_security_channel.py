@@ -20,13 +20,13 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher import enqueue_dispatch
-from dispatcher._testing.data import dispatch
-from dispatcher._testing.waiting import eventually
 from dispatcher.outbox.enqueuer import OutboxEnqueuer
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.naming import task_stream
+from tests.data import dispatch
 from tests.enqueuers import make_enqueuer, running
 from tests.integration.test_idle_wakeup import announced
+from tests.waiting import eventually
 
 SECRET = "4111-1111-1111-1111"
 

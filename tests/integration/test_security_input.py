@@ -21,10 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dispatcher._testing.waiting import eventually_sync
 from dispatcher.stream import DEFAULT_SHARDS, SHARDS_KEY, shard_for, task_stream
 from dispatcher.stream.naming import dead_letter_stream
 from tests.faults.harness import Pipeline
+from tests.waiting import eventually_sync
 
 # PostgreSQL's jsonb stores neither NUL nor a lone UTF-16 surrogate: no application can
 # commit such a payload, so generating one only fails the INSERT in the test itself.

@@ -1,6 +1,6 @@
 """No log line of the operator, at any level, holds a Secret's value.
 
-The real operator (kopf and ``controller``, its requests through ``kubernetes_asyncio``)
+The real operator (kopf and ``dispatcher.controller``, its requests through ``kubernetes_asyncio``)
 runs against kmock's API with logging set up as ``dispatcher operator --log-level DEBUG
 --log-format json`` sets it up, reads the dispatcher's Secrets (a PostgreSQL and a Redis
 URL, each with a password), reconciles and measures; everything it printed is searched for
@@ -15,7 +15,6 @@ import io
 import uuid
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from dispatcher._testing.waiting import eventually
 from tests.fix_kube import (
     CR_URL,
     FakeClock,
@@ -26,6 +25,7 @@ from tests.fix_kube import (
     status_of,
 )
 from tests.unit.test_log_redaction import printed  # noqa: F401 (a fixture)
+from tests.waiting import eventually
 
 
 def _with_password(url: str, user: str, password: str) -> str:

@@ -27,13 +27,13 @@ import redis as sync_redis
 from redis.exceptions import NoPermissionError, ResponseError
 
 from dispatcher import cancel_run
-from dispatcher._testing.servers import PostgresProcess, RedisProcess
-from dispatcher._testing.waiting import eventually, eventually_sync
+from dispatcher.demo.processes import PostgresProcess, RedisProcess
 from dispatcher.stream.cancels import CANCEL_SIGNAL, CANCELLED_RUNS
 from tests.faults.harness import ROOT, Pipeline
 from tests.faults.load import LoadSpec
 from tests.fix_kube import CR_RESOURCE, NAMESPACE, FakeClock, KubeEmulator, running_operator
 from tests.fix_kube import secret as k8s_secret
+from tests.waiting import eventually, eventually_sync
 
 DOC = ROOT / "docs" / "security.md"
 

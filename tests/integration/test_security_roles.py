@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from dispatcher import cancel_run, enqueue_dispatch
-from dispatcher._testing.data import dispatch
+from tests.data import dispatch
 from tests.faults.harness import Pipeline
 from tests.faults.load import LoadSpec
 

@@ -18,8 +18,6 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher._testing.data import dispatch
-from dispatcher._testing.waiting import eventually
 from dispatcher.outbox import enqueue_dispatch, schema
 from dispatcher.outbox.schema import available_migrations
 from dispatcher.redis_client import RedisClient, connect_redis
@@ -28,10 +26,12 @@ from dispatcher.stream.cancels import CANCEL_SIGNAL, CANCELLED_RUNS
 from dispatcher.stream.limits import alive_key, held_key, limits_key, tokens_key
 from dispatcher.stream.naming import SHARDS_KEY, SHARDS_OWNER_KEY, dead_letter_stream
 from dispatcher.worker.dedup import attempt_key
+from tests.data import dispatch
 from tests.enqueuers import make_enqueuer, running
 from tests.integration.test_schema_upgrade import _migrate
 from tests.integration.test_security_roles import as_role, roles_db  # noqa: F401 (a fixture)
 from tests.outbox_rows import outbox_status
+from tests.waiting import eventually
 
 QUEUE = "hq"
 

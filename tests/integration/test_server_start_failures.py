@@ -1,4 +1,4 @@
-"""The testing kit's servers say why they did not come up (their output, not only a timeout)."""
+"""The throwaway servers say why they did not come up (their output, not only a timeout)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher._testing.servers import PostgresProcess, RedisProcess, ServerUnavailable
+from dispatcher.demo.processes import PostgresProcess, RedisProcess, ServerUnavailable
 
 
 def test_a_redis_that_does_not_start_shows_what_it_printed(tmp_path: Path) -> None:

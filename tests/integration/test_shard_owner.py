@@ -3,9 +3,9 @@ released only by its owner."""
 
 from __future__ import annotations
 
-from controller.identity import Owner
-from controller.redis_access import measure
-from controller.shard_owner import (
+from dispatcher.controller.identity import Owner
+from dispatcher.controller.redis_access import measure
+from dispatcher.controller.shard_owner import (
     SHARDS_OWNER_KEY,
     ShardKeyOwner,
     claim,

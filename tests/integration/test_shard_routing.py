@@ -15,8 +15,6 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher import enqueue_dispatch
-from dispatcher._testing.data import dispatch, insert_rows, publish, tasks
-from dispatcher._testing.waiting import eventually
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import (
     SHARDS_KEY,
@@ -27,8 +25,10 @@ from dispatcher.stream import (
 )
 from dispatcher.worker import Worker
 from tests import workers
+from tests.data import dispatch, insert_rows, publish, tasks
 from tests.enqueuers import make_enqueuer, running, spawn_enqueuer
 from tests.outbox_rows import outbox_status
+from tests.waiting import eventually
 
 
 def ids_on_shards(prefix: str, *, shards: int, among: set[int], n: int) -> list[str]:

@@ -19,13 +19,13 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from dispatcher._testing.data import insert_rows
-from dispatcher._testing.servers import free_port
-from dispatcher._testing.waiting import eventually_sync
+from dispatcher.demo.processes import free_port
+from tests.data import insert_rows
 from tests.enqueuers import spawn_enqueuer
 from tests.fix_proxy import TcpProxy
 from tests.fix_worker_process import ROOT
 from tests.outbox_rows import outbox_status
+from tests.waiting import eventually_sync
 
 
 @pytest.fixture

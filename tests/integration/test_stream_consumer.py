@@ -7,7 +7,6 @@ import asyncio
 import pytest
 from redis.asyncio import Redis
 
-from dispatcher._testing.waiting import eventually
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import (
     RedisStreamConsumer,
@@ -15,6 +14,7 @@ from dispatcher.stream import (
     queue_streams,
     task_stream,
 )
+from tests.waiting import eventually
 
 GROUP = "workers"
 

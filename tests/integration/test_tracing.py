@@ -14,13 +14,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher._testing.data import dispatch
-from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskMessage
 from dispatcher.outbox import enqueue_dispatch
 from dispatcher.redis_client import RedisClient
 from dispatcher.worker import Worker, WorkerConfig
+from tests.data import dispatch
 from tests.enqueuers import make_enqueuer
+from tests.waiting import eventually
 
 _EXPORTER = InMemorySpanExporter()
 

@@ -25,11 +25,11 @@ import psycopg
 import pytest
 import redis as sync_redis
 
-from dispatcher._testing.data import insert_rows
-from dispatcher._testing.servers import free_port
-from dispatcher._testing.waiting import eventually_sync
+from dispatcher.demo.processes import free_port
 from dispatcher.outbox.schema import available_migrations
+from tests.data import insert_rows
 from tests.dockerfile import build_sources
+from tests.waiting import eventually_sync
 
 pytestmark = pytest.mark.slow
 
@@ -142,6 +142,22 @@ def test_the_wheel_migrates_dispatches_and_reports(
     assert status["outbox"]["PENDING"] == 0
     assert sum(s["length"] for s in status["streams"]) == 0, "handled entries are deleted"
     assert status["dlq"] == 0
+
+
+def test_the_wheel_ships_one_package_and_no_test_tooling(shipped: Path) -> None:
+    """The wheel installs one top-level name, ``dispatcher`` (the operator is
+    ``dispatcher.controller``, with its vendored schemas); the tests' kit, the local cluster's
+    tooling and the benchmarks stay in the checkout. The operator's command runs from it."""
+    (wheel,) = (shipped.parents[1] / "wheels").glob("outbox_dispatcher-*.whl")
+    with zipfile.ZipFile(wheel) as zipped:
+        names = zipped.namelist()
+    tops = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert tops == {"dispatcher"}
+    assert "dispatcher/controller/schemas/core-v1.json" in names
+    test_like = [n for n in names if "_testing" in n or "/tests/" in n or "fix_" in n]
+    assert test_like == []
+    out = _run(shipped / "dispatcher", "operator", "--help", cwd=shipped, env=_clean_env())
+    assert "--namespace" in out
 
 
 def test_the_wheel_carries_and_serves_the_console_page(

@@ -15,12 +15,12 @@ from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
 
-from dispatcher._testing.data import publish, read_attempt, tasks
-from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import dead_letter_stream, publish_shard_count, task_stream
 from dispatcher.worker import Worker, attempt_key
+from tests.data import publish, read_attempt, tasks
+from tests.waiting import eventually
 from tests.workers import config, metric, running
 
 

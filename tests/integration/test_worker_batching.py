@@ -12,7 +12,6 @@ from collections.abc import Sequence
 
 from redis.asyncio import RedisCluster
 
-from dispatcher._testing.data import Attempt, hold_lease, read_attempt
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import RedisStreamConsumer, RedisStreamPublisher, task_stream
 from dispatcher.stream.entries import Message
@@ -21,6 +20,7 @@ from dispatcher.worker.leases import LeaseKeeper
 from dispatcher.worker.reader import StreamReader
 from dispatcher.worker.settle import Settler
 from dispatcher.worker.slots import SlotPool
+from tests.data import Attempt, hold_lease, read_attempt
 
 GROUP = "workers"
 

@@ -14,12 +14,12 @@ from collections.abc import Callable
 
 import redis as sync_redis
 
-from dispatcher._testing.data import publish, tasks
-from dispatcher._testing.waiting import eventually_sync
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import publish_shard_count, task_stream
 from dispatcher.stream.naming import WORKER_GROUP
+from tests.data import publish, tasks
 from tests.fix_worker_process import LOG_KEY, WorkerProcess
+from tests.waiting import eventually_sync
 
 
 async def test_a_blocked_loop_never_lets_another_worker_start_the_attempt(

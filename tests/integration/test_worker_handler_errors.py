@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from dispatcher._testing.data import publish, tasks
-from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import dead_letter_stream, publish_shard_count
 from dispatcher.worker import Worker
+from tests.data import publish, tasks
+from tests.waiting import eventually
 from tests.workers import config, metric, running
 
 

@@ -11,12 +11,12 @@ import asyncio
 import contextvars
 import json
 
-from dispatcher._testing.data import publish, read_attempt, tasks
-from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskDispatch, TaskMessage, payload_fields
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import publish_shard_count, task_stream
 from dispatcher.worker import Worker
+from tests.data import publish, read_attempt, tasks
+from tests.waiting import eventually
 from tests.workers import config, metric, running
 
 _SEEN_BY_EARLIER: contextvars.ContextVar[str | None] = contextvars.ContextVar("seen", default=None)

@@ -14,14 +14,14 @@ from collections.abc import Callable
 import pytest
 import redis as sync_redis
 
-from dispatcher._testing.data import GROUP, publish, tasks
-from dispatcher._testing.waiting import eventually, eventually_sync
 from dispatcher.models import TaskDispatch
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import dead_letter_stream, publish_shard_count, queue_streams
 from dispatcher.worker import Worker, WorkerConfig
+from tests.data import GROUP, publish, tasks
 from tests.fix_worker_process import LOG_KEY, WorkerProcess
 from tests.handlers import slow
+from tests.waiting import eventually, eventually_sync
 
 
 def events(log: sync_redis.Redis, kind: str) -> collections.Counter[str]:

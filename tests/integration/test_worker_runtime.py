@@ -11,13 +11,13 @@ import collections
 
 import pytest
 
-from dispatcher._testing.data import GROUP, publish, tasks
-from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import dead_letter_stream, publish_shard_count, queue_streams, task_stream
 from dispatcher.stream.stats import stream_stats
 from dispatcher.worker import Worker, attempt_key
+from tests.data import GROUP, publish, tasks
+from tests.waiting import eventually
 from tests.workers import config, metric, recorder, running
 
 
@@ -243,7 +243,7 @@ async def test_stop_leaves_the_group_only_with_nothing_pending(
 async def test_probes_and_metrics_are_served(redis_standalone: RedisClient, queue: str) -> None:
     import aiohttp
 
-    from dispatcher._testing.servers import free_port
+    from dispatcher.demo.processes import free_port
     from dispatcher.observability import ObservabilityServer
 
     seen: list[str] = []

@@ -20,12 +20,12 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher._testing.waiting import eventually
 from dispatcher.models import TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import publish_shard_count, shard_for, task_stream
 from dispatcher.worker import Worker
 from tests.enqueuers import make_enqueuer
+from tests.waiting import eventually
 from tests.workers import config, running
 
 SHARDS = 4

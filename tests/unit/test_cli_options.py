@@ -13,7 +13,6 @@ import re
 import pytest
 from pydantic import SecretStr
 
-from controller.model import EnqueuerSpec, QueueSpec
 from dispatcher.cli.docs import CONFIGURATION_PAGE, page_with_tables
 from dispatcher.cli.main import build_parser, main
 from dispatcher.cli.outbox import ENQUEUER_OPTIONS
@@ -28,6 +27,7 @@ from dispatcher.config import (
     STREAM_SHARDS,
     Settings,
 )
+from dispatcher.controller.model import EnqueuerSpec, QueueSpec
 from dispatcher.options import Option, show
 from dispatcher.outbox import EnqueuerConfig
 from dispatcher.worker import WorkerConfig

@@ -84,8 +84,8 @@ def test_exact_namespaces_turn_kopf_scanning_off() -> None:
 def test_workload_images_come_from_flags_then_env_then_the_version(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from controller.model import DEFAULT_VERSION_TAG
-    from controller.operator_config import OperatorConfig
+    from dispatcher.controller.model import DEFAULT_VERSION_TAG
+    from dispatcher.controller.operator_config import OperatorConfig
 
     args = build_parser().parse_args(["operator", "-A", "--worker-image", "reg/w:9"])
     assert (args.enqueuer_image, args.worker_image) == (None, "reg/w:9")

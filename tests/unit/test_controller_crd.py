@@ -19,10 +19,10 @@ import pydantic
 import pytest
 import yaml
 
-from controller.coretypes import CORE_SCHEMAS_PATH, core_schema
-from controller.crd import CRD_PATH, build_crd, cel_rules, core_schemas_json, crd_yaml
-from controller.model import MAX_RUNS_CONFLICT, OutboxDispatcherSpec
-from controller.podsettings import ENV_RULE, LABEL_RULE, TMP_MOUNT_RULE, TMP_VOLUME_RULE
+from dispatcher.controller.coretypes import CORE_SCHEMAS_PATH, core_schema
+from dispatcher.controller.crd import CRD_PATH, build_crd, cel_rules, core_schemas_json, crd_yaml
+from dispatcher.controller.model import MAX_RUNS_CONFLICT, OutboxDispatcherSpec
+from dispatcher.controller.podsettings import ENV_RULE, LABEL_RULE, TMP_MOUNT_RULE, TMP_VOLUME_RULE
 
 K8S_VERSION = "1.37.0"
 EXAMPLES = sorted((Path(CRD_PATH).parent / "examples").glob("*.yaml"))
@@ -124,7 +124,7 @@ def _cr(**spec: Any) -> dict[str, Any]:
 
 
 def test_crd_file_matches_the_model() -> None:
-    assert CRD_PATH.read_text() == crd_yaml(), "run: python -m controller.crd --write"
+    assert CRD_PATH.read_text() == crd_yaml(), "run: python -m dispatcher.controller.crd --write"
 
 
 def test_crd_passes_kubernetes_validate_strict() -> None:
@@ -310,9 +310,9 @@ def test_images_have_no_default_so_they_follow_the_operator() -> None:
 
 
 def test_core_type_schemas_are_the_official_kubernetes_ones() -> None:
-    """``controller/schemas/core-v1.json`` is generated from kubernetes-validate's OpenAPI."""
+    """``schemas/core-v1.json`` is generated from kubernetes-validate's OpenAPI."""
     assert CORE_SCHEMAS_PATH.read_text() == core_schemas_json(), (
-        "run: python -m controller.crd --write"
+        "run: python -m dispatcher.controller.crd --write"
     )
     spec = _schema()["properties"]["spec"]["properties"]
     lists = {

@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from controller.conditions import OutboxDispatcherStatus
-from controller.glance import at_a_glance, ready_of
-from controller.report import Failure, Pass, status_after
+from dispatcher.controller.conditions import OutboxDispatcherStatus
+from dispatcher.controller.glance import at_a_glance, ready_of
+from dispatcher.controller.report import Failure, Pass, status_after
 
 NOW = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
 

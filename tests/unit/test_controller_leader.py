@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from controller.leader import LeaseRecord, decide
-from controller.leadership import Leadership, NotLeading
+from dispatcher.controller.leader import LeaseRecord, decide
+from dispatcher.controller.leadership import Leadership, NotLeading
 
 ME, PEER = "operator-a", "operator-b"
 

@@ -6,12 +6,12 @@ import datetime
 from decimal import Decimal
 from typing import Any
 
-from controller.conditions import OutboxDispatcherStatus, Rollout, rollout
-from controller.k8s import contains
-from controller.migration import MigrationState
-from controller.operator import WatchEvent
-from controller.quantity import parse_quantity, same_quantity
-from controller.report import (
+from dispatcher.controller.conditions import OutboxDispatcherStatus, Rollout, rollout
+from dispatcher.controller.k8s import contains
+from dispatcher.controller.migration import MigrationState
+from dispatcher.controller.operator import WatchEvent
+from dispatcher.controller.quantity import parse_quantity, same_quantity
+from dispatcher.controller.report import (
     CONSOLE_URL_ANNOTATION,
     Failure,
     Pass,

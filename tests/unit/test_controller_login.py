@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from controller.handlers import in_cluster_server
+from dispatcher.controller.handlers import in_cluster_server
 
 
 def test_the_kubernetes_service_address_comes_from_the_environment() -> None:

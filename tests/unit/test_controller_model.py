@@ -7,12 +7,12 @@ import datetime
 import pydantic
 import pytest
 
-from controller.conditions import DEGRADED, READY, set_condition
-from controller.limits import limits_to_write
-from controller.model import MAX_NAME, OutboxDispatcherSpec
-from controller.reconcile import parse_spec
-from controller.report import Failure
-from controller.shard_policy import ShardDecision, decide_shards, draining_shards
+from dispatcher.controller.conditions import DEGRADED, READY, set_condition
+from dispatcher.controller.limits import limits_to_write
+from dispatcher.controller.model import MAX_NAME, OutboxDispatcherSpec
+from dispatcher.controller.reconcile import parse_spec
+from dispatcher.controller.report import Failure
+from dispatcher.controller.shard_policy import ShardDecision, decide_shards, draining_shards
 from dispatcher.stream.limits import QueueLimits
 
 SECRETS = {

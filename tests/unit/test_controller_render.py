@@ -7,10 +7,14 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from controller.identity import DISPATCHER_LABEL, Owner, migration_job_name, worker_name
-from controller.model import OutboxDispatcherSpec
-from controller.pods import CONFIG_HASH_ANNOTATION, SECRETS_HASH_ANNOTATION, WorkloadDefaults
-from controller.render import (
+from dispatcher.controller.identity import DISPATCHER_LABEL, Owner, migration_job_name, worker_name
+from dispatcher.controller.model import OutboxDispatcherSpec
+from dispatcher.controller.pods import (
+    CONFIG_HASH_ANNOTATION,
+    SECRETS_HASH_ANNOTATION,
+    WorkloadDefaults,
+)
+from dispatcher.controller.render import (
     build_enqueuer_deployment,
     build_enqueuer_pdb,
     build_migration_job,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.scaling import ScalePolicy, ScaleState, decide, recommend
+from dispatcher.controller.scaling import ScalePolicy, ScaleState, decide, recommend
 
 POLICY = ScalePolicy(
     min_replicas=1, max_replicas=10, target_backlog_per_replica=100, stabilization_seconds=300

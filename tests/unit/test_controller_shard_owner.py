@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from controller.identity import Owner
-from controller.shard_owner import ShardKeyOwner, judge
+from dispatcher.controller.identity import Owner
+from dispatcher.controller.shard_owner import ShardKeyOwner, judge
 
 ME = Owner(name="orders", namespace="shop", uid="u-1")
 

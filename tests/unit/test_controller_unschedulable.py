@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from controller.conditions import Reason, Rollout
-from controller.report import Pass, verdicts
-from controller.unschedulable import pod_selector, unschedulable
+from dispatcher.controller.conditions import Reason, Rollout
+from dispatcher.controller.report import Pass, verdicts
+from dispatcher.controller.unschedulable import pod_selector, unschedulable
 
 SAID = "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector."
 

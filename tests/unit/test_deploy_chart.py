@@ -17,8 +17,8 @@ import pytest
 import yaml
 from cloudcoil.models.prometheus_operator.v1 import PodMonitor, ServiceMonitor
 
-from controller.model import DEFAULT_VERSION_TAG, OutboxDispatcherSpec
-from controller.report import CONSOLE_URL_ANNOTATION, console_url
+from dispatcher.controller.model import DEFAULT_VERSION_TAG, OutboxDispatcherSpec
+from dispatcher.controller.report import CONSOLE_URL_ANNOTATION, console_url
 from tests.chart import CHART, CRD, K8S_VERSION, NAMESPACE, RELEASE, ROOT, VALUE_SETS, render
 
 
@@ -257,8 +257,13 @@ def test_monitoring_objects() -> None:
         {"port": "metrics", "path": "/metrics", "interval": "15s"}
     ]
     # The PodMonitor selects what the operator renders, in every watched namespace.
-    from controller.identity import Owner, instance_labels, object_labels, worker_selector
-    from controller.pods import METRICS_PORT
+    from dispatcher.controller.identity import (
+        Owner,
+        instance_labels,
+        object_labels,
+        worker_selector,
+    )
+    from dispatcher.controller.pods import METRICS_PORT
 
     owner = Owner(name="orders", namespace="team-a", uid="u")
     selector = pods["spec"]["selector"]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from controller.identity import Owner, worker_name
+from dispatcher.controller.identity import Owner, worker_name
 from dispatcher.stream.naming import task_stream
 
 README = Path(__file__).resolve().parents[2] / "docs" / "kubernetes.md"

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from controller.identity import DISPATCHER_LABEL, MANAGED_BY, Owner
-from controller.model import OutboxDispatcherSpec
-from controller.render import (
+from dispatcher.controller.identity import DISPATCHER_LABEL, MANAGED_BY, Owner
+from dispatcher.controller.model import OutboxDispatcherSpec
+from dispatcher.controller.render import (
     build_enqueuer_deployment,
     build_enqueuer_pdb,
     build_migration_job,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from controller.metrics import OperatorMetrics
+from dispatcher.controller.metrics import OperatorMetrics
 from dispatcher.observability import PrefixedMetrics
 from dispatcher.outbox.metrics import EnqueuerMetrics
 from dispatcher.worker.metrics import WorkerMetrics

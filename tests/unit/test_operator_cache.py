@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from controller.cache import Cache
-from controller.k8s import SecretMissing
-from controller.kubeclient import _resource, _verb
-from controller.model import SecretRef
-from controller.secrets import SecretCache
+from dispatcher.controller.cache import Cache
+from dispatcher.controller.k8s import SecretMissing
+from dispatcher.controller.kubeclient import _resource, _verb
+from dispatcher.controller.model import SecretRef
+from dispatcher.controller.secrets import SecretCache
 
 
 def obj(name: str, version: int, namespace: str = "ns") -> dict[str, Any]:

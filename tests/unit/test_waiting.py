@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from dispatcher._testing.waiting import eventually, eventually_sync
+from tests.waiting import eventually, eventually_sync
 
 
 def test_returns_the_first_truthy_result() -> None:

@@ -21,7 +21,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from dispatcher._testing.waiting import eventually_sync
+from tests.waiting import eventually_sync
 from tools.cluster import leftovers, network, node, processes
 from tools.cluster.binaries import binaries, images
 from tools.cluster.pki import Pki, make_pki

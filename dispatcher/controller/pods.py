@@ -18,9 +18,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from controller.model import DEFAULT_VERSION_TAG, OutboxDispatcherSpec, Resources, Role, SecretRef
-from controller.podsettings import PodSettings
-from controller.resource import API_GROUP
+from dispatcher.controller.model import (
+    DEFAULT_VERSION_TAG,
+    OutboxDispatcherSpec,
+    Resources,
+    Role,
+    SecretRef,
+)
+from dispatcher.controller.podsettings import PodSettings
+from dispatcher.controller.resource import API_GROUP
 
 __all__ = [
     "CONFIG_HASH_ANNOTATION",

@@ -5,8 +5,8 @@ a finalizer to a resource for timers, daemons and change handlers; with none
 of those, it adds none, and removes the one an older version of this operator
 added. ``register`` wires one ``Operator`` into a kopf registry, so tests and
 the ``dispatcher operator`` command build their own; importing this module also
-registers a default one, so ``kopf run -m controller.handlers`` works too. With a
-``LeaseConfig``, the startup activity starts the leader election (``controller.leader``)
+registers a default one, so ``kopf run -m dispatcher.controller.handlers`` works too. With a
+``LeaseConfig``, the startup activity starts the leader election (``dispatcher.controller.leader``)
 and the cleanup one (kopf runs it on SIGTERM) releases the Lease.
 """
 
@@ -21,10 +21,10 @@ from typing import Any
 
 import kopf
 
-from controller.leader import LeaseConfig, LeaseElector, identity
-from controller.operator import Operator, WatchEvent
-from controller.operator_config import OperatorConfig
-from controller.resource import API_GROUP, API_VERSION, PLURAL
+from dispatcher.controller.leader import LeaseConfig, LeaseElector, identity
+from dispatcher.controller.operator import Operator, WatchEvent
+from dispatcher.controller.operator_config import OperatorConfig
+from dispatcher.controller.resource import API_GROUP, API_VERSION, PLURAL
 
 __all__ = ["OPERATOR", "configure", "login", "register", "register_login"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from controller.report import Pass
+from dispatcher.controller.report import Pass
 from dispatcher.observability import PrefixedMetrics
 
 __all__ = ["OperatorMetrics"]

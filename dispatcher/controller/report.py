@@ -1,8 +1,9 @@
 """What one pass over a dispatcher found and did (``Pass``), and the status made of it.
 
 Pure: ``status_after`` turns a pass into the whole status to write, ``conditions`` into the
-conditions (see ``controller.conditions`` for what each means), and ``degraded_events`` into
-the Warning Events worth posting. What a pass could not measure keeps its last value.
+conditions (see ``dispatcher.controller.conditions`` for what each means), and
+``degraded_events`` into the Warning Events worth posting. What a pass could not measure
+keeps its last value.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from controller.conditions import (
+from dispatcher.controller.conditions import (
     DEGRADED,
     PROGRESSING,
     QUEUES_DRAINING,
@@ -24,9 +25,9 @@ from controller.conditions import (
     condition_dicts,
     set_condition,
 )
-from controller.glance import GLANCE_FIELDS
-from controller.migration import MIGRATED, MigrationState
-from controller.shard_policy import ShardDecision
+from dispatcher.controller.glance import GLANCE_FIELDS
+from dispatcher.controller.migration import MIGRATED, MigrationState
+from dispatcher.controller.shard_policy import ShardDecision
 
 __all__ = [
     "CONSOLE_URL_ANNOTATION",

@@ -18,8 +18,8 @@ import kopf
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from controller.k8s import KubeApi
-from controller.resource import API_GROUP, API_VERSION, PLURAL
+from dispatcher.controller.k8s import KubeApi
+from dispatcher.controller.resource import API_GROUP, API_VERSION, PLURAL
 
 __all__ = ["CrdProbe", "PostgresProbe", "ask_postgres"]
 

@@ -1,20 +1,19 @@
 """The ``OutboxDispatcher`` spec as frozen pydantic models.
 
-This is the source of truth of the CRD: ``controller.crd`` renders the CRD's
-``openAPIV3Schema`` from these models, the pod settings of
-``controller.podsettings`` and the status of ``controller.conditions`` (bounds,
-enums, defaults and the CEL rules in ``x-kubernetes-validations``), and a test
-fails if ``crds/outboxdispatchers.yaml`` drifts from it. Every CEL rule has a
-pydantic twin (here, or in ``controller.podsettings`` for the pod settings'), so a
-spec that slips past the API server (an old CRD, a mock API) is still refused by
-the operator with the same message.
+This is the source of truth of the CRD: ``dispatcher.controller.crd`` renders the CRD's
+``openAPIV3Schema`` from these models, the pod settings of ``dispatcher.controller.podsettings``
+and the status of ``dispatcher.controller.conditions`` (bounds, enums, defaults and the CEL
+rules in ``x-kubernetes-validations``), and a test fails if ``crds/outboxdispatchers.yaml``
+drifts from it. Every CEL rule has a pydantic twin (here, or in
+``dispatcher.controller.podsettings`` for the pod settings'), so a spec that slips past the API
+server (an old CRD, a mock API) is still refused by the operator with the same message.
 
 No credentials live in the spec: PostgreSQL and Redis are reached through
 ``secretRef: {name, key}`` to a Secret in the resource's namespace.
 
 Read top to bottom, this module is the CRD's ``spec`` in its order; the pod
-settings (``controller.podsettings``) and the status (``controller.conditions``)
-are schemas of their own.
+settings (``dispatcher.controller.podsettings``) and the status
+(``dispatcher.controller.conditions``) are schemas of their own.
 """
 
 from __future__ import annotations
@@ -23,10 +22,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from controller.limits import LimitsSpec
-from controller.podsettings import DNS_SUBDOMAIN_PATTERN, POD_RULES, PodSettings
-from controller.resource import ResourceModel, cel_rule
 from dispatcher.config import STREAM_SHARDS
+from dispatcher.controller.limits import LimitsSpec
+from dispatcher.controller.podsettings import DNS_SUBDOMAIN_PATTERN, POD_RULES, PodSettings
+from dispatcher.controller.resource import ResourceModel, cel_rule
 from dispatcher.options import default_of, option_of, pydantic_field
 from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.worker.config import WorkerConfig

@@ -1,6 +1,6 @@
 """Whether this operator replica leads: what its loops wait on before each pass.
 
-``controller.leader`` drives it through a Lease (``gain``/``lose``); without leader
+``dispatcher.controller.leader`` drives it through a Lease (``gain``/``lose``); without leader
 election it is ``Leadership.always()``. Pure asyncio state, no I/O.
 """
 

@@ -23,12 +23,12 @@ from typing import Any, Literal
 
 import pydantic
 
-from controller.conditions import DEGRADED, Reason
-from controller.identity import Owner
-from controller.k8s import APIError, KubeApi
-from controller.redis_access import NOT_TEXT, RedisProblem, redis_message
-from controller.report import Failure
-from controller.resource import KIND
+from dispatcher.controller.conditions import DEGRADED, Reason
+from dispatcher.controller.identity import Owner
+from dispatcher.controller.k8s import APIError, KubeApi
+from dispatcher.controller.redis_access import NOT_TEXT, RedisProblem, redis_message
+from dispatcher.controller.report import Failure
+from dispatcher.controller.resource import KIND
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.naming import SHARDS_KEY, SHARDS_OWNER_KEY
 
@@ -44,7 +44,7 @@ __all__ = [
     "take_over",
 ]
 
-log = logging.getLogger("controller")
+log = logging.getLogger("dispatcher.controller")
 REASON = Reason.REDIS_CONFLICT
 Verdict = Literal["mine", "free", "foreign", "unreadable"]
 

@@ -1,8 +1,9 @@
 """Throwaway PostgreSQL and Redis servers on free loopback ports, each in its own directory.
 
 ``dispatcher demo`` starts one of each when no configured server answers; the
-tests and benchmarks start them to kill, pause and restart at will, or to get
-a Redis Cluster, without touching the machine's shared services. Every
+tests and benchmarks start the same ones (and a Redis Cluster of them,
+``tests/redis_cluster.py``) to kill, pause and restart at will, without
+touching the machine's shared services. Every
 process listens on 127.0.0.1 only and keeps its files in the directory it is
 given; whoever starts one stops or kills it.
 
@@ -23,20 +24,20 @@ import shutil
 import signal
 import socket
 import subprocess
+import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 import redis
 
-from dispatcher._testing.waiting import eventually_sync
-
 __all__ = [
     "PostgresProcess",
-    "RedisClusterProcess",
     "RedisProcess",
     "ServerUnavailable",
     "free_port",
+    "redis_binary",
 ]
 
 PG_USER = "postgres"
@@ -45,6 +46,23 @@ _DEMO_EXTRA = "install the 'demo' extra (pip install 'outbox-dispatcher[demo]')"
 
 class ServerUnavailable(RuntimeError):
     """No binary to start the server with, or it would not start; the message says which."""
+
+
+def _until(
+    check: Callable[[], object], *, within: float, ignoring: tuple[type[BaseException], ...] = ()
+) -> None:
+    """Call ``check()`` until it is truthy; ServerUnavailable after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except ignoring as exc:
+            last = exc
+        time.sleep(0.05)
+    name = getattr(check, "__qualname__", repr(check))
+    raise ServerUnavailable(f"{name} not true within {within:g} s (last error: {last!r})")
 
 
 def free_port() -> int:
@@ -69,7 +87,7 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _redis_binary(name: str) -> str:
+def redis_binary(name: str) -> str:
     found = shutil.which(name)
     if found:
         return found
@@ -107,12 +125,12 @@ class RedisProcess:
         args = [f for key, value in settings.items() for f in (f"--{key}", value)]
         with (self.dir / "redis.out").open("ab") as out:  # what it says before its log is set
             self.proc = subprocess.Popen(
-                [_redis_binary("redis-server"), *args, *self.extra],
+                [redis_binary("redis-server"), *args, *self.extra],
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
         try:
-            eventually_sync(self._answers, within=10, ignoring=(redis.RedisError, OSError))
+            _until(self._answers, within=10, ignoring=(redis.RedisError, OSError))
         except (AssertionError, ServerUnavailable) as exc:
             raise ServerUnavailable(
                 f"redis-server did not come up ({exc}):\n{self.log_tail()}"
@@ -141,7 +159,7 @@ class RedisProcess:
     def cli(self, *args: str) -> str:
         """``redis-cli`` against this server: its text output (``INFO``, ``ROLE``...)."""
         out = subprocess.run(
-            [_redis_binary("redis-cli"), "-p", str(self.port), *args],
+            [redis_binary("redis-cli"), "-p", str(self.port), *args],
             capture_output=True,
             text=True,
             timeout=10,
@@ -159,7 +177,7 @@ class RedisProcess:
             self.resume()
             self.proc.terminate()
             self.proc.wait(timeout=10)
-        eventually_sync(lambda: not _port_open(self.port), within=5)
+        _until(lambda: not _port_open(self.port), within=5)
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -173,42 +191,6 @@ class RedisProcess:
     def resume(self) -> None:
         if self.proc and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGCONT)
-
-
-class RedisClusterProcess:
-    """A Redis Cluster of ``masters`` masters (and ``replicas`` per master) on loopback."""
-
-    def __init__(self, workdir: Path, *, masters: int = 3, replicas: int = 0) -> None:
-        cluster = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-        self.nodes = [
-            RedisProcess(workdir / f"node{i}", *cluster, "--cluster-node-timeout", "2000")
-            for i in range(masters * (1 + replicas))
-        ]
-        self.replicas = replicas
-
-    @property
-    def url(self) -> str:
-        return self.nodes[0].url
-
-    def start(self) -> RedisClusterProcess:
-        for node in self.nodes:
-            node.start()
-        nodes = [f"127.0.0.1:{n.port}" for n in self.nodes]
-        replicas = ["--cluster-replicas", str(self.replicas), "--cluster-yes"]
-        subprocess.run(
-            [_redis_binary("redis-cli"), "--cluster", "create", *nodes, *replicas],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-        for node in self.nodes:
-            eventually_sync(node.cluster_ok, within=30)
-        return self
-
-    def stop(self) -> None:
-        for node in self.nodes:
-            node.kill()
 
 
 def postgres_bin_dir() -> Path:
@@ -301,7 +283,7 @@ class PostgresProcess:
     def restart(self) -> None:
         """``pg_ctl restart -m fast``: every session is cut, the server is back on return."""
         self._ctl("restart", "-m", "fast", "-w", "-l", str(self.data / "server.log"))
-        eventually_sync(self.ready, within=30, ignoring=(psycopg.OperationalError,))
+        _until(self.ready, within=30, ignoring=(psycopg.OperationalError,))
 
     def ready(self) -> bool:
         with psycopg.connect(self.url(), connect_timeout=2) as conn:

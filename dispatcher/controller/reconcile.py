@@ -5,21 +5,21 @@ read its Secrets (every one a pod or Job references must exist, so a missing
 one is a condition rather than pods stuck in ``CreateContainerConfigError``),
 check PostgreSQL, measure Redis in one round trip (with the operator's own
 credentials), make sure this dispatcher owns the database's shard key (else
-``RedisConflict``, and nothing else is written: ``controller.shard_owner``), publish the
+``RedisConflict``, and nothing else is written: ``dispatcher.controller.shard_owner``), publish the
 shard count, run the migration Job for the
 enqueuer's image, render and apply the enqueuer (once migrated) and worker
 Deployments (with the autoscaler's replica counts) and their
 PodDisruptionBudgets, drain the workers of removed queues, and read the
 Deployments' rollout state. It never raises for anything a user can
 fix: problems come back in ``Pass.problem`` and become conditions. The
-writes to the API are ``controller.effects``; the status made of the result is
-``controller.report``.
+writes to the API are ``dispatcher.controller.effects``; the status made of the result is
+``dispatcher.controller.report``.
 
 Live Deployments, PodDisruptionBudgets and Jobs come from the operator's watch cache
-(``controller.cache``), not from GETs; every write puts the API's answer back into the
+(``dispatcher.controller.cache``), not from GETs; every write puts the API's answer back into the
 cache, and nothing is written when the render matches what is live. Secrets come from
-``controller.secrets`` (one GET per Secret per ``secret_ttl``). In a steady state (nothing
-changed) a pass therefore makes no API call but those Secret reads.
+``dispatcher.controller.secrets`` (one GET per Secret per ``secret_ttl``). In a steady state
+(nothing changed) a pass therefore makes no API call but those Secret reads.
 """
 
 from __future__ import annotations
@@ -35,29 +35,29 @@ from typing import Any
 
 import pydantic
 
-from controller.autoscale import autoscale_queue
-from controller.cache import Cache
-from controller.conditions import (
+from dispatcher.controller.autoscale import autoscale_queue
+from dispatcher.controller.cache import Cache
+from dispatcher.controller.conditions import (
     SHARDS_DRAINING,
     OutboxDispatcherStatus,
     Reason,
     Rollout,
     rollout,
 )
-from controller.effects import apply_budgets, apply_owned, drain_queues, migrate
-from controller.glance import at_a_glance
-from controller.identity import QUEUE_LABEL, Owner, worker_name
-from controller.k8s import APIError, KubeApi, SecretMissing
-from controller.limits import publish_limits
-from controller.model import MAX_NAME, OutboxDispatcherSpec, SecretRef
-from controller.pods import WorkloadDefaults
-from controller.redis_access import Measurement, RedisProblem, measure, redis_message
-from controller.render import build_enqueuer_deployment, build_worker_deployment
-from controller.report import Failure, Pass
-from controller.secrets import SecretCache
-from controller.shard_owner import ownership_problem
-from controller.shard_policy import ShardDecision, decide_shards, draining_shards
-from controller.unschedulable import pod_selector, unschedulable
+from dispatcher.controller.effects import apply_budgets, apply_owned, drain_queues, migrate
+from dispatcher.controller.glance import at_a_glance
+from dispatcher.controller.identity import QUEUE_LABEL, Owner, worker_name
+from dispatcher.controller.k8s import APIError, KubeApi, SecretMissing
+from dispatcher.controller.limits import publish_limits
+from dispatcher.controller.model import MAX_NAME, OutboxDispatcherSpec, SecretRef
+from dispatcher.controller.pods import WorkloadDefaults
+from dispatcher.controller.redis_access import Measurement, RedisProblem, measure, redis_message
+from dispatcher.controller.render import build_enqueuer_deployment, build_worker_deployment
+from dispatcher.controller.report import Failure, Pass
+from dispatcher.controller.secrets import SecretCache
+from dispatcher.controller.shard_owner import ownership_problem
+from dispatcher.controller.shard_policy import ShardDecision, decide_shards, draining_shards
+from dispatcher.controller.unschedulable import pod_selector, unschedulable
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.discovery import existing_shards
 from dispatcher.stream.shard_count import publish_shard_count
@@ -69,7 +69,7 @@ __all__ = [
     "reconcile_once",
 ]
 
-log = logging.getLogger("controller")
+log = logging.getLogger("dispatcher.controller")
 Key = tuple[str, str]
 
 

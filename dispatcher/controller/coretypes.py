@@ -6,8 +6,8 @@ ships) rather than written by hand: ``build_core_schemas`` turns those definitio
 *structural* schemas (references inlined, ``null`` unions dropped, quantities and int-or-string
 as ``x-kubernetes-int-or-string``, descriptions dropped to keep the CRD well under the 256 KiB a
 client-side ``kubectl apply`` can annotate). The result is vendored as ``schemas/core-v1.json``
-(``python -m controller.crd --write`` regenerates it; a test fails when it drifts), so the
-operator needs no schema package at run time.
+(``python -m dispatcher.controller.crd --write`` regenerates it; a test fails when it
+drifts), so the operator needs no schema package at run time.
 
 ``validate`` checks a value against one of those schemas the way the API server would with
 strict field validation (unknown fields refused, bounds, the keys of a list-map unique), so the

@@ -29,8 +29,8 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from controller.model import MAX_QUEUES
-from controller.resource import ResourceModel
+from dispatcher.controller.model import MAX_QUEUES
+from dispatcher.controller.resource import ResourceModel
 
 __all__ = [
     "DEGRADED",

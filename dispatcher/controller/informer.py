@@ -3,7 +3,7 @@
 For every namespace with a dispatcher in it, and every kind the operator owns
 (Deployments, PodDisruptionBudgets, Jobs), one task LISTs the objects carrying the
 operator's ``managed-by`` label (selected by the API server: nobody else's objects
-travel), puts the result in ``controller.cache`` in place of what it held (relist
+travel), puts the result in ``dispatcher.controller.cache`` in place of what it held (relist
 semantics: what is not listed is gone, so a DELETED event lost with a cut watch leaves no
 ghost), then watches from the list's ``resourceVersion``. The watch asks the API server
 to end it after a jittered ``resync`` period, and the next LIST is the periodic resync;
@@ -24,13 +24,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.cache import Cache
-from controller.identity import MANAGED_BY
-from controller.k8s import OWNED_KINDS, APIError, APIGoneError, KubeApi
+from dispatcher.controller.cache import Cache
+from dispatcher.controller.identity import MANAGED_BY
+from dispatcher.controller.k8s import OWNED_KINDS, APIError, APIGoneError, KubeApi
 
 __all__ = ["SELECTOR", "Informers"]
 
-log = logging.getLogger("controller")
+log = logging.getLogger("dispatcher.controller")
 SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
 
 

@@ -1,9 +1,9 @@
 """What a platform sets on every pod of a component: config, identity, placement.
 
 ``PodSettings`` is the part of the enqueuer's and each queue's spec that goes into their pod
-templates as is (``controller.pods`` merges it after the operator's own settings). Its
+templates as is (``dispatcher.controller.pods`` merges it after the operator's own settings). Its
 core types (``env``, ``volumes``, ``tolerations``, ...) are the Kubernetes API's own, validated
-and described by the official schemas (``controller.coretypes``). What the operator sets
+and described by the official schemas (``dispatcher.controller.coretypes``). What the operator sets
 itself is reserved: its environment, the ``/tmp`` volume and the labels its selectors use.
 
 Those reservations are CEL rules in the CRD, so the API server refuses such a resource at
@@ -20,8 +20,8 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, model_validator
 
-from controller.coretypes import CoreList, core_json_schema, core_validator
-from controller.resource import API_GROUP, ResourceModel, cel_rule
+from dispatcher.controller.coretypes import CoreList, core_json_schema, core_validator
+from dispatcher.controller.resource import API_GROUP, ResourceModel, cel_rule
 
 __all__ = [
     "DNS_SUBDOMAIN_PATTERN",

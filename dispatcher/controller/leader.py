@@ -2,9 +2,9 @@
 
 Several operator replicas may run (the chart's ``operator.replicas``); each watches
 every dispatcher (kopf keeps its caches warm), and only the holder of the Lease runs
-reconcile passes. ``controller.leadership.Leadership`` is the state the operator's
+reconcile passes. ``dispatcher.controller.leadership.Leadership`` is the state the operator's
 loops wait on; ``LeaseElector`` drives it through the Lease, on the operator's one
-``controller.kubeclient.KubeClient`` (``kubernetes_asyncio``), as client-go's leader
+``dispatcher.controller.kubeclient.KubeClient`` (``kubernetes_asyncio``), as client-go's leader
 election does:
 
 - the Lease lasts ``duration`` (15 s); its holder renews it every ``renew_every``
@@ -46,8 +46,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote
 
-from controller.kubeclient import APIConflictError, APIError, APINotFoundError, KubeClient
-from controller.leadership import Leadership
+from dispatcher.controller.kubeclient import (
+    APIConflictError,
+    APIError,
+    APINotFoundError,
+    KubeClient,
+)
+from dispatcher.controller.leadership import Leadership
 
 __all__ = [
     "LEASE_LABELS",
@@ -58,7 +63,7 @@ __all__ = [
     "identity",
 ]
 
-log = logging.getLogger("controller.leader")
+log = logging.getLogger("dispatcher.controller.leader")
 Action = Literal["create", "renew", "take", "wait"]
 # What the Lease is: a part of the operator, written by the operator (not by Helm).
 LEASE_LABELS = {

@@ -37,17 +37,17 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from controller.cache import Cache
-from controller.conditions import Reason
-from controller.identity import Owner, controller_uid, migration_job_name
-from controller.k8s import APIConflictError, KubeApi, contains
-from controller.migration import MigrationState, migration_state
-from controller.model import OutboxDispatcherSpec
-from controller.pods import WorkloadDefaults
-from controller.redis_access import Measurement
-from controller.render import build_enqueuer_pdb, build_migration_job, build_worker_pdb
-from controller.report import Failure
-from controller.resource import API_GROUP
+from dispatcher.controller.cache import Cache
+from dispatcher.controller.conditions import Reason
+from dispatcher.controller.identity import Owner, controller_uid, migration_job_name
+from dispatcher.controller.k8s import APIConflictError, KubeApi, contains
+from dispatcher.controller.migration import MigrationState, migration_state
+from dispatcher.controller.model import OutboxDispatcherSpec
+from dispatcher.controller.pods import WorkloadDefaults
+from dispatcher.controller.redis_access import Measurement
+from dispatcher.controller.render import build_enqueuer_pdb, build_migration_job, build_worker_pdb
+from dispatcher.controller.report import Failure
+from dispatcher.controller.resource import API_GROUP
 
 __all__ = [
     "APPLIED_HASH",
@@ -59,7 +59,7 @@ __all__ = [
     "with_applied_hash",
 ]
 
-log = logging.getLogger("controller")
+log = logging.getLogger("dispatcher.controller")
 Event = tuple[str, str, bool]  # reason, message, warning
 APPLIED_HASH = f"{API_GROUP}/applied-hash"
 

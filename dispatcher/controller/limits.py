@@ -1,7 +1,7 @@
 """A queue's limits in the spec (``spec.queues[].limits``), and the pass that puts them in Redis.
 
 ``LimitsSpec`` is the CRD's ``limits`` of a queue (its CEL rule has a
-pydantic twin, as in ``controller.model``). A queue that sets it is owned:
+pydantic twin, as in ``dispatcher.controller.model``). A queue that sets it is owned:
 each pass reads the limits keys of those queues (one pipelined round trip)
 and writes only the ones that differ from the spec (``limits_to_write``, a
 pure decision), so a ``dispatcher limits set`` on such a queue lasts until
@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ConfigDict, Field, model_validator
 
-from controller.resource import ResourceModel, cel_rule
+from dispatcher.controller.resource import ResourceModel, cel_rule
 from dispatcher.redis_client import RedisClient, queue_get_raw
 from dispatcher.stream.limits import (
     MAX_RATE,

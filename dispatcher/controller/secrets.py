@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from controller.k8s import KubeApi, SecretMissing
-from controller.model import SecretRef
+from dispatcher.controller.k8s import KubeApi, SecretMissing
+from dispatcher.controller.model import SecretRef
 from dispatcher.logs import hide
 
 __all__ = ["SecretCache"]

@@ -1,7 +1,7 @@
 """Everything the operator asks Redis, in as few round trips as possible.
 
 ``measure`` reads, in one pipelined round trip per dispatcher, the published
-shard count, its owner marker (``controller.shard_owner``) and each shard
+shard count, its owner marker (``dispatcher.controller.shard_owner``) and each shard
 stream's length and pending count (delivered to the workers' group, not yet
 acked) for every queue the operator cares about: the queues of the spec and those
 still draining. The shard decision, the

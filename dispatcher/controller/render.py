@@ -2,9 +2,9 @@
 
 No I/O: each builder takes the parsed spec, the owner's identity and the
 operator's workload defaults, and returns a manifest ``dict``.
-``controller.k8s`` is the one place that sends them; the containers and pod
-specs inside come from ``controller.pods``, the names and labels from
-``controller.identity``. The shard count is not part of a pod template:
+``dispatcher.controller.k8s`` is the one place that sends them; the containers and pod
+specs inside come from ``dispatcher.controller.pods``, the names and labels from
+``dispatcher.controller.identity``. The shard count is not part of a pod template:
 processes read it live from Redis, so changing it restarts nothing (a restart
 in the middle of a decrease is exactly when readers of the old shards are
 needed). Besides the Deployments: a PodDisruptionBudget per Deployment that
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.identity import (
+from dispatcher.controller.identity import (
     Owner,
     enqueuer_name,
     instance_labels,
@@ -25,8 +25,8 @@ from controller.identity import (
     worker_name,
     worker_selector,
 )
-from controller.model import EnqueuerSpec, OutboxDispatcherSpec, QueueSpec
-from controller.pods import (
+from dispatcher.controller.model import EnqueuerSpec, OutboxDispatcherSpec, QueueSpec
+from dispatcher.controller.pods import (
     DEFAULT_WORKLOADS,
     WorkloadDefaults,
     base_container,
@@ -38,7 +38,7 @@ from controller.pods import (
     with_pod_settings,
     with_startup_probe,
 )
-from controller.podsettings import PodSettings
+from dispatcher.controller.podsettings import PodSettings
 
 __all__ = [
     "build_enqueuer_deployment",

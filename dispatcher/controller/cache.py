@@ -1,6 +1,6 @@
 """The operator's watch cache: the Deployments, PodDisruptionBudgets and Jobs it owns.
 
-Passes read live objects from here, not with GETs. ``controller.informer`` fills it: a
+Passes read live objects from here, not with GETs. ``dispatcher.controller.informer`` fills it: a
 label-selected LIST replaces what it held of a kind in a namespace (relist semantics: an
 object deleted while the watch was cut disappears here too), then the watch's events
 update it. Every write puts the API's answer back, and an event never replaces a newer
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.identity import COMPONENT_LABEL, Owner, controller_uid
+from dispatcher.controller.identity import COMPONENT_LABEL, Owner, controller_uid
 
 __all__ = ["Cache"]
 

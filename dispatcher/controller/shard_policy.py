@@ -6,7 +6,7 @@ new goes to the removed shards (rows waiting for a retry or ``not_before``
 included); workers keep reading every shard stream that still holds entries or
 pending entries until it is empty. ``decide_shards`` is the rule; the operator
 measures the key and the streams in its Redis round trip
-(``controller.redis_access``), writes the key when told, and reports the
+(``dispatcher.controller.redis_access``), writes the key when told, and reports the
 removed shards that still hold work (``draining_shards``) as ``ShardsDraining``.
 Reading and writing the key itself is ``dispatcher.stream.shard_count``.
 """

@@ -12,9 +12,9 @@ import datetime
 from dataclasses import dataclass
 from typing import Any
 
-from controller.conditions import QueueStatus, iso
-from controller.model import AUTOSCALING_EXTERNAL, QueueSpec
-from controller.scaling import ScalePolicy, ScaleState, clamp, decide
+from dispatcher.controller.conditions import QueueStatus, iso
+from dispatcher.controller.model import AUTOSCALING_EXTERNAL, QueueSpec
+from dispatcher.controller.scaling import ScalePolicy, ScaleState, clamp, decide
 
 __all__ = ["ScaleStep", "autoscale_queue", "policy"]
 

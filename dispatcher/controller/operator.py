@@ -1,12 +1,12 @@
 """The operator's own loop: one task per ``OutboxDispatcher``, woken by what it watches.
 
-kopf watches the dispatchers (handlers in ``controller.handlers``); the objects they
-own (Deployments, PodDisruptionBudgets, Jobs) are listed and watched, label-selected,
-by ``controller.informer`` into ``controller.cache``, with every API call on one
-``controller.kubeclient.KubeClient`` (the official asyncio client). Each dispatcher gets
-one task that runs ``reconcile_once`` every ``autoscale_interval`` seconds (jittered by a
-tenth, so dispatchers drift apart) and whenever its resource or one of its objects
-changes (so a deleted or edited Deployment is restored within seconds, and ``Ready``
+kopf watches the dispatchers (handlers in ``dispatcher.controller.handlers``); the objects they
+own (Deployments, PodDisruptionBudgets, Jobs) are listed and watched, label-selected, by
+``dispatcher.controller.informer`` into ``dispatcher.controller.cache``, with every API call on
+one ``dispatcher.controller.kubeclient.KubeClient`` (the official asyncio client). Each
+dispatcher gets one task that runs ``reconcile_once`` every ``autoscale_interval`` seconds
+(jittered by a tenth, so dispatchers drift apart) and whenever its resource or one of its
+objects changes (so a deleted or edited Deployment is restored within seconds, and ``Ready``
 follows rollouts). Reconcile and autoscale are one pass, so neither can undo the other.
 
 None of this uses kopf's per-object handlers (timers, daemons, change
@@ -19,7 +19,7 @@ The status is written whole after each pass, only when it changed, always with
 ``observedGeneration``. A failing pass is retried with exponential backoff.
 
 With several replicas, passes run only while ``leadership`` says this replica leads
-(``controller.leader``): the loops wait until then, and a pass is cancelled when the
+(``dispatcher.controller.leader``): the loops wait until then, and a pass is cancelled when the
 Lease is lost. The watches keep running on every replica.
 
 Its twin by name, ``dispatcher.cli.operator``, is the command layer that
@@ -38,27 +38,27 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from controller.cache import Cache
-from controller.effects import NotYetKnown
-from controller.identity import Owner
-from controller.informer import Informers
-from controller.k8s import KubeApi
-from controller.kubeclient import KubeClient
-from controller.leader import identity
-from controller.leadership import Leadership, NotLeading
-from controller.metrics import OperatorMetrics
-from controller.operator_config import OperatorConfig
-from controller.probes import CrdProbe, PostgresProbe
-from controller.reconcile import Context, parse_spec, parse_status, reconcile_once
-from controller.redis_access import RedisPool
-from controller.report import Failure, Pass, console_url, degraded_events, status_after
-from controller.resource import KIND
-from controller.secrets import SecretCache
-from controller.shard_owner import in_conflict, release_marker
+from dispatcher.controller.cache import Cache
+from dispatcher.controller.effects import NotYetKnown
+from dispatcher.controller.identity import Owner
+from dispatcher.controller.informer import Informers
+from dispatcher.controller.k8s import KubeApi
+from dispatcher.controller.kubeclient import KubeClient
+from dispatcher.controller.leader import identity
+from dispatcher.controller.leadership import Leadership, NotLeading
+from dispatcher.controller.metrics import OperatorMetrics
+from dispatcher.controller.operator_config import OperatorConfig
+from dispatcher.controller.probes import CrdProbe, PostgresProbe
+from dispatcher.controller.reconcile import Context, parse_spec, parse_status, reconcile_once
+from dispatcher.controller.redis_access import RedisPool
+from dispatcher.controller.report import Failure, Pass, console_url, degraded_events, status_after
+from dispatcher.controller.resource import KIND
+from dispatcher.controller.secrets import SecretCache
+from dispatcher.controller.shard_owner import in_conflict, release_marker
 
 __all__ = ["Operator", "WatchEvent"]
 
-log = logging.getLogger("controller")
+log = logging.getLogger("dispatcher.controller")
 Key = tuple[str, str]
 
 
@@ -138,7 +138,7 @@ class Operator:
         return KubeApi(client=self.connected(), logger=logger, reporting_instance=self.instance)
 
     async def crd_probe(self, logger: logging.Logger | logging.LoggerAdapter[Any]) -> str:
-        """kopf's liveness probe (``controller.probes.CrdProbe``)."""
+        """kopf's liveness probe (``dispatcher.controller.probes.CrdProbe``)."""
         return await self.crd.check(self.api(logger))
 
     def starting(self) -> None:

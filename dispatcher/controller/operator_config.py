@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controller.pods import DEFAULT_WORKLOADS, WorkloadDefaults
+from dispatcher.controller.pods import DEFAULT_WORKLOADS, WorkloadDefaults
 from dispatcher.options import option
 
 __all__ = ["OperatorConfig", "default_workloads", "utcnow"]

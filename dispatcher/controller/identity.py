@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from controller.resource import API_GROUP, API_VERSION, KIND
+from dispatcher.controller.resource import API_GROUP, API_VERSION, KIND
 from dispatcher.stream.naming import fnv1a_32
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The one thin layer that names the operator's Kubernetes API calls.
 
-Each method is one request through ``controller.kubeclient.KubeClient`` (the official
+Each method is one request through ``dispatcher.controller.kubeclient.KubeClient`` (the official
 asyncio client, counted). Owned objects (Deployments, PodDisruptionBudgets) are written
 with server-side apply under one field manager, ``FIELD_MANAGER``: the applied manifest is
 the whole of what the operator owns, so a field it stops rendering is removed, and fields
@@ -9,7 +9,7 @@ is sent without ``force`` first; a conflict means another manager took over a fi
 operator renders (``kubectl edit`` of the image), and only then is it sent again forced,
 with the conflict logged: the fields in the manifest are the operator's by definition.
 
-Secrets are read here and handed back raw (``controller.secrets`` decodes and caches
+Secrets are read here and handed back raw (``dispatcher.controller.secrets`` decodes and caches
 them), never logged. Events are posted here too (the operator's own loop runs outside
 kopf's handlers).
 """
@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import quote
 
-from controller.kubeclient import (
+from dispatcher.controller.kubeclient import (
     FIELD_MANAGER,
     APIConflictError,
     APIError,
@@ -31,8 +31,8 @@ from controller.kubeclient import (
     APINotFoundError,
     KubeClient,
 )
-from controller.quantity import same_quantity
-from controller.resource import API_GROUP, API_VERSION, KIND, PLURAL
+from dispatcher.controller.quantity import same_quantity
+from dispatcher.controller.resource import API_GROUP, API_VERSION, KIND, PLURAL
 
 __all__ = [
     "OWNED_KINDS",
