@@ -118,7 +118,7 @@ export_image() { # local name, the name in the archive
 # Nothing of the build context, the Dockerfile or the base changed since the last build: the
 # archives stand (buildah's own cache check walks the venv of every stage: tens of seconds).
 context_stamp="$( (cd "$root" && cat Dockerfile && echo "$base_stamp $pause_stamp" &&
-	find pyproject.toml README.md dispatcher controller -type f ! -path '*__pycache__*' ! -name '*.pyc' -print0 |
+	find pyproject.toml README.md dispatcher -type f ! -path '*__pycache__*' ! -name '*.pyc' -print0 |
 	sort -z | xargs -0 sha256sum) | sha256sum | cut -c1-16)"
 archives=("$out"/outbox-dispatcher-{operator,enqueuer,worker,pause}.tar)
 if [ "$(cat "$out/context.stamp" 2>/dev/null)" = "$context_stamp" ] && ls "${archives[@]}" >/dev/null 2>&1; then
