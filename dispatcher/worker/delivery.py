@@ -38,9 +38,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -57,14 +56,12 @@ from dispatcher.worker.handler import is_async
 from dispatcher.worker.limits import LimitGate
 from dispatcher.worker.metrics import QueueMetrics, WorkerMetrics, observe_many
 from dispatcher.worker.reader import StreamReader
+from dispatcher.worker.task_set import HandlingSet
 from dispatcher.worker.verdicts import Verdicts, left_pending
 
-__all__ = ["Deliveries", "Spawn"]
+__all__ = ["Deliveries"]
 
 log = logging.getLogger(__name__)
-
-# spawn(coroutine, name): run it as a task the worker waits for on shutdown.
-Spawn = Callable[[Coroutine[Any, Any, None], str], None]
 
 # Claim.DONE and Claim.BUSY as plain ints: compared for every entry.
 _DONE, _BUSY = int(Claim.DONE), int(Claim.BUSY)
@@ -112,12 +109,28 @@ class Deliveries:
     cancels: RunCancels
     metrics: WorkerMetrics
     max_runs: int
-    spawn: Spawn
+    handling: HandlingSet  # the worker's tasks settling batches (waited for on shutdown)
     limits: LimitGate | None = None  # queue limits: claims take slots, entries may wait
     _inline: bool = field(init=False)  # an async handler: started inline
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_inline", is_async(self.calls.handler))
+
+    async def take(self, reader: StreamReader, batch: Sequence[Message]) -> None:
+        """Settle a batch a reader read in a task of its own; return once each entry of it
+        started or was decided. An entry already in hand (read twice) is skipped."""
+        in_hand = reader.in_hand
+        todo = [m for m in batch if m.id not in in_hand] if in_hand else list(batch)
+        if not todo:
+            return
+        in_hand.update([m.id for m in todo])
+        await self.take_waiting(reader, todo)
+
+    async def take_waiting(self, reader: StreamReader, batch: Sequence[Message]) -> None:
+        """``take`` for entries already in hand: those that waited for their queue's limits."""
+        started = asyncio.get_running_loop().create_future()
+        self.handling.start(self.process(reader, batch, started), f"batch {batch[0].id}")
+        await started
 
     async def process(
         self, reader: StreamReader, messages: Sequence[Message], started: asyncio.Future[None]
@@ -173,7 +186,7 @@ class Deliveries:
                 continue
             if waiting is not None:
                 _free(batch)
-                self.spawn(self._go_on(batch), f"batch {messages[batch.at - 1].id}+")
+                self.handling.start(self._go_on(batch), f"batch {messages[batch.at - 1].id}+")
                 message = messages[waiting.index]
                 await self.verdicts.guarded(batch.reader, message, self._finish(batch, waiting))
                 return
@@ -240,7 +253,7 @@ class Deliveries:
             run = self.verdicts.guarded(
                 batch.reader, message, self._called(batch, message, task, claim)
             )
-            self.spawn(run, f"run {message.id}")
+            self.handling.start(run, f"run {message.id}")
             batch.slot, batch.waited = False, True  # the slot goes with that task
             return None  # that task says when it is done with the entry
         else:

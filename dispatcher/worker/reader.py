@@ -1,27 +1,25 @@
 """The two loops of one shard stream: read new entries, reclaim orphaned ones.
 
-Each stream has its own XREADGROUP loop (one single-key command at a time:
-Cluster-safe, and a quiet shard never delays a busy one) and its own
-XAUTOCLAIM loop. Both hand each batch they read to the worker's ``submit``,
-which returns once every entry of the batch was started or decided, so a
-loop never reads far ahead of its handlers. Handler slots bound the handlers
-running, not the entries read, and a read holds none (a slot held through a
-blocking read on a quiet shard would starve the busy ones): the read loop
-waits until a slot is free and reads as many entries as slots are free or,
-while the handlers of its stream all finish in their first step (they hold a
-slot for no time at all), up to ``READ_AHEAD`` entries, so a batch of quick
-handlers costs the same round trips as one entry. Redis errors are logged
-and retried with a capped backoff; a loop never dies of a transient failure.
-Redis being unreachable is reported to ``dispatcher.outage`` (one warning per
-outage for the process, not one per shard per retry).
-"""
+Each stream has its own XREADGROUP loop (one single-key command at a time: Cluster-safe,
+and a quiet shard never delays a busy one) and its own XAUTOCLAIM loop. Both hand each
+batch they read to the worker's deliveries (``delivery.py``: ``take``), which return
+once every entry of the batch was started or decided, so a loop never reads far ahead of
+its handlers. Handler slots bound the handlers running, not the entries read, and a read
+holds none (a slot held through a blocking read on a quiet shard would starve the busy
+ones): the read loop waits until a slot is free and reads as many entries as slots are
+free or, while the handlers of its stream all finish in their first step (they hold a
+slot for no time at all), up to ``READ_AHEAD`` entries, so a batch of quick handlers
+costs the same round trips as one entry. Redis errors are logged and retried with a
+capped backoff; a loop never dies of a transient failure. Redis being unreachable is
+reported to ``dispatcher.outage`` (one warning per outage for the process, not one per
+shard per retry), each answer to the worker's ``RedisContact``."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -32,13 +30,11 @@ from dispatcher.stream.consumer import RedisStreamConsumer
 from dispatcher.stream.entries import Message
 from dispatcher.stream.publisher import error_code
 from dispatcher.worker.slots import SlotPool
+from dispatcher.worker.task_set import RedisContact
 
-__all__ = ["ReadLimits", "StreamReader", "Submit"]
+__all__ = ["BatchSink", "ReadLimits", "StreamReader"]
 
 log = logging.getLogger(__name__)
-
-# submit(reader, batch): returns once each entry of the batch was started or decided.
-Submit = Callable[["StreamReader", Sequence[Message]], Awaitable[None]]
 
 # Entries one read takes while the stream's handlers finish in their first step, so the
 # round trips and the Python of a batch (read, claim, settle) stop mattering per entry.
@@ -51,6 +47,14 @@ READ_AHEAD = 300
 _BACKOFF_FIRST = 0.1
 _BACKOFF_MAX = 5.0
 _SLOT_POLL = 0.2
+
+
+class BatchSink(Protocol):
+    """Where a reader hands what it read: the worker's ``delivery.Deliveries``."""
+
+    async def take(self, reader: StreamReader, batch: Sequence[Message]) -> None:
+        """Return once each entry of ``batch`` was started or decided."""
+        ...
 
 
 class ReadLimits(Protocol):
@@ -72,10 +76,10 @@ class StreamReader:
     consumer: RedisStreamConsumer
     queue: str
     slots: SlotPool
-    submit: Submit
+    deliveries: BatchSink
     stopping: asyncio.Event
     reclaim_idle_ms: int
-    on_redis_ok: Callable[[], None]
+    contact: RedisContact
     # Ids of the entries in hand (read, not yet done with): never started twice.
     in_hand: set[str] = field(default_factory=set)
     # The handlers of the last batch all finished in their first step: read ahead.
@@ -108,9 +112,9 @@ class StreamReader:
                 backoff = await self._recover(exc, backoff, "read")
                 continue
             backoff = _BACKOFF_FIRST
-            self.on_redis_ok()
+            self.contact.ok()
             if batch:
-                await self.submit(self, batch)
+                await self.deliveries.take(self, batch)
 
     async def reclaim_loop(self) -> None:
         backoff = _BACKOFF_FIRST
@@ -122,10 +126,10 @@ class StreamReader:
                 backoff = await self._recover(exc, backoff, "reclaim")
                 continue
             backoff = _BACKOFF_FIRST
-            self.on_redis_ok()
+            self.contact.ok()
             if batch:
                 log.info("reclaimed %d idle entries", len(batch), extra={"stream": self.stream})
-                await self.submit(self, batch)
+                await self.deliveries.take(self, batch)
 
     async def _recover(self, exc: BaseException, backoff: float, what: str) -> float:
         """Log, wait ``backoff`` (or until stopping), re-create a lost group; next backoff."""

@@ -25,16 +25,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
 from dispatcher.outage import REDIS
 from dispatcher.redis_client import RedisClient
-from dispatcher.stream.entries import Message
 from dispatcher.stream.stats import stream_stats
 from dispatcher.worker.calls import HandlerCalls
 from dispatcher.worker.cancels import RunCancels
@@ -47,12 +45,12 @@ from dispatcher.worker.leases import LeaseKeeper
 from dispatcher.worker.limit_scripts import LimitScripts
 from dispatcher.worker.limits import LimitGate
 from dispatcher.worker.metrics import WorkerMetrics
-from dispatcher.worker.reader import StreamReader
 from dispatcher.worker.settle import Settler
 from dispatcher.worker.side_renewal import SideRenewal
 from dispatcher.worker.slots import SlotPool
 from dispatcher.worker.stalls import LoopWatch
 from dispatcher.worker.streams import WorkerStreams
+from dispatcher.worker.task_set import HandlingSet, LoopSet, RedisContact
 from dispatcher.worker.verdicts import Verdicts
 from dispatcher.worker.waiting import WaitingRoom
 
@@ -85,9 +83,10 @@ class Worker:
         self.metrics = WorkerMetrics(registry if registry is not None else CollectorRegistry())
         self._handler = handler
         self._stopping = asyncio.Event()
-        self._loops: set[asyncio.Task[None]] = set()
+        self._loops = LoopSet()
+        self._handling = HandlingSet()
+        self._contact = RedisContact(clock)
         self._keeper: asyncio.Task[None] | None = None
-        self._handlers: set[asyncio.Task[None]] = set()
         self._slots = SlotPool(config.concurrency)
         self._executor = ThreadPoolExecutor(config.concurrency, thread_name_prefix="handler")
         guard = AttemptGuard(
@@ -107,21 +106,20 @@ class Worker:
             lease_ttl=config.lease_ttl,
             registry=self.metrics.registry,
         )
+        self._deliveries = self._make_deliveries(guard)
         self._streams = WorkerStreams(
             client=client,
             config=config,
             metrics=self.metrics,
             slots=self._slots,
-            submit=self._submit,
+            deliveries=self._deliveries,
             stopping=self._stopping,
-            on_redis_ok=self._redis_ok,
-            spawn_loop=self._spawn_loop,
+            contact=self._contact,
+            loops=self._loops,
             limits=self._limits,
         )
-        self._last_redis_ok = 0.0
         self._started = False
         self._cut_short: tuple[str, ...] = ()
-        self._deliveries = self._make_deliveries(guard)
         self._limits_task: asyncio.Task[None] | None = None
         calls = self._deliveries.calls
         self._side = SideRenewal(calls.leases.guard, held=calls.leases.running_keys)
@@ -175,10 +173,10 @@ class Worker:
 
     def _crashed(self) -> bool:
         keepers = (self._keeper, self._limits_task)
-        return any(t.done() for t in self._loops) or any(t and t.done() for t in keepers)
+        return self._loops.any_done() or any(t and t.done() for t in keepers)
 
     def _redis_silent_for(self) -> float:
-        return self._clock() - self._last_redis_ok
+        return self._contact.silent_for()
 
     async def run(self) -> None:
         """Read and handle until ``request_stop()``; then drain and leave the groups."""
@@ -196,7 +194,7 @@ class Worker:
             await self._limits.renew()  # the slots still held: none once every run ended
         finally:
             keeper = {t for t in (self._keeper, self._limits_task) if t is not None}
-            await self._cancel(self._loops | self._handlers | keeper)
+            await self._cancel({*self._loops, *self._handling, *keeper})
             await self._deliveries.claims.aclose()
             await self._deliveries.verdicts.settler.aclose()
             # A sync handler still running past the grace period cannot be
@@ -230,7 +228,7 @@ class Worker:
             cancels=RunCancels(verdicts, block_ms=self.config.block_ms),
             metrics=self.metrics,
             max_runs=self.config.max_runs,
-            spawn=self._spawn_handling,
+            handling=self._handling,
             limits=self._limits,
         )
 
@@ -239,17 +237,17 @@ class Worker:
         await self._limits.refresh()  # limits in force before the first read
         await self._deliveries.cancels.check()
         shards = await self._streams.start()
-        self._last_redis_ok = self._clock()
+        self._contact.ok()
         # Not a loop of its own: it renews leases of handlers still draining.
         self._keeper = asyncio.create_task(self._deliveries.calls.leases.run(), name="lease keeper")
         self._keeper.add_done_callback(_log_crash)
         self._limits_task = asyncio.create_task(self._limits.run(), name="queue limits")
         self._limits_task.add_done_callback(_log_crash)
-        self._spawn_loop(self._streams.watch(), "shard watch")
-        self._spawn_loop(self._report_stats(), "stream stats")
-        self._spawn_loop(self._deliveries.cancels.watch(self._stopping), "cancel watch")
+        self._loops.start(self._streams.watch(), "shard watch")
+        self._loops.start(self._report_stats(), "stream stats")
+        self._loops.start(self._deliveries.cancels.watch(self._stopping), "cancel watch")
         for queue in self.config.queues:
-            self._spawn_loop(self._retry_waiting(queue), f"waiting {queue}")
+            self._loops.start(self._retry_waiting(queue), f"waiting {queue}")
         self._started = True
         log.info(
             "worker started",
@@ -272,43 +270,17 @@ class Worker:
                         log.warning("cannot read stream stats: %s", exc, extra={"stream": stream})
                     break
                 self.metrics.observe_stream(reader.queue, stats)
-                self._redis_ok()
+                self._contact.ok()
 
     # -- handling ---------------------------------------------------------------
-
-    async def _submit(self, reader: StreamReader, batch: Sequence[Message]) -> None:
-        """Start the batch in a task of its own; return once each entry started or was decided."""
-        in_hand = reader.in_hand
-        todo = [m for m in batch if m.id not in in_hand] if in_hand else list(batch)
-        if not todo:
-            return
-        in_hand.update([m.id for m in todo])
-        await self._start_batch(reader, todo)
 
     async def _retry_waiting(self, queue: str) -> None:
         """Start the entries of ``queue`` that wait for its limits again as room frees."""
         async for reader, batch in self._waiting.released(queue, stopping=self._stopping):
             try:
-                await self._start_batch(reader, batch)
+                await self._deliveries.take_waiting(reader, batch)
             except Exception as exc:  # never the waiting loop's end: others still wait
                 log.error("cannot retry waiting entries: %s", exc, exc_info=exc)
-
-    async def _start_batch(self, reader: StreamReader, batch: Sequence[Message]) -> None:
-        """Start a batch of entries in hand; return once each started or was decided."""
-        started = asyncio.get_running_loop().create_future()
-        process = self._deliveries.process(reader, batch, started)
-        self._spawn_handling(process, f"batch {batch[0].id}")
-        await started
-
-    def _spawn_handling(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.create_task(coro, name=name)
-        self._handlers.add(task)
-        task.add_done_callback(self._handled)
-
-    def _handled(self, task: asyncio.Task[None]) -> None:
-        self._handlers.discard(task)
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            log.error("unexpected error settling entries: %s", exc, exc_info=exc)
 
     # -- shutdown -----------------------------------------------------------------
 
@@ -316,20 +288,20 @@ class Worker:
         """Let loops exit and handlers finish, all within the grace period."""
         deadline = time.monotonic() + self.config.grace_period
         if self._loops:
-            await asyncio.wait(self._loops, timeout=self.config.grace_period)
-        await self._cancel(self._loops)
-        while self._handlers and (left := deadline - time.monotonic()) > 0:
-            await asyncio.wait(set(self._handlers), timeout=left)
-        if self._handlers or self.abandoned:
+            await asyncio.wait(set(self._loops), timeout=self.config.grace_period)
+        await self._cancel(set(self._loops))
+        while self._handling and (left := deadline - time.monotonic()) > 0:
+            await asyncio.wait(set(self._handling), timeout=left)
+        if self._handling or self.abandoned:
             self._cut_short = tuple(self._deliveries.calls.leases.dedup_keys())
-        if self._handlers:
+        if self._handling:
             log.warning(
                 "grace period over: %d entries in hand cancelled; they stay pending "
                 "(runs cut short: %s)",
                 self._streams.in_hand(),
                 ", ".join(self._cut_short) or "none",
             )
-            await self._cancel(self._handlers)
+            await self._cancel(set(self._handling))
         if self.abandoned:
             log.warning(
                 "%d sync handlers still running after the grace period: their leases are "
@@ -338,15 +310,6 @@ class Worker:
             )
 
     # -- plumbing -------------------------------------------------------------------
-
-    def _spawn_loop(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.create_task(coro, name=name)
-        self._loops.add(task)
-        task.add_done_callback(_log_crash)
-
-    def _redis_ok(self) -> None:
-        self._last_redis_ok = self._clock()
-        REDIS.ok()
 
     async def _stopped_within(self, seconds: float) -> bool:
         with contextlib.suppress(TimeoutError):

@@ -16,9 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -31,8 +29,9 @@ from dispatcher.stream.shard_count import InvalidShardCount, read_shard_count
 from dispatcher.stream.stats import stream_stats
 from dispatcher.worker.config import WorkerConfig
 from dispatcher.worker.metrics import WorkerMetrics
-from dispatcher.worker.reader import ReadLimits, StreamReader, Submit
+from dispatcher.worker.reader import BatchSink, ReadLimits, StreamReader
 from dispatcher.worker.slots import SlotPool
+from dispatcher.worker.task_set import LoopSet, RedisContact
 
 __all__ = ["WorkerStreams"]
 
@@ -45,16 +44,16 @@ DISCOVER_EVERY_POLLS = 6
 
 @dataclass(kw_only=True)
 class WorkerStreams:
-    """The ``StreamReader`` of every stream one worker reads; ``spawn_loop`` runs their loops."""
+    """The ``StreamReader`` of every stream one worker reads; their loops run in ``loops``."""
 
     client: RedisClient
     config: WorkerConfig
     metrics: WorkerMetrics
     slots: SlotPool
-    submit: Submit
+    deliveries: BatchSink
     stopping: asyncio.Event
-    on_redis_ok: Callable[[], None]
-    spawn_loop: Callable[[Coroutine[Any, Any, None], str], None]
+    contact: RedisContact
+    loops: LoopSet
     limits: ReadLimits
     readers: dict[str, StreamReader] = field(default_factory=dict)
     shards: int = 0
@@ -163,15 +162,15 @@ class WorkerStreams:
             consumer=consumer,
             queue=queue,
             slots=self.slots,
-            submit=self.submit,
+            deliveries=self.deliveries,
             stopping=self.stopping,
             reclaim_idle_ms=self.config.reclaim_idle_ms,
-            on_redis_ok=self.on_redis_ok,
+            contact=self.contact,
             limits=self.limits,
         )
         self.readers[stream] = reader
-        self.spawn_loop(reader.read_loop(), f"read {stream}")
-        self.spawn_loop(reader.reclaim_loop(), f"reclaim {stream}")
+        self.loops.start(reader.read_loop(), f"read {stream}")
+        self.loops.start(reader.reclaim_loop(), f"reclaim {stream}")
 
     async def _stopped_within(self, seconds: float) -> bool:
         with contextlib.suppress(TimeoutError):

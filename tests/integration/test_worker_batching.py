@@ -8,6 +8,7 @@ comes with its slots already taken.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 
 from redis.asyncio import RedisCluster
@@ -20,6 +21,7 @@ from dispatcher.worker.leases import LeaseKeeper
 from dispatcher.worker.reader import StreamReader
 from dispatcher.worker.settle import Settler
 from dispatcher.worker.slots import SlotPool
+from dispatcher.worker.task_set import RedisContact
 from tests.data import Attempt, hold_lease, read_attempt
 
 GROUP = "workers"
@@ -192,20 +194,21 @@ async def test_a_read_holds_no_slot_and_reads_ahead_only_after_quick_handlers(
     stopping = asyncio.Event()
     batches: list[tuple[int, int]] = []
 
-    async def submit(reader: StreamReader, batch: Sequence[Message]) -> None:
-        batches.append((len(batch), slots.held))
-        reader.inline = True  # as if its handlers had all finished in their first step
-        if len(batches) == 2:
-            stopping.set()
+    class Deliveries:
+        async def take(self, reader: StreamReader, batch: Sequence[Message]) -> None:
+            batches.append((len(batch), slots.held))
+            reader.inline = True  # as if its handlers had all finished in their first step
+            if len(batches) == 2:
+                stopping.set()
 
     reader = StreamReader(
         consumer=consumer,
         queue=queue,
         slots=slots,
-        submit=submit,
+        deliveries=Deliveries(),
         stopping=stopping,
         reclaim_idle_ms=1000,
-        on_redis_ok=lambda: None,
+        contact=RedisContact(time.monotonic),
     )
     await asyncio.wait_for(reader.read_loop(), 30)
 
