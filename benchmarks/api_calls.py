@@ -40,7 +40,7 @@ from dispatcher.controller.handlers import register
 from dispatcher.controller.kubeclient import KubeClient
 from dispatcher.controller.operator import Operator
 from dispatcher.controller.operator_config import OperatorConfig
-from dispatcher.demo.processes import PostgresProcess, RedisProcess
+from dispatcher.demo.throwaway import PostgresProcess, RedisProcess
 from tests.fix_kube import kopf_running
 from tools.cluster import Cluster, start, stop
 

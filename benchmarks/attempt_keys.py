@@ -108,7 +108,7 @@ def main() -> None:
         return
 
     sys.path.insert(0, str(ROOT))
-    from dispatcher.demo.processes import RedisProcess
+    from dispatcher.demo.throwaway import RedisProcess
     from tests.redis_cluster import RedisClusterProcess
 
     checkouts = {"this checkout": ROOT}

@@ -43,7 +43,7 @@ from dispatcher import (
     cancel_run_async,
     enqueue_dispatch_async,
 )
-from dispatcher.demo.processes import PostgresProcess, RedisProcess
+from dispatcher.demo.throwaway import PostgresProcess, RedisProcess
 from dispatcher.outbox import OutboxRepository, migrate
 from dispatcher.redis_client import connect_redis
 from dispatcher.stream import RedisStreamPublisher

@@ -40,7 +40,7 @@ import psycopg
 import redis as sync_redis
 
 from benchmarks.workload import ROOT, load_average
-from dispatcher.demo.processes import PostgresProcess, RedisProcess, free_port
+from dispatcher.demo.throwaway import PostgresProcess, RedisProcess, free_port
 from dispatcher.outbox.schema import migrate
 from dispatcher.stream.naming import SHARDS_KEY, dead_letter_stream, task_stream
 from tests.chromium import chromium

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import psycopg
 
-from dispatcher.demo.processes import RedisProcess
+from dispatcher.demo.throwaway import RedisProcess
 from dispatcher.outbox.schema import migrate
 
 __all__ = ["ADMIN_URL", "BenchEnv", "RedisProcess", "bench_env", "machine_facts"]

@@ -244,7 +244,7 @@ def _own_postgres() -> Iterator[None]:
     if os.environ.get("BENCH_DATABASE_URL"):
         yield
         return
-    from dispatcher.demo.processes import PostgresProcess
+    from dispatcher.demo.throwaway import PostgresProcess
 
     workdir = Path(tempfile.mkdtemp(prefix="od-idle-steps-pg-"))
     durable = ("fsync = on", "synchronous_commit = on", "full_page_writes = on")

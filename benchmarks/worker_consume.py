@@ -56,7 +56,7 @@ from dispatcher.stream import (
     shard_for,
     task_stream,
 )
-from dispatcher.stream.limits import QueueLimits, write_limits
+from dispatcher.stream.limit_keys import QueueLimits, write_limits
 from dispatcher.stream.naming import WORKER_GROUP
 
 GROUP = WORKER_GROUP

@@ -5,7 +5,7 @@ Each setting is an ``Option`` (its env variable, flag, default and help) and
 so they never show up in a repr, a log line or a validation error.
 
 Settings at two layers share the name ``config``: this module is what every
-process reads from its environment; ``dispatcher.worker.config`` is the
+process reads from its environment; ``dispatcher.worker.worker_config`` is the
 worker's own settings value, built from these and the worker's flags.
 """
 

@@ -15,8 +15,8 @@ from dispatcher.outbox.backpressure import MemoryMarks, memory_ratio
 from dispatcher.outbox.queries import QUERIES
 from dispatcher.outbox.repository import STATUSES, OutboxRepository
 from dispatcher.redis_client import RedisClient, aof_enabled, server_infos
-from dispatcher.stream.cancels import count_cancelled
-from dispatcher.stream.limits import LimitUsage, limited_queues, read_usage, render_usage
+from dispatcher.stream.cancel_keys import count_cancelled
+from dispatcher.stream.limit_keys import LimitUsage, limited_queues, read_usage, render_usage
 from dispatcher.stream.naming import (
     DEAD_STREAM_PREFIX,
     SHARDS_KEY,

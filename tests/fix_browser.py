@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.demo.processes import free_port
+from dispatcher.demo.throwaway import free_port
 from tests.chromium import BrowserMissing, chromium
 from tests.waiting import eventually_sync
 

@@ -29,7 +29,7 @@ import pytest
 from dispatcher.controller.crd import CRD_PATH
 from dispatcher.controller.model import DEFAULT_VERSION_TAG
 from dispatcher.controller.resource import API_GROUP, PLURAL
-from dispatcher.demo.processes import PostgresProcess, RedisProcess
+from dispatcher.demo.throwaway import PostgresProcess, RedisProcess
 from tests.waiting import eventually_sync
 from tools.cluster import HOST_IP, Cluster, start, stop
 from tools.cluster.leftovers import inventory

@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from dispatcher.demo.processes import free_port
+from dispatcher.demo.throwaway import free_port
 from tests.suite_servers import postgres_admin_url
 from tests.waiting import eventually_sync
 

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dispatcher.demo.processes import free_port
+from dispatcher.demo.throwaway import free_port
 
 __all__ = ["TcpProxy", "tcp_proxy"]
 

@@ -1,7 +1,7 @@
 """Own server processes for tests: ``redis_process``, ``redis_cluster_process``, ``pg_process``.
 
 Fault tests kill, pause and restart these; the machine's shared services are
-never touched. The processes are the demo's (``dispatcher.demo.processes``),
+never touched. The processes are the demo's (``dispatcher.demo.throwaway``),
 the same the demo and the benchmarks start; each is killed at teardown
 whatever the test did to it.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from dispatcher.demo.processes import PostgresProcess, RedisProcess
+from dispatcher.demo.throwaway import PostgresProcess, RedisProcess
 from tests.faults.load import BUSINESS_TABLE
 from tests.fix_db import migrate_url
 from tests.redis_cluster import RedisClusterProcess

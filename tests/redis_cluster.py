@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from dispatcher.demo.processes import RedisProcess, redis_binary
+from dispatcher.demo.throwaway import RedisProcess, redis_binary
 from tests.waiting import eventually_sync
 
 __all__ = ["RedisClusterProcess"]

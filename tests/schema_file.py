@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psycopg
 
-from dispatcher.demo.processes import postgres_bin_dir
+from dispatcher.demo.throwaway import postgres_bin_dir
 
 SCHEMA_FILE = Path(__file__).resolve().parents[1] / "dispatcher" / "outbox" / "sql" / "schema.sql"
 HEADER = (

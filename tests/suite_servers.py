@@ -1,7 +1,7 @@
 """The suite's own PostgreSQL and Redis: started on first use, stopped when the session ends.
 
 The suite never writes to a server it did not start: by default every test
-database lives on a PostgreSQL this module starts (``dispatcher.demo.processes``,
+database lives on a PostgreSQL this module starts (``dispatcher.demo.throwaway``,
 a free loopback port, trust on loopback, its files in a temp dir) and every
 test's Redis DB number on a redis-server it starts the same way. Nothing needs
 to listen on 5432 or 6379, and a running shared Redis keeps its data.
@@ -20,7 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dispatcher.demo.processes import PostgresProcess, RedisProcess
+from dispatcher.demo.throwaway import PostgresProcess, RedisProcess
 
 __all__ = ["postgres_admin_url", "redis_base_url", "stop_all"]
 

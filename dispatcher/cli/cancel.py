@@ -1,6 +1,6 @@
 """``dispatcher cancel --run R``: cancel a run in a transaction of its own.
 
-The same statement as ``cancel_run`` (``dispatcher.outbox.cancel``), committed
+The same statement as ``cancel_run`` (``dispatcher.outbox.run_cancel``), committed
 at once: the run's rows still in the outbox are deleted, and an enqueuer
 records the cancel in Redis for the workers.
 """
@@ -14,7 +14,7 @@ import psycopg
 
 from dispatcher.cli.main import Common, UsageError
 from dispatcher.config import Settings
-from dispatcher.outbox.cancel import InvalidRunId, cancel_run_now
+from dispatcher.outbox.run_cancel import InvalidRunId, cancel_run_now
 
 __all__ = ["register"]
 

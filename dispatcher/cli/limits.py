@@ -17,7 +17,7 @@ from dispatcher.cli.main import Common, UsageError
 from dispatcher.cli.ops import redis_client
 from dispatcher.config import Settings
 from dispatcher.stream.limit_change import StoredLimitsInvalid, change_limits, requested_limits
-from dispatcher.stream.limits import (
+from dispatcher.stream.limit_keys import (
     REFRESH_EVERY,
     InvalidLimits,
     limited_queues,

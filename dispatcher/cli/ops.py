@@ -29,7 +29,7 @@ from dispatcher.replay import (
 from dispatcher.status import gather_status, render_text
 from dispatcher.stream.naming import InvalidQueueName, dead_letter_stream, validate_queue
 from dispatcher.stream.shard_count import read_shard_count
-from dispatcher.worker.config import WorkerConfig
+from dispatcher.worker.worker_config import WorkerConfig
 
 __all__ = ["REPORT_GROUP", "redis_client", "register_dlq", "register_status"]
 

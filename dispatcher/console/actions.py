@@ -21,7 +21,7 @@ from typing import Any
 
 import psycopg
 
-from dispatcher.outbox.cancel import cancel_run_now
+from dispatcher.outbox.run_cancel import cancel_run_now
 from dispatcher.redis_client import RedisClient
 from dispatcher.replay import (
     delete_dead_letters,
@@ -30,7 +30,7 @@ from dispatcher.replay import (
     replay_outbox_dlq,
 )
 from dispatcher.stream.limit_change import StoredLimitsInvalid, change_limits
-from dispatcher.stream.limits import REFRESH_EVERY, InvalidLimits
+from dispatcher.stream.limit_keys import REFRESH_EVERY, InvalidLimits
 from dispatcher.stream.naming import validate_queue
 from dispatcher.stream.shard_count import change_shard_count, parse_shard_count, read_shard_count
 

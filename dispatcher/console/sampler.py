@@ -34,9 +34,9 @@ from dispatcher.outbox.queries import QUERIES
 from dispatcher.outbox.repository import OutboxRepository
 from dispatcher.redis_client import RedisClient
 from dispatcher.status import find_streams
-from dispatcher.stream.cancels import count_cancelled
+from dispatcher.stream.cancel_keys import count_cancelled
 from dispatcher.stream.discovery import ShardState
-from dispatcher.stream.limits import LimitUsage, read_usage
+from dispatcher.stream.limit_keys import LimitUsage, read_usage
 from dispatcher.stream.naming import (
     DEAD_STREAM_PREFIX,
     SHARDS_KEY,

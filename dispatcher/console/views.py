@@ -22,7 +22,7 @@ from redis.exceptions import ResponseError
 from dispatcher.models import dedup_run_part
 from dispatcher.outbox.queries import QUERIES
 from dispatcher.redis_client import RedisClient
-from dispatcher.stream.cancels import CANCELLED_RUNS, redis_now_ms
+from dispatcher.stream.cancel_keys import CANCELLED_RUNS, redis_now_ms
 from dispatcher.stream.naming import dead_letter_stream
 from dispatcher.worker.dead_letter import DEAD_LETTER_FIELDS, original_fields
 from dispatcher.worker.dedup import ATTEMPT_PREFIX, DONE

@@ -4,7 +4,8 @@ One ``OperatorMetrics`` per ``Operator`` on a registry it is given (the process 
 ``dispatcher operator``, which serves it on ``--metrics-port``; a fresh one in tests). The
 per-queue gauges are what the autoscaler measured and chose, labelled by the dispatcher's
 namespace and name, and removed when the dispatcher or the queue goes.
-The enqueuer's and the worker's are ``dispatcher.outbox.metrics`` and ``dispatcher.worker.metrics``.
+The enqueuer's and the worker's are ``dispatcher.outbox.metrics`` and
+``dispatcher.worker.worker_metrics``.
 """
 
 from __future__ import annotations

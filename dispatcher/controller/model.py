@@ -23,12 +23,12 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from dispatcher.config import STREAM_SHARDS
-from dispatcher.controller.limits import LimitsSpec
+from dispatcher.controller.limits_spec import LimitsSpec
 from dispatcher.controller.podsettings import DNS_SUBDOMAIN_PATTERN, POD_RULES, PodSettings
 from dispatcher.controller.resource import ResourceModel, cel_rule
 from dispatcher.options import default_of, option_of, pydantic_field
 from dispatcher.outbox.enqueuer_config import EnqueuerConfig
-from dispatcher.worker.config import WorkerConfig
+from dispatcher.worker.worker_config import WorkerConfig
 
 __all__ = [
     "AUTOSCALING_EXTERNAL",

@@ -48,7 +48,7 @@ from dispatcher.controller.effects import apply_budgets, apply_owned, drain_queu
 from dispatcher.controller.glance import at_a_glance
 from dispatcher.controller.identity import QUEUE_LABEL, Owner, worker_name
 from dispatcher.controller.k8s import APIError, KubeApi, SecretMissing
-from dispatcher.controller.limits import publish_limits
+from dispatcher.controller.limits_spec import publish_limits
 from dispatcher.controller.model import MAX_NAME, OutboxDispatcherSpec, SecretRef
 from dispatcher.controller.pods import WorkloadDefaults
 from dispatcher.controller.redis_access import Measurement, RedisProblem, measure, redis_message

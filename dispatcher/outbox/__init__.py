@@ -2,11 +2,11 @@
 enqueuer."""
 
 from dispatcher.outbox.app_api import enqueue_dispatch, enqueue_dispatch_async
-from dispatcher.outbox.cancel import CancelMissing, InvalidRunId, cancel_run, cancel_run_async
 from dispatcher.outbox.enqueuer import OutboxEnqueuer
 from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.listener import NOTIFY_CHANNEL, OutboxListener
 from dispatcher.outbox.repository import OutboxRepository
+from dispatcher.outbox.run_cancel import CancelMissing, InvalidRunId, cancel_run, cancel_run_async
 from dispatcher.outbox.schema import migrate
 
 __all__ = [

@@ -5,7 +5,7 @@ transaction; its commit NOTIFYs ``outbox_cancel`` (the empty payload, a hint:
 anyone may NOTIFY a channel). This loop answers a hint, and polls anyway
 every ``poll_interval``: in one short transaction it locks the oldest
 committed cancels (``SKIP LOCKED``: enqueuers share them), records them in
-Redis (``dispatcher.stream.cancels``: kept for ``ttl_ms``, the workers'
+Redis (``dispatcher.stream.cancel_keys``: kept for ``ttl_ms``, the workers'
 dedup window, then the signal the workers block on) and deletes them. A
 failure rolls that back: the cancels stay and are relayed on the next turn,
 so a cancel is recorded at least once (twice is harmless: the same member,
@@ -31,7 +31,7 @@ from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.listener import OutboxListener
 from dispatcher.outbox.queries import QUERIES
 from dispatcher.redis_client import RedisClient
-from dispatcher.stream.cancels import record_cancels
+from dispatcher.stream.cancel_keys import record_cancels
 
 __all__ = ["CANCEL_CHANNEL", "CancelRelay"]
 

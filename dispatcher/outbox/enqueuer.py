@@ -43,8 +43,8 @@ from dispatcher.outbox.listener import NotificationHints, OutboxListener
 from dispatcher.outbox.maintenance import Maintenance
 from dispatcher.outbox.metrics import EnqueuerMetrics
 from dispatcher.outbox.pipeline import BatchPipeline
-from dispatcher.outbox.probes import SuspectProbes
 from dispatcher.outbox.repository import OutboxRepository
+from dispatcher.outbox.suspect_probes import SuspectProbes
 from dispatcher.stream.publisher import RedisStreamPublisher
 from dispatcher.stream.shard_count import LiveShardCount
 

@@ -17,8 +17,8 @@ from typing import Any
 
 from dispatcher.outbox.idle_flag import IdleFlag
 from dispatcher.outbox.metrics import EnqueuerMetrics
-from dispatcher.outbox.probes import SuspectProbes
 from dispatcher.outbox.repository import STATUSES, OutboxRepository, Recovery
+from dispatcher.outbox.suspect_probes import SuspectProbes
 from dispatcher.outbox.vacuum import OutboxVacuum
 
 __all__ = ["Maintenance", "recover", "refresh_depth"]

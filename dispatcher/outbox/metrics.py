@@ -5,7 +5,7 @@ CLI passes the process-wide default registry and serves it on ``/metrics``,
 tests and embedders may pass their own so several enqueuers can live in one
 process. The names are what dashboards and the chart query: keep them.
 
-The worker's twin is ``dispatcher.worker.metrics``, the operator's
+The worker's twin is ``dispatcher.worker.worker_metrics``, the operator's
 ``dispatcher.controller.metrics``: one metrics module per process kind.
 """
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dispatcher.redis_client import RedisClient
-from dispatcher.stream.limits import InvalidLimits, QueueLimits, read_limits, write_limits
+from dispatcher.stream.limit_keys import InvalidLimits, QueueLimits, read_limits, write_limits
 
 __all__ = ["LimitChange", "StoredLimitsInvalid", "change_limits", "requested_limits"]
 

@@ -1,7 +1,7 @@
 """Cancelled runs, as one worker sees them: no run of them starts, running ones are cancelled.
 
 The worker keeps the set of cancelled run ids in memory (``RunCancels.runs``),
-read from Redis (``dispatcher.stream.cancels``) at start, again whenever an
+read from Redis (``dispatcher.stream.cancel_keys``) at start, again whenever an
 entry arrives on the signal stream the enqueuer appends to (``watch``: one
 blocking ``XREAD`` at a time), and every ``RELOAD_EVERY`` seconds (runs whose
 window ended drop out; a signal lost with Redis is made up for). So checking
@@ -38,7 +38,7 @@ from dispatcher.config import ConfigError
 from dispatcher.models import MalformedMessage, TaskMessage
 from dispatcher.observability import PrefixedMetrics
 from dispatcher.outage import REDIS
-from dispatcher.stream.cancels import cancelled_runs, wait_for_signal
+from dispatcher.stream.cancel_keys import cancelled_runs, wait_for_signal
 from dispatcher.stream.entries import Message
 from dispatcher.worker.reader import StreamReader
 from dispatcher.worker.verdicts import Verdicts

@@ -46,18 +46,18 @@ from redis.exceptions import RedisError
 from dispatcher.models import MalformedMessage, TaskMessage
 from dispatcher.stream.entries import Message
 from dispatcher.tracing import carries_trace
+from dispatcher.worker.batch_tasks import aligned, tasks_of
 from dispatcher.worker.calls import HandlerCalls, failure_of
 from dispatcher.worker.cancels import RunCancelled, RunCancels
 from dispatcher.worker.coalesce import Coalescer
 from dispatcher.worker.dedup import Claim
 from dispatcher.worker.eager import Suspended, start
-from dispatcher.worker.entries import aligned, tasks_of
 from dispatcher.worker.handler import is_async
-from dispatcher.worker.limits import LimitGate
-from dispatcher.worker.metrics import QueueMetrics, WorkerMetrics, observe_many
+from dispatcher.worker.limit_gate import LimitGate
 from dispatcher.worker.reader import StreamReader
 from dispatcher.worker.task_set import HandlingSet
 from dispatcher.worker.verdicts import Verdicts, left_pending
+from dispatcher.worker.worker_metrics import QueueMetrics, WorkerMetrics, observe_many
 
 __all__ = ["Deliveries"]
 

@@ -35,7 +35,7 @@ from redis.asyncio import RedisCluster
 from redis.typing import EncodableT, KeyT
 
 from dispatcher.redis_client import RedisClient
-from dispatcher.stream.limits import QueueLimits, alive_key, held_key, tokens_key
+from dispatcher.stream.limit_keys import QueueLimits, alive_key, held_key, tokens_key
 from dispatcher.worker.dedup import _PRELUDE, AttemptGuard, attempt_key
 
 __all__ = ["WAIT", "Claimed", "LimitScripts"]

@@ -5,7 +5,7 @@ each with its own read and reclaim loops (``reader.py``), and runs handlers
 in one bounded pool of slots (``slots.py``): each read batch is one task that
 claims all its entries at once, starts their handlers and settles them
 together (``delivery.py``); entries that wait for their queue's limits
-(``limits.py``) are started again by a loop per queue, as the limits make
+(``limit_gate.py``) are started again by a loop per queue, as the limits make
 room (``waiting.py``); long runs keep their leases and their entries
 fresh (``leases.py``), and a thread warns when the event loop stalls for
 long enough to let them lapse (``stalls.py``). ``request_stop()`` stops reading; handlers in hand
@@ -37,14 +37,12 @@ from dispatcher.stream.stats import stream_stats
 from dispatcher.worker.calls import HandlerCalls
 from dispatcher.worker.cancels import RunCancels
 from dispatcher.worker.coalesce import Coalescer
-from dispatcher.worker.config import WorkerConfig
 from dispatcher.worker.dedup import AttemptGuard
 from dispatcher.worker.delivery import Deliveries
 from dispatcher.worker.handler import Handler
 from dispatcher.worker.leases import LeaseKeeper
+from dispatcher.worker.limit_gate import LimitGate
 from dispatcher.worker.limit_scripts import LimitScripts
-from dispatcher.worker.limits import LimitGate
-from dispatcher.worker.metrics import WorkerMetrics
 from dispatcher.worker.settle import Settler
 from dispatcher.worker.side_renewal import SideRenewal
 from dispatcher.worker.slots import SlotPool
@@ -53,6 +51,8 @@ from dispatcher.worker.streams import WorkerStreams
 from dispatcher.worker.task_set import HandlingSet, LoopSet, RedisContact
 from dispatcher.worker.verdicts import Verdicts
 from dispatcher.worker.waiting import WaitingRoom
+from dispatcher.worker.worker_config import WorkerConfig
+from dispatcher.worker.worker_metrics import WorkerMetrics
 
 __all__ = ["Worker"]
 

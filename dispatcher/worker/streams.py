@@ -27,11 +27,11 @@ from dispatcher.stream.discovery import existing_shards
 from dispatcher.stream.naming import DEFAULT_SHARDS, parse_task_stream, queue_streams, task_stream
 from dispatcher.stream.shard_count import InvalidShardCount, read_shard_count
 from dispatcher.stream.stats import stream_stats
-from dispatcher.worker.config import WorkerConfig
-from dispatcher.worker.metrics import WorkerMetrics
 from dispatcher.worker.reader import BatchSink, ReadLimits, StreamReader
 from dispatcher.worker.slots import SlotPool
 from dispatcher.worker.task_set import LoopSet, RedisContact
+from dispatcher.worker.worker_config import WorkerConfig
+from dispatcher.worker.worker_metrics import WorkerMetrics
 
 __all__ = ["WorkerStreams"]
 

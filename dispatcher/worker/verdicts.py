@@ -24,9 +24,9 @@ from dispatcher.stream.entries import Message
 from dispatcher.worker.calls import log_fields
 from dispatcher.worker.dead_letter import describe_error, write_dead_letter
 from dispatcher.worker.dedup import AttemptGuard
-from dispatcher.worker.metrics import WorkerMetrics
 from dispatcher.worker.reader import StreamReader
 from dispatcher.worker.settle import Settler
+from dispatcher.worker.worker_metrics import WorkerMetrics
 
 __all__ = ["Verdicts", "left_pending"]
 

@@ -26,8 +26,8 @@ from selenium.webdriver.support.ui import Select
 
 from dispatcher.models import payload_fields
 from dispatcher.outbox.app_api import enqueue_dispatch
-from dispatcher.stream.cancels import CANCELLED_RUNS
-from dispatcher.stream.limits import QueueLimits, limits_key
+from dispatcher.stream.cancel_keys import CANCELLED_RUNS
+from dispatcher.stream.limit_keys import QueueLimits, limits_key
 from dispatcher.stream.naming import SHARDS_KEY, dead_letter_stream, shard_for, task_stream
 from tests.data import dispatch, insert_rows
 from tests.enqueuers import spawn_enqueuer

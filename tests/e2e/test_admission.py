@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from dispatcher.controller.crd import cel_rules
-from dispatcher.controller.limits import BURST_RULE
+from dispatcher.controller.limits_spec import BURST_RULE
 from dispatcher.controller.model import MAX_NAME, MAX_RUNS_CONFLICT
 from dispatcher.controller.podsettings import (
     ENV_RULE,

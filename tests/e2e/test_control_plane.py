@@ -33,8 +33,8 @@ import pytest
 import redis
 
 from dispatcher import TaskDispatch, enqueue_dispatch
-from dispatcher.demo.processes import PostgresProcess, RedisProcess
-from dispatcher.stream.limits import limits_key
+from dispatcher.demo.throwaway import PostgresProcess, RedisProcess
+from dispatcher.stream.limit_keys import limits_key
 from dispatcher.stream.naming import SHARDS_KEY
 from dispatcher.worker import attempt_key
 from tests.e2e.cluster_objects import condition, condition_status, get, kubectl

@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from dispatcher.controller.model import OutboxDispatcherSpec
-from dispatcher.demo.processes import free_port
+from dispatcher.demo.throwaway import free_port
 from tests.chart import CHART, CRD, K8S_VERSION, render
 from tests.dockerfile import stages
 from tests.e2e.cluster_objects import condition_status

@@ -26,7 +26,7 @@ import psycopg
 import pytest
 
 from dispatcher import TaskDispatch, enqueue_dispatch
-from dispatcher.demo.processes import PostgresProcess, RedisProcess
+from dispatcher.demo.throwaway import PostgresProcess, RedisProcess
 from tests.e2e.cluster_objects import get, kubectl
 from tests.waiting import eventually_sync
 from tools.cluster import HOST_IP, Cluster

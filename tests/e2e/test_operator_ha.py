@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import redis
 
-from dispatcher.demo.processes import PostgresProcess, RedisProcess
+from dispatcher.demo.throwaway import PostgresProcess, RedisProcess
 from dispatcher.stream.naming import SHARDS_KEY, SHARDS_OWNER_KEY
 from tests.e2e.cluster_objects import condition, condition_status, events_in, get, kubectl
 from tests.waiting import eventually_sync

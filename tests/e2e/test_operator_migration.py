@@ -17,7 +17,7 @@ import pytest
 
 from dispatcher.controller.identity import Owner, migration_job_name
 from dispatcher.controller.model import DEFAULT_VERSION_TAG
-from dispatcher.demo.processes import PostgresProcess
+from dispatcher.demo.throwaway import PostgresProcess
 from tests.e2e.live_dispatcher import NAME, condition, container, events, get, idle, shows, until
 from tests.fix_live_operator import LiveNamespace, running_live_operator
 from tests.waiting import eventually

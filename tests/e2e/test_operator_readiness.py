@@ -20,7 +20,7 @@ from dispatcher.cli.operator import operator_settings
 from dispatcher.controller.handlers import register, register_login
 from dispatcher.controller.operator import Operator
 from dispatcher.controller.operator_config import OperatorConfig
-from dispatcher.demo.processes import free_port
+from dispatcher.demo.throwaway import free_port
 from dispatcher.observability import ObservabilityServer
 from tests.fix_kube import spawned_by_kopf
 from tests.waiting import eventually

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.demo.processes import RedisProcess
+from dispatcher.demo.throwaway import RedisProcess
 from tests.faults.harness import Pipeline
 from tests.fix_proxy import TcpProxy
 from tests.redis_cluster import RedisClusterProcess

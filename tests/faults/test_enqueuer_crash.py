@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher.demo.processes import RedisProcess, free_port
+from dispatcher.demo.throwaway import RedisProcess, free_port
 from dispatcher.outbox import OutboxEnqueuer, OutboxRepository
 from dispatcher.outbox.repository import Recovery
 from dispatcher.redis_client import connect_redis

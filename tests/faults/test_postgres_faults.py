@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from dispatcher.demo.processes import PostgresProcess, RedisProcess
+from dispatcher.demo.throwaway import PostgresProcess, RedisProcess
 from tests.faults.harness import Pipeline, scale
 from tests.faults.load import LoadSpec
 from tests.waiting import eventually_sync

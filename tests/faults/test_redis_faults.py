@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from dispatcher.demo.processes import RedisProcess
+from dispatcher.demo.throwaway import RedisProcess
 from dispatcher.stream import queue_streams
 from tests.faults.harness import Pipeline, scale
 from tests.faults.load import LoadSpec

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from dispatcher.demo.processes import RedisProcess
+from dispatcher.demo.throwaway import RedisProcess
 from tests.faults.harness import LONG, Pipeline
 from tests.faults.load import LoadSpec
 from tests.waiting import eventually_sync

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from dispatcher.demo.processes import RedisProcess
+from dispatcher.demo.throwaway import RedisProcess
 from tests.data import insert_rows
 from tests.enqueuers import spawn_enqueuer
 from tests.fix_worker_process import ROOT

@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 
-from dispatcher.demo.processes import RedisProcess
+from dispatcher.demo.throwaway import RedisProcess
 from dispatcher.stream import parse_task_stream
 from tests.faults.checker import shard_streams
 from tests.faults.harness import ROOT, Pipeline, scale

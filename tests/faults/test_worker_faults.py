@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from dispatcher.demo.processes import RedisProcess
+from dispatcher.demo.throwaway import RedisProcess
 from dispatcher.stream.naming import dead_letter_stream
 from tests.faults.harness import Pipeline, scale
 from tests.faults.load import LoadSpec

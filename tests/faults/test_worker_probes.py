@@ -15,7 +15,7 @@ import dataclasses
 
 import pytest
 
-from dispatcher.demo.processes import RedisProcess
+from dispatcher.demo.throwaway import RedisProcess
 from dispatcher.redis_client import connect_redis
 from dispatcher.worker import Worker, WorkerConfig
 from dispatcher.worker.runtime import REDIS_DEAD_AFTER, REDIS_UNREADY_AFTER

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher.demo.processes import RedisProcess
+from dispatcher.demo.throwaway import RedisProcess
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.stream import publish_shard_count
 from tests.data import insert_rows

@@ -18,7 +18,7 @@ from dispatcher import cancel_requested, cancel_run, cancel_run_async, enqueue_d
 from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.outbox import CancelMissing, InvalidRunId
 from dispatcher.redis_client import RedisClient
-from dispatcher.stream.cancels import (
+from dispatcher.stream.cancel_keys import (
     CANCEL_SIGNAL,
     CANCELLED_RUNS,
     cancelled_runs,

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dispatcher.demo.processes import free_port
+from dispatcher.demo.throwaway import free_port
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -22,8 +22,8 @@ from psycopg_pool import AsyncConnectionPool
 from dispatcher.cli.main import main
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.stream import publish_shard_count
-from dispatcher.stream.cancels import CANCEL_SIGNAL, CANCELLED_RUNS
-from dispatcher.stream.limits import (
+from dispatcher.stream.cancel_keys import CANCEL_SIGNAL, CANCELLED_RUNS
+from dispatcher.stream.limit_keys import (
     QueueLimits,
     alive_key,
     held_key,

@@ -10,7 +10,7 @@ import psycopg
 from prometheus_client import REGISTRY, CollectorRegistry
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher.demo.processes import RedisProcess
+from dispatcher.demo.throwaway import RedisProcess
 from dispatcher.models import TaskDispatch, TaskMessage
 from dispatcher.outbox import OutboxRepository, enqueue_dispatch
 from dispatcher.redis_client import RedisClient, connect_redis

@@ -12,7 +12,7 @@ import dataclasses
 from dispatcher.models import TaskMessage
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream import dead_letter_stream, publish_shard_count, task_stream
-from dispatcher.stream.limits import QueueLimits, held_key, read_usage, write_limits
+from dispatcher.stream.limit_keys import QueueLimits, held_key, read_usage, write_limits
 from dispatcher.worker import Worker
 from tests.data import publish, read_attempt, tasks
 from tests.waiting import eventually

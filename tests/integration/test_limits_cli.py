@@ -10,7 +10,7 @@ import pytest
 
 from dispatcher.cli.main import main
 from dispatcher.redis_client import RedisClient
-from dispatcher.stream.limits import QueueLimits, limits_key, read_limits
+from dispatcher.stream.limit_keys import QueueLimits, limits_key, read_limits
 
 Cli = Callable[..., Awaitable[tuple[int, str]]]
 

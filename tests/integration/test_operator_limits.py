@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dispatcher.controller.limits import publish_limits
+from dispatcher.controller.limits_spec import publish_limits
 from dispatcher.controller.model import OutboxDispatcherSpec
 from dispatcher.redis_client import RedisClient
-from dispatcher.stream.limits import QueueLimits, limits_key, read_limits
+from dispatcher.stream.limit_keys import QueueLimits, limits_key, read_limits
 
 SECRETS = {
     "postgres": {"secretRef": {"name": "db", "key": "url"}},

@@ -14,7 +14,7 @@ import aiohttp
 import kmock
 import pytest
 
-from dispatcher.demo.processes import free_port
+from dispatcher.demo.throwaway import free_port
 from tests.fix_kube import (
     CR_RESOURCE,
     FakeClock,

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from redis.asyncio import Connection, ConnectionPool, Redis, RedisCluster
 
-from dispatcher.demo.processes import RedisProcess
+from dispatcher.demo.throwaway import RedisProcess
 from dispatcher.stream import RedisStreamPublisher, queue_streams, shard_for, task_stream
 from tests.redis_cluster import RedisClusterProcess
 

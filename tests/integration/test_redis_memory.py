@@ -6,7 +6,7 @@ import pytest
 import redis as sync_redis
 from redis.exceptions import ResponseError
 
-from dispatcher.demo.processes import RedisProcess
+from dispatcher.demo.throwaway import RedisProcess
 from dispatcher.outbox.backpressure import MemoryMarks, RedisMemoryGate
 from dispatcher.redis_client import RedisClient, check_eviction_policy, connect_redis
 from dispatcher.stream.publisher import ensure_group

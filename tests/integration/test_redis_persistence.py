@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis as sync_redis
 
-from dispatcher.demo.processes import RedisProcess
+from dispatcher.demo.throwaway import RedisProcess
 from dispatcher.stream import SHARDS_KEY
 from tests.waiting import eventually_sync
 

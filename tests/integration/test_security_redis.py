@@ -27,8 +27,8 @@ import redis as sync_redis
 from redis.exceptions import NoPermissionError, ResponseError
 
 from dispatcher import cancel_run
-from dispatcher.demo.processes import PostgresProcess, RedisProcess
-from dispatcher.stream.cancels import CANCEL_SIGNAL, CANCELLED_RUNS
+from dispatcher.demo.throwaway import PostgresProcess, RedisProcess
+from dispatcher.stream.cancel_keys import CANCEL_SIGNAL, CANCELLED_RUNS
 from tests.faults.harness import ROOT, Pipeline
 from tests.faults.load import LoadSpec
 from tests.fix_kube import CR_RESOURCE, NAMESPACE, FakeClock, KubeEmulator, running_operator

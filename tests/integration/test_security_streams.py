@@ -22,8 +22,8 @@ from dispatcher.outbox import enqueue_dispatch, schema
 from dispatcher.outbox.schema import available_migrations
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.replay import ReplayError, replay_outbox_dlq
-from dispatcher.stream.cancels import CANCEL_SIGNAL, CANCELLED_RUNS
-from dispatcher.stream.limits import alive_key, held_key, limits_key, tokens_key
+from dispatcher.stream.cancel_keys import CANCEL_SIGNAL, CANCELLED_RUNS
+from dispatcher.stream.limit_keys import alive_key, held_key, limits_key, tokens_key
 from dispatcher.stream.naming import SHARDS_KEY, SHARDS_OWNER_KEY, dead_letter_stream
 from dispatcher.worker.dedup import attempt_key
 from tests.data import dispatch

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.demo.processes import PostgresProcess, RedisProcess, ServerUnavailable
+from dispatcher.demo.throwaway import PostgresProcess, RedisProcess, ServerUnavailable
 
 
 def test_a_redis_that_does_not_start_shows_what_it_printed(tmp_path: Path) -> None:

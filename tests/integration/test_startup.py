@@ -19,7 +19,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from dispatcher.demo.processes import free_port
+from dispatcher.demo.throwaway import free_port
 from tests.data import insert_rows
 from tests.enqueuers import spawn_enqueuer
 from tests.fix_proxy import TcpProxy

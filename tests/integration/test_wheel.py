@@ -25,7 +25,7 @@ import psycopg
 import pytest
 import redis as sync_redis
 
-from dispatcher.demo.processes import free_port
+from dispatcher.demo.throwaway import free_port
 from dispatcher.outbox.schema import available_migrations
 from tests.data import insert_rows
 from tests.dockerfile import build_sources

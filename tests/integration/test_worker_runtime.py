@@ -243,7 +243,7 @@ async def test_stop_leaves_the_group_only_with_nothing_pending(
 async def test_probes_and_metrics_are_served(redis_standalone: RedisClient, queue: str) -> None:
     import aiohttp
 
-    from dispatcher.demo.processes import free_port
+    from dispatcher.demo.throwaway import free_port
     from dispatcher.observability import ObservabilityServer
 
     seen: list[str] = []

@@ -8,12 +8,12 @@ import pydantic
 import pytest
 
 from dispatcher.controller.conditions import DEGRADED, READY, set_condition
-from dispatcher.controller.limits import limits_to_write
+from dispatcher.controller.limits_spec import limits_to_write
 from dispatcher.controller.model import MAX_NAME, OutboxDispatcherSpec
 from dispatcher.controller.reconcile import parse_spec
 from dispatcher.controller.report import Failure
 from dispatcher.controller.shard_policy import ShardDecision, decide_shards, draining_shards
-from dispatcher.stream.limits import QueueLimits
+from dispatcher.stream.limit_keys import QueueLimits
 
 SECRETS = {
     "postgres": {"secretRef": {"name": "db", "key": "url"}},

@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from dispatcher.outbox.metrics import EnqueuerMetrics
-from dispatcher.worker.metrics import WorkerMetrics
+from dispatcher.worker.worker_metrics import WorkerMetrics
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "outbox-dispatcher.json"
 SUFFIXES = ("_total", "_bucket", "_sum", "_count", "_created")

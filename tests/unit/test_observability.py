@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from dispatcher.controller.metrics import OperatorMetrics
 from dispatcher.observability import PrefixedMetrics
 from dispatcher.outbox.metrics import EnqueuerMetrics
-from dispatcher.worker.metrics import WorkerMetrics
+from dispatcher.worker.worker_metrics import WorkerMetrics
 
 
 def _names(registry: CollectorRegistry) -> set[str]:

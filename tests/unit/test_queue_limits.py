@@ -6,7 +6,7 @@ import pytest
 
 from dispatcher.cli.main import main
 from dispatcher.status import StatusReport, render_text
-from dispatcher.stream.limits import (
+from dispatcher.stream.limit_keys import (
     InvalidLimits,
     LimitUsage,
     QueueLimits,

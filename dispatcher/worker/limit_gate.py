@@ -1,7 +1,7 @@
 """The queue limits one worker applies: read live, taken with the leases, freed with the runs.
 
 ``LimitGate`` reads each of the worker's queues' limits key every
-``REFRESH_EVERY`` seconds (``dispatcher.stream.limits``); a key that cannot
+``REFRESH_EVERY`` seconds (``dispatcher.stream.limit_keys``); a key that cannot
 be read as limits (not UTF-8, not JSON, not numbers, a key of another type)
 keeps the last good value, with a warning once per change. For a queue
 with limits, the claim of a read batch goes through ``LimitScripts`` (a slot
@@ -33,15 +33,15 @@ from dispatcher.observability import PrefixedMetrics
 from dispatcher.outage import REDIS
 from dispatcher.redis_client import RedisClient, queue_get_raw
 from dispatcher.stream.entries import Message
-from dispatcher.stream.limits import (
+from dispatcher.stream.limit_keys import (
     REFRESH_EVERY,
     InvalidLimits,
     QueueLimits,
     limits_key,
     parse_limits,
 )
+from dispatcher.worker.batch_tasks import aligned
 from dispatcher.worker.coalesce import Coalescer
-from dispatcher.worker.entries import aligned
 from dispatcher.worker.limit_scripts import WAIT, LimitScripts
 from dispatcher.worker.reader import StreamReader
 from dispatcher.worker.slots import SlotPool

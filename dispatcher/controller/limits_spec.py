@@ -18,7 +18,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from dispatcher.controller.resource import ResourceModel, cel_rule
 from dispatcher.redis_client import RedisClient, queue_get_raw
-from dispatcher.stream.limits import (
+from dispatcher.stream.limit_keys import (
     MAX_RATE,
     MAX_SLOTS,
     MIN_RATE,

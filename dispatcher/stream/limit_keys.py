@@ -11,7 +11,7 @@ slots end unless renewed, Redis's clock) and ``...:tat`` (the token bucket's
 theoretical arrival time, GCRA); ``dispatcher.worker.limit_scripts`` says how.
 
 Pure parsing and naming here, plus the few reads and writes the CLI, the
-status and the operator share; the worker's side is ``dispatcher.worker.limits``.
+status and the operator share; the worker's side is ``dispatcher.worker.limit_gate``.
 """
 
 from __future__ import annotations
