@@ -68,7 +68,7 @@ from dispatcher.config import ConfigError
 from dispatcher.redis_client import RedisClient, server_infos
 from dispatcher.stream.consumer import RedisPipeline
 
-__all__ = ["DONE", "AttemptGuard", "Claim", "attempt_key", "supports_claims"]
+__all__ = ["DONE", "AttemptGuard", "Claim", "aligned", "attempt_key", "supports_claims"]
 
 log = logging.getLogger(__name__)
 
@@ -345,3 +345,9 @@ class AttemptGuard:
             if isinstance(reply, Exception):
                 raise reply
         return replies
+
+
+def aligned(keys: list[str | None], claims: list[int]) -> list[int | None]:
+    """The claim of each entry (None for a malformed one, which was not claimed)."""
+    found = iter(claims)
+    return [next(found) if key is not None else None for key in keys]

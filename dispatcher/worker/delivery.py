@@ -43,14 +43,14 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
-from dispatcher.models import MalformedMessage, TaskMessage
+from dispatcher.models import MalformedMessage, TaskMessage, parse_tasks
 from dispatcher.stream.entries import Message
 from dispatcher.tracing import carries_trace
-from dispatcher.worker.batch_tasks import aligned, tasks_of
 from dispatcher.worker.calls import HandlerCalls, failure_of
 from dispatcher.worker.cancels import RunCancelled, RunCancels
 from dispatcher.worker.coalesce import Coalescer
-from dispatcher.worker.dedup import Claim
+from dispatcher.worker.dead_letter import describe_error
+from dispatcher.worker.dedup import Claim, aligned
 from dispatcher.worker.eager import Suspended, start
 from dispatcher.worker.handler import is_async
 from dispatcher.worker.limit_gate import LimitGate
@@ -145,7 +145,7 @@ class Deliveries:
     async def _process(
         self, reader: StreamReader, messages: Sequence[Message], started: asyncio.Future[None]
     ) -> None:
-        tasks = tasks_of(messages)
+        tasks = _tasks_of(messages)
         if self.cancels.runs:  # entries of cancelled runs are acked, never claimed
             messages, tasks = await self.cancels.drop(reader, messages, tasks)
         keys = [task.dedup_key if type(task) is TaskMessage else None for task in tasks]
@@ -364,3 +364,24 @@ def _free(batch: _Batch) -> None:
     if batch.freed:
         batch.reader.settled(batch.freed)
         batch.freed = []
+
+
+def _tasks_of(messages: Sequence[Message]) -> list[TaskMessage | MalformedMessage]:
+    """The batch's tasks; an unreadable or unparseable entry is its own ``MalformedMessage``."""
+    try:
+        tasks = parse_tasks([message.fields for message in messages])
+    except Exception:  # whatever the batch parse raised: find the culprits one by one
+        tasks = [_parsed_alone(message) for message in messages]
+    for index, message in enumerate(messages):
+        if message.error is not None:
+            tasks[index] = MalformedMessage(f"cannot read it: {message.error}")
+    return tasks
+
+
+def _parsed_alone(message: Message) -> TaskMessage | MalformedMessage:
+    try:
+        return TaskMessage.from_fields(message.fields)
+    except MalformedMessage as exc:
+        return exc
+    except Exception as exc:
+        return MalformedMessage(f"cannot parse it: {describe_error(exc)}")

@@ -40,8 +40,8 @@ from dispatcher.stream.limit_keys import (
     limits_key,
     parse_limits,
 )
-from dispatcher.worker.batch_tasks import aligned
 from dispatcher.worker.coalesce import Coalescer
+from dispatcher.worker.dedup import aligned
 from dispatcher.worker.limit_scripts import WAIT, LimitScripts
 from dispatcher.worker.reader import StreamReader
 from dispatcher.worker.slots import SlotPool
