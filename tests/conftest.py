@@ -12,6 +12,7 @@ pytest_plugins = [
     "tests.fix_live_operator",
     "tests.fix_specfleet",
     "tests.fix_browser",
+    "tests.fix_logs",
 ]
 
 

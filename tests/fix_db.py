@@ -1,5 +1,5 @@
 """PostgreSQL fixtures on the suite's own server: ``empty_db_url``, ``outbox_db_url``, ``pool``,
-and ``audited`` (who was charged an attempt).
+and ``audited`` (who was charged an attempt); ``roles_db`` on a test's own server.
 
 Each test module gets its own migrated database (created from ``template0``
 and dropped with FORCE at the end), so modules never see each other's rows,
@@ -12,14 +12,34 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from importlib import resources
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
+from dispatcher.outbox.idle_flag import IDLE_FLAG_KEY
 from dispatcher.outbox.schema import migrate
 from tests.suite_servers import postgres_admin_url
+
+ROLES_SQL = resources.files("dispatcher.outbox").joinpath("sql/roles.sql").read_text()
+
+
+def as_role(url: str, role: str) -> str:
+    """``url`` logging in as ``role`` (one of roles.sql's, with the database's trust auth)."""
+    return psycopg.conninfo.make_conninfo(url, user=role)
+
+
+@pytest.fixture
+def roles_db(own_pg_db_url: str) -> str:
+    """A migrated database on the test's own server with ``roles.sql`` applied (twice: it is
+    idempotent); roles are cluster-wide, so never on the suite's shared server."""
+    with psycopg.connect(own_pg_db_url, autocommit=True) as conn:
+        conn.execute(ROLES_SQL)
+        conn.execute(ROLES_SQL)  # idempotent
+        conn.execute("GRANT INSERT ON fault_business TO outbox_app")  # the app's own table
+    return own_pg_db_url
 
 
 def _create_database(prefix: str) -> str:
@@ -35,14 +55,17 @@ def _drop_database(url: str) -> None:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def migrate_url(url: str) -> None:
-    """Apply the outbox schema to the database at ``url``."""
+def migrate_url(url: str, *, attempts: int = 5) -> list[int]:
+    """Apply the outbox schema to the database at ``url``; the versions applied."""
 
-    async def run() -> None:
-        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-            await migrate(conn)
+    async def run() -> list[int]:
+        # A migration that waited for ever would hang the suite: fail it long after lock_timeout.
+        async with await psycopg.AsyncConnection.connect(
+            url, autocommit=True, options="-c statement_timeout=120s"
+        ) as conn:
+            return [m.version for m in await migrate(conn, attempts=attempts)]
 
-    asyncio.run(run())
+    return asyncio.run(run())
 
 
 @pytest.fixture
@@ -114,3 +137,16 @@ def charged(db_url: str) -> set[str]:
     """The ids whose attempt count changed since ``audited`` set up the audit."""
     with psycopg.connect(db_url) as conn:
         return {r[0] for r in conn.execute("SELECT id FROM test_attempts").fetchall()}
+
+
+def announced(db_url: str) -> list[int]:
+    """Backend pids holding the idle flag (exclusive advisory lock IDLE_FLAG_KEY)."""
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock'"
+            " AND granted AND database = (SELECT oid FROM pg_database"
+            "                              WHERE datname = current_database())"
+            " AND (classid::bigint << 32 | objid::bigint) = %s",
+            (IDLE_FLAG_KEY,),
+        ).fetchall()
+    return [r[0] for r in rows]

@@ -21,7 +21,7 @@ from tests.faults.load import BUSINESS_TABLE
 from tests.fix_db import migrate_url
 from tests.redis_cluster import RedisClusterProcess
 
-__all__ = ["own_pg_db_url", "pg_process", "redis_cluster_process", "redis_process"]
+__all__ = ["aof_redis", "own_pg_db_url", "pg_process", "redis_cluster_process", "redis_process"]
 
 
 @pytest.fixture
@@ -71,3 +71,13 @@ def own_pg_db_url(pg_process: PostgresProcess) -> str:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(BUSINESS_TABLE)
     return url
+
+
+@pytest.fixture
+def aof_redis(tmp_path: Path) -> Iterator[RedisProcess]:
+    """A Redis of the test's own with the append-only file on."""
+    server = RedisProcess(tmp_path / "aof", "--appendonly", "yes")
+    try:
+        yield server.start()
+    finally:
+        server.kill()

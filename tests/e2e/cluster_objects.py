@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tools.cluster import Cluster
+from tools.cluster import HOST_IP, Cluster
 
-__all__ = ["condition", "condition_status", "events_in", "get", "kubectl"]
+__all__ = ["condition", "condition_status", "events_in", "for_pods", "get", "kubectl"]
 
 
 def kubectl(cluster: Cluster, *args: str, stdin: str | None = None) -> str:
@@ -49,3 +49,8 @@ def events_in(
     """The namespace's Events (with ``reason``: only those)."""
     listed = json.loads(kubectl(cluster, "-n", namespace, "get", "events", "-o", "json"))
     return [e for e in listed["items"] if reason is None or e.get("reason") == reason]
+
+
+def for_pods(url: str) -> str:
+    """A server URL of the host (``127.0.0.1``) as pods reach it: the node bridge's address."""
+    return url.replace("127.0.0.1", HOST_IP)

@@ -37,10 +37,10 @@ from dispatcher.demo.throwaway import PostgresProcess, RedisProcess
 from dispatcher.stream.limit_keys import limits_key
 from dispatcher.stream.naming import SHARDS_KEY
 from dispatcher.worker import attempt_key
-from tests.e2e.cluster_objects import condition, condition_status, get, kubectl
+from tests.e2e.cluster_objects import condition, condition_status, for_pods, get, kubectl
 from tests.e2e.leftovers import leftovers
 from tests.waiting import eventually_sync
-from tools.cluster import HOST_IP, Cluster
+from tools.cluster import Cluster
 from tools.cluster.binaries import ROOT
 
 pytestmark = pytest.mark.timeout(900)
@@ -60,7 +60,7 @@ class Backends:
     redis_url: str
 
     def for_pods(self, url: str) -> str:
-        return url.replace("127.0.0.1", HOST_IP)
+        return for_pods(url)
 
 
 @pytest.fixture(scope="module")

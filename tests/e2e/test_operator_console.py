@@ -27,9 +27,9 @@ import pytest
 
 from dispatcher import TaskDispatch, enqueue_dispatch
 from dispatcher.demo.throwaway import PostgresProcess, RedisProcess
-from tests.e2e.cluster_objects import get, kubectl
+from tests.e2e.cluster_objects import for_pods, get, kubectl
 from tests.waiting import eventually_sync
-from tools.cluster import HOST_IP, Cluster
+from tools.cluster import Cluster
 from tools.cluster.binaries import ROOT
 
 pytestmark = pytest.mark.timeout(900)
@@ -39,10 +39,6 @@ NAME = "orders"
 SHARDS = 3  # not the chart's default, so the page's figure is the operator's write
 PASSWORD = f"pw-{uuid.uuid4().hex}"
 COMPONENT = "app.kubernetes.io/component=console"  # the console's objects
-
-
-def for_pods(url: str) -> str:
-    return url.replace("127.0.0.1", HOST_IP)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,6 @@ from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.stream import publish_shard_count
 from tests.data import insert_rows
 from tests.enqueuers import make_enqueuer, running
-from tests.integration.test_redis_persistence import aof_redis  # noqa: F401 (a fixture)
 from tests.outbox_rows import outbox_status
 from tests.waiting import eventually
 
@@ -27,7 +26,7 @@ OFF = "Redis runs without AOF now"
 
 
 @pytest.fixture
-async def aof_client(aof_redis: RedisProcess) -> AsyncIterator[RedisClient]:  # noqa: F811
+async def aof_client(aof_redis: RedisProcess) -> AsyncIterator[RedisClient]:
     client = connect_redis(aof_redis.url)
     await publish_shard_count(client, 1)
     yield client

@@ -29,8 +29,8 @@ from dispatcher.stream.cancel_keys import (
 from dispatcher.stream.naming import dead_letter_stream
 from dispatcher.worker import Worker
 from tests import enqueuers, workers
+from tests.commands import cli
 from tests.data import tasks
-from tests.integration.test_ops import cli
 from tests.waiting import eventually
 
 SLOTS = 4  # per worker; two workers

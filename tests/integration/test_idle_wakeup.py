@@ -13,6 +13,7 @@ from dispatcher.outbox.idle_flag import IDLE_FLAG_KEY
 from dispatcher.redis_client import RedisClient
 from tests.data import insert_rows
 from tests.enqueuers import make_enqueuer, running
+from tests.fix_db import announced
 from tests.outbox_rows import outbox_status, published
 from tests.waiting import eventually, eventually_sync
 
@@ -23,19 +24,6 @@ def notifications_after_insert(db_url: str, queue: str) -> list[str]:
         listener.execute("LISTEN outbox_new")
         insert_rows(db_url, 1, queue=queue, prefix=f"n{uuid.uuid4().hex[:8]}-")
         return [n.channel for n in listener.notifies(timeout=0.5)]
-
-
-def announced(db_url: str) -> list[int]:
-    """Backend pids holding the idle flag (exclusive advisory lock IDLE_FLAG_KEY)."""
-    with psycopg.connect(db_url) as conn:
-        rows = conn.execute(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND mode = 'ExclusiveLock'"
-            " AND granted AND database = (SELECT oid FROM pg_database"
-            "                              WHERE datname = current_database())"
-            " AND (classid::bigint << 32 | objid::bigint) = %s",
-            (IDLE_FLAG_KEY,),
-        ).fetchall()
-    return [r[0] for r in rows]
 
 
 def take_flag(conn: psycopg.Connection[Any]) -> bool:

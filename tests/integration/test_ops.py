@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import subprocess
-import sys
 from typing import Any
 
 import psycopg
@@ -22,25 +21,11 @@ from dispatcher.stream import (
     task_stream,
 )
 from dispatcher.worker import Worker, WorkerConfig, attempt_key
+from tests.commands import cli
 from tests.data import insert_rows, publish, tasks
 from tests.enqueuers import make_enqueuer
 from tests.outbox_rows import outbox_status, published
 from tests.waiting import eventually
-
-
-def cli(*args: str, db_url: str, redis_url: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            *("-m", "dispatcher.cli"),
-            *args,
-            *("--database-url", db_url, "--redis-url", redis_url),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 async def test_status_json_matches_what_was_put_in(

@@ -36,15 +36,6 @@ def plain_redis(tmp_path: Path) -> Iterator[RedisProcess]:
         server.kill()
 
 
-@pytest.fixture
-def aof_redis(tmp_path: Path) -> Iterator[RedisProcess]:
-    server = RedisProcess(tmp_path / "aof", "--appendonly", "yes")
-    try:
-        yield server.start()
-    finally:
-        server.kill()
-
-
 def dispatcher(
     redis: RedisProcess, *args: str, log: Path, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:

@@ -6,7 +6,6 @@ The database is migrated through 0006 (the last schema with the claim columns an
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import psycopg
@@ -14,7 +13,8 @@ import pytest
 
 from dispatcher.outbox import schema
 from dispatcher.outbox.queries import QUERIES
-from dispatcher.outbox.schema import available_migrations, migrate
+from dispatcher.outbox.schema import available_migrations
+from tests.fix_db import migrate_url
 
 DEAD_COLUMNS = {"claim_token", "claimed_at", "sent_at"}
 
@@ -32,17 +32,6 @@ VALUES ('pending', 't1', 'workflow.tasks.q', '{"a": 1}', 'PENDING', 0, NULL, NUL
 INSERT INTO outbox_dlq (id, task_id, stream, payload, attempts, last_error)
 VALUES ('dlq', 't5', 'workflow.tasks.q', '{"a": 5}', 6, 'boom');
 """
-
-
-def _migrate(url: str, *, attempts: int = 5) -> list[int]:
-    async def run() -> list[int]:
-        # A migration that waited for ever would hang the suite: fail it long after lock_timeout.
-        async with await psycopg.AsyncConnection.connect(
-            url, autocommit=True, options="-c statement_timeout=120s"
-        ) as conn:
-            return [m.version for m in await migrate(conn, attempts=attempts)]
-
-    return asyncio.run(run())
 
 
 def _columns(conn: psycopg.Connection[Any]) -> set[str]:
@@ -65,7 +54,7 @@ def at_0006(empty_db_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     upto_0006 = [m for m in available_migrations() if m.version <= 6]
     with monkeypatch.context() as patch:
         patch.setattr(schema, "available_migrations", lambda: upto_0006)
-        assert _migrate(empty_db_url) == [1, 2, 3, 4, 5, 6]
+        assert migrate_url(empty_db_url) == [1, 2, 3, 4, 5, 6]
     with psycopg.connect(empty_db_url) as conn:
         conn.execute(ROWS)
     return empty_db_url
@@ -73,7 +62,7 @@ def at_0006(empty_db_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 def test_upgrading_keeps_every_row_that_still_has_to_be_dispatched(at_0006: str) -> None:
     url = at_0006
-    applied = _migrate(url)
+    applied = migrate_url(url)
 
     assert 7 in applied
     with psycopg.connect(url) as conn:
@@ -95,14 +84,14 @@ def test_upgrading_keeps_every_row_that_still_has_to_be_dispatched(at_0006: str)
 @pytest.mark.parametrize("status", ["IN_FLIGHT", "SENT"])
 def test_the_dead_statuses_can_no_longer_be_written(at_0006: str, status: str) -> None:
     url = at_0006
-    _migrate(url)
+    migrate_url(url)
     with psycopg.connect(url) as conn, pytest.raises(psycopg.errors.CheckViolation):
         conn.execute("UPDATE outbox SET status = %s WHERE id = 'pending'", (status,))
 
 
 def test_0007_run_again_changes_nothing(at_0006: str) -> None:
     url = at_0006
-    _migrate(url)
+    migrate_url(url)
     (sql,) = [m.sql for m in available_migrations() if m.version == 7]
     with psycopg.connect(url) as conn:
         before = _rows(conn), _columns(conn)
@@ -121,7 +110,9 @@ def test_a_long_transaction_on_the_outbox_fails_the_upgrade_not_the_application(
             "INSERT INTO outbox (id, stream, payload) VALUES ('late', 'workflow.tasks.q', '{}')"
         )
         with pytest.raises(psycopg.errors.LockNotAvailable):
-            _migrate(url, attempts=1)  # the retries: tests/integration/test_migration_lock_wait.py
-    assert 7 in _migrate(url), "the next run applies it"
+            migrate_url(
+                url, attempts=1
+            )  # the retries: tests/integration/test_migration_lock_wait.py
+    assert 7 in migrate_url(url), "the next run applies it"
     with psycopg.connect(url) as conn:
         assert _rows(conn)["late"] == ("PENDING", 0, {}, None)

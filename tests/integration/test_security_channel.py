@@ -25,7 +25,7 @@ from dispatcher.redis_client import RedisClient
 from dispatcher.stream.naming import task_stream
 from tests.data import dispatch
 from tests.enqueuers import make_enqueuer, running
-from tests.integration.test_idle_wakeup import announced
+from tests.fix_db import announced
 from tests.waiting import eventually
 
 SECRET = "4111-1111-1111-1111"

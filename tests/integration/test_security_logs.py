@@ -24,7 +24,6 @@ from tests.fix_kube import (
     running_operator,
     status_of,
 )
-from tests.unit.test_log_redaction import printed  # noqa: F401 (a fixture)
 from tests.waiting import eventually
 
 
@@ -38,7 +37,7 @@ async def test_the_operator_at_debug_logs_no_secret_value(
     kube: KubeEmulator,
     clock: FakeClock,
     redis_url: str,
-    printed: io.StringIO,  # noqa: F811 (the fixture)
+    printed: io.StringIO,
 ) -> None:
     pg_password, rd_password = f"pg-{uuid.uuid4().hex}", f"rd-{uuid.uuid4().hex}"
     pg_url = f"postgresql://app:{pg_password}@127.0.0.1:1/app"

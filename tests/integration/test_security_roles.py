@@ -8,32 +8,17 @@ drains what a load generator commits as ``outbox_app`` through
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 import psycopg
-import pytest
 
 from dispatcher import cancel_run, enqueue_dispatch
 from tests.data import dispatch
 from tests.faults.harness import Pipeline
 from tests.faults.load import LoadSpec
+from tests.fix_db import as_role
 
-ROLES_SQL = resources.files("dispatcher.outbox").joinpath("sql/roles.sql").read_text()
 DENIED = psycopg.errors.InsufficientPrivilege
-
-
-def as_role(url: str, role: str) -> str:
-    return psycopg.conninfo.make_conninfo(url, user=role)
-
-
-@pytest.fixture
-def roles_db(own_pg_db_url: str) -> str:
-    with psycopg.connect(own_pg_db_url, autocommit=True) as conn:
-        conn.execute(ROLES_SQL)
-        conn.execute(ROLES_SQL)  # idempotent
-        conn.execute("GRANT INSERT ON fault_business TO outbox_app")  # the app's own table
-    return own_pg_db_url
 
 
 def _denied(conn: psycopg.Connection[object], statement: str) -> bool:

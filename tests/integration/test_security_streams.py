@@ -28,8 +28,7 @@ from dispatcher.stream.naming import SHARDS_KEY, SHARDS_OWNER_KEY, dead_letter_s
 from dispatcher.worker.dedup import attempt_key
 from tests.data import dispatch
 from tests.enqueuers import make_enqueuer, running
-from tests.integration.test_schema_upgrade import _migrate
-from tests.integration.test_security_roles import as_role, roles_db  # noqa: F401 (a fixture)
+from tests.fix_db import as_role, migrate_url
 from tests.outbox_rows import outbox_status
 from tests.waiting import eventually
 
@@ -63,7 +62,7 @@ def _payload(n: int) -> str:
     return f'{{"task_id": "bad-{n}", "run_id": "R", "attempt": 1, "input": "{{}}"}}'
 
 
-def test_the_schema_refuses_a_row_naming_anything_but_a_task_stream(roles_db: str) -> None:  # noqa: F811
+def test_the_schema_refuses_a_row_naming_anything_but_a_task_stream(roles_db: str) -> None:
     with psycopg.connect(as_role(roles_db, "outbox_app")) as app:
         for n, key in enumerate(CONTROL_KEYS):
             with pytest.raises(psycopg.errors.CheckViolation):
@@ -87,7 +86,7 @@ async def _snapshot(client: RedisClient) -> dict[str, Any]:
 
 
 async def test_the_enqueuer_dead_letters_a_row_naming_a_control_key_and_touches_no_key(
-    roles_db: str,  # noqa: F811
+    roles_db: str,
     redis_url: str,
 ) -> None:
     with psycopg.connect(roles_db, autocommit=True) as owner:
@@ -136,7 +135,7 @@ def at_0011(empty_db_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     before = [m for m in available_migrations() if m.version <= 11]
     with monkeypatch.context() as patch:
         patch.setattr(schema, "available_migrations", lambda: before)
-        assert _migrate(empty_db_url)[-1] == 11
+        assert migrate_url(empty_db_url)[-1] == 11
     with psycopg.connect(empty_db_url) as conn:
         conn.execute(INSERT, ("good", "good", "workflow.tasks.hq.2", _payload(0)))
         conn.execute(INSERT, ("bad", "bad", CANCELLED_RUNS, _payload(1)))
@@ -146,8 +145,8 @@ def at_0011(empty_db_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def test_upgrading_moves_rows_naming_a_control_key_to_the_dlq(at_0011: str) -> None:
-    assert _migrate(at_0011) == [12]
-    assert _migrate(at_0011) == []
+    assert migrate_url(at_0011) == [12]
+    assert migrate_url(at_0011) == []
     with psycopg.connect(at_0011) as conn:
         assert conn.execute("SELECT id, stream FROM outbox").fetchall() == [
             ("good", "workflow.tasks.hq.2")
@@ -160,7 +159,7 @@ def test_upgrading_moves_rows_naming_a_control_key_to_the_dlq(at_0011: str) -> N
 
 
 def test_a_row_naming_a_control_key_is_never_replayed(at_0011: str) -> None:
-    _migrate(at_0011)
+    migrate_url(at_0011)
 
     async def replay() -> None:
         async with await psycopg.AsyncConnection.connect(at_0011, autocommit=True) as conn:

@@ -5,26 +5,8 @@ from __future__ import annotations
 import base64
 import io
 import logging
-import sys
-from collections.abc import Iterator
 
-import pytest
-
-from dispatcher.logs import configure_logging, hide
-
-
-@pytest.fixture
-def printed(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    out = io.StringIO()
-    monkeypatch.setattr(sys, "stderr", out)
-    configure_logging("DEBUG", "json")
-    try:
-        yield out
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
+from dispatcher.logs import hide
 
 
 def test_a_hidden_value_is_masked_in_every_form_it_may_take(printed: io.StringIO) -> None:
