@@ -41,11 +41,11 @@ from dispatcher.worker.dedup import ATTEMPT_PREFIX, DONE
 
 __all__ = ["CHUNK", "MOST", "SCAN_COUNT", "SCAN_STEPS", "SearchCursor", "run_tasks"]
 
-# One request's budget: ~50,000 keys examined in Redis, 20,000 rows of each table read
-# (benchmarks/results/console_load.md: well under a second on a 1,200,000-key keyspace).
-SCAN_STEPS = 50
+# One request's budget: ~100,000 keys examined in Redis, 50,000 rows of each table read
+# (benchmarks/results/console_load.md: a step takes well under a second on the big backlog).
+SCAN_STEPS = 100
 SCAN_COUNT = 1000
-CHUNK = 20_000
+CHUNK = 50_000
 MOST = 500  # of the run's entries per part and request: the page stays small
 _VERSION = 1
 _CURSOR = re.compile(r"[A-Za-z0-9_-]{1,8000}")
@@ -118,30 +118,53 @@ def _attempt_state(value: str) -> str:
     return f"running (run {runs})" if holder else f"failed runs: {runs}"
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _TableStep:
+    """One table's part of a step: the run's rows found, where the next step starts, rows read."""
+
+    rows: list[dict[str, Any]]
+    next_id: str | None
+    examined: int
+
+
+_TABLES = {"outbox": "run_outbox_rows", "outbox_dlq": "run_dlq_rows"}
+
+
 async def _sql_step(
-    pool: AsyncConnectionPool[Any], query: str, *, start: str | None, sizes: dict[str, Any]
-) -> tuple[list[dict[str, Any]], str | None, int]:
-    """The run's rows in the next chunk from ``start``, where the next begins, rows read."""
-    if start is None:
-        return [], None, 0
-    params = {**sizes, "from_id": start}
+    pool: AsyncConnectionPool[Any], at: SearchCursor, *, run_id: str, chunk: int, most: int
+) -> dict[str, _TableStep]:
+    """The next chunk of each table not yet searched to its end, from ``at``."""
+    params = {"run_id": run_id, "outbox_from": at.outbox, "dlq_from": at.dlq}
     async with pool.connection() as conn:
         cur = conn.cursor(row_factory=dict_row)
-        rows = await (await cur.execute(QUERIES[query], params)).fetchall()
-    examined, next_id = int(rows[0]["examined"]), rows[0]["next_id"]
-    found = [
-        {k: stamp(v) for k, v in row.items() if k not in ("examined", "next_id")}
-        for row in rows
-        if row["id"] is not None
-    ]
-    return found, next_id, examined
+        await cur.execute(QUERIES["run_search_chunk"], {**params, "chunk": chunk, "most": most})
+        parts = {row["source"]: row for row in await cur.fetchall()}
+        steps = {}
+        for table, query in _TABLES.items():
+            part = parts.get(table)  # none: nothing left to read in it
+            found = []
+            if part and part["found"]:
+                await cur.execute(QUERIES[query], {"ids": part["found"]})
+                found = [{k: stamp(v) for k, v in row.items()} for row in await cur.fetchall()]
+            steps[table] = _TableStep(
+                rows=found,
+                next_id=part["next_id"] if part else None,
+                examined=int(part["examined"]) if part else 0,
+            )
+    return steps
 
 
 async def _primaries(client: RedisClient) -> list[str]:
     """The nodes a SCAN visits, in a stable order: ``[""]`` for standalone Redis."""
     if isinstance(client, RedisCluster):
+        await client.initialize()  # a no-op once the slot map is known
         return sorted(node.name for node in client.get_primaries())
     return [""]
+
+
+def _node_gone(node: str) -> ValueError:
+    where = repr(node) if node else "(a cursor of standalone Redis)"
+    return ValueError(f"cursor: Redis has no primary {where} (any more): look the run up again")
 
 
 async def _scan_call(
@@ -150,7 +173,7 @@ async def _scan_call(
     if isinstance(client, RedisCluster):
         target = client.get_node(node_name=node)
         if target is None:  # without a target the call would go to every node
-            raise ValueError(f"cursor: Redis has no primary {node!r} (any more): look it up again")
+            raise _node_gone(node)
         reply: tuple[dict[str, int], list[Any]] = await client.scan(  # type: ignore[assignment]
             cursor, match=match, count=count, target_nodes=target
         )
@@ -165,10 +188,7 @@ async def _scan_steps(
     """Up to ``steps`` SCAN calls from ``at``: the keys found, where they stopped, calls made."""
     nodes = await _primaries(client)
     if at.node is not None and at.node not in nodes:
-        raise ValueError(
-            f"cursor: Redis has no primary {at.node or 'standalone'!r} (any more): "
-            "look the run up again"
-        )
+        raise _node_gone(at.node)
     found: dict[str, None] = {}  # a key SCAN returns twice is kept once
     node, scan, calls = at.node, at.scan, 0
     while node is not None and calls < steps and len(found) < most:
@@ -226,12 +246,9 @@ async def run_tasks(
         count=scan_count,
         most=most,
     )
-    sizes = {"run_id": run_id, "chunk": chunk, "most": most}
-    waiting, outbox_next, outbox_rows = await _sql_step(
-        pool, "run_outbox_chunk", start=at.outbox, sizes=sizes
-    )
-    dead, dlq_next, dlq_rows = await _sql_step(pool, "run_dlq_chunk", start=at.dlq, sizes=sizes)
-    after = replace(after, outbox=outbox_next, dlq=dlq_next)
+    tables = await _sql_step(pool, at, run_id=run_id, chunk=chunk, most=most)
+    waiting, dead = tables["outbox"], tables["outbox_dlq"]
+    after = replace(after, outbox=waiting.next_id, dlq=dead.next_id)
     async with pool.connection() as conn:
         relaying = await (
             await conn.execute(QUERIES["run_cancel_waiting"], {"run_id": run_id})
@@ -241,12 +258,12 @@ async def run_tasks(
         "run_id": run_id,
         "cancelled": until is not None and until > await redis_now_ms(client),
         "cancel_waiting": relaying is not None,
-        "outbox": waiting,
-        "outbox_dlq": dead,
+        "outbox": waiting.rows,
+        "outbox_dlq": dead.rows,
         "attempts": await _attempts(client, keys, prefix),
         "searched": {
-            "outbox_rows": outbox_rows,
-            "outbox_dlq_rows": dlq_rows,
+            "outbox_rows": waiting.examined,
+            "outbox_dlq_rows": dead.examined,
             "redis_scans": calls,
             "redis_scan_count": scan_count,
             "outbox_done": after.outbox is None,
