@@ -8,6 +8,9 @@ attempt keys (the keyspace a SCAN for new streams walks):
 - how long each JSON endpoint takes (median of ``--rounds``): the first
   overview (a SCAN and a sample), a cached overview, the first page of dead
   letters, a page deep in them (by cursor), the first page of ``outbox_dlq``;
+- a run's lookup (a search of bounded steps): its first request, and every step of a
+  whole search (how many, and how long each) for a run with 100 attempt keys and no rows,
+  and for a run with ``--dead`` rows in ``outbox_dlq`` (each step stops at 500 of them);
 - how long headless Chromium (Debian's, as the browser tests drive it) takes
   from navigation to the queues drawn and to the first page of dead letters
   drawn (``performance.mark`` of the page itself);
@@ -32,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -40,6 +44,7 @@ import psycopg
 import redis as sync_redis
 
 from benchmarks.workload import ROOT, load_average
+from dispatcher.console.run_search import CHUNK, SCAN_COUNT, SCAN_STEPS
 from dispatcher.demo.throwaway import PostgresProcess, RedisProcess, free_port
 from dispatcher.outbox.schema import migrate
 from dispatcher.stream.naming import SHARDS_KEY, dead_letter_stream, task_stream
@@ -168,6 +173,42 @@ def endpoint_times(base: str, rounds: int) -> dict[str, list[float]]:
     return times
 
 
+def run_search(base: str, run_id: str) -> tuple[list[float], int]:
+    """Every step of one whole search for ``run_id``: ms each, and what it found."""
+    steps: list[float] = []
+    found = 0
+    cursor: str | None = None
+    while True:
+        query = urllib.parse.urlencode({"run_id": run_id, **({"cursor": cursor} if cursor else {})})
+        spent, doc = get(f"{base}/api/run?{query}")
+        steps.append(spent * 1000)
+        found += len(doc["attempts"]) + len(doc["outbox"]) + len(doc["outbox_dlq"])
+        cursor = doc["next"]
+        if cursor is None:
+            return steps, found
+
+
+def run_rows(base: str, rounds: int) -> list[str]:
+    """Lines of the run lookup's table: first request over ``rounds``, then one whole search."""
+    lines = []
+    for what, run_id in (
+        ("100 attempt keys, no rows", "run-7"),
+        ("all of outbox_dlq's rows", "r"),
+    ):
+        firsts = [run_search_first(base, run_id) for _ in range(rounds)]
+        steps, found = run_search(base, run_id)
+        lines.append(
+            f"| {what} | {statistics.median(firsts):.1f} | {max(firsts):.1f} | {len(steps)} "
+            f"| {found:,} | {statistics.median(steps):.1f} | {max(steps):.1f} |"
+        )
+    return lines
+
+
+def run_search_first(base: str, run_id: str) -> float:
+    spent, _ = get(f"{base}/api/run?{urllib.parse.urlencode({'run_id': run_id})}")
+    return spent * 1000
+
+
 def browser(driver: Any, base: str, rounds: int) -> tuple[list[float], list[float]]:
     """Navigation to the queues drawn, and to the dead letters drawn (ms, the page's marks)."""
     queues: list[float] = []
@@ -221,6 +262,7 @@ def main() -> None:
         console = start_console(pg.url(), redis_proc.url, port, workdir / "console.log")
         base = f"http://127.0.0.1:{port}"
         times = endpoint_times(base, args.rounds)
+        runs = run_rows(base, args.rounds)
         with chromium() as driver:
             queues_ms, dead_ms = browser(driver, base, args.rounds)
             time.sleep(5)  # the page open on the overview, polling at 2 s
@@ -239,6 +281,7 @@ def main() -> None:
     after = load_average()
     added = (console_cpu - idle_cpu) / args.window * 100
     command = " ".join(["python -m benchmarks.console_load", *sys.argv[1:]])
+    run_lines = "\n".join(runs)
     rows = "\n".join(
         f"| {name} | {statistics.median(ms):.1f} | {max(ms):.1f} |" for name, ms in times.items()
     )
@@ -253,6 +296,14 @@ JSON endpoints (ms, over HTTP on loopback; {args.rounds} rounds):
 | request | median | max |
 |---|---|---|
 {rows}
+
+A run's lookup, `/api/run` (ms; a search of bounded steps: each request reads {CHUNK:,}
+rows of `outbox` and of `outbox_dlq` by key and makes {SCAN_STEPS} `SCAN ... COUNT {SCAN_COUNT}`
+calls; the first request over {args.rounds} rounds, then one whole search step by step):
+
+| run | first request, median | max | steps to complete | found | per step, median | max |
+|---|---|---|---|---|---|---|
+{run_lines}
 
 Headless Chromium, navigation to the view drawn (ms, `performance.mark` of the page;
 {args.rounds} loads each): queues {statistics.median(queues_ms):.0f} median,

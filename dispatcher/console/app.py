@@ -22,13 +22,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from dispatcher.console.actions import ACTIONS, Backends
 from dispatcher.console.guard import CSRF_COOKIE, SESSION_COOKIE, Guard, Refused
+from dispatcher.console.run_search import run_tasks
 from dispatcher.console.sampler import Sampler, one_line
-from dispatcher.console.views import (
-    dead_letter_page,
-    dead_letter_payload,
-    outbox_dlq_page,
-    run_tasks,
-)
+from dispatcher.console.views import dead_letter_page, dead_letter_payload, outbox_dlq_page
 from dispatcher.redis_client import RedisClient, connect_redis
 from dispatcher.stream.naming import validate_queue
 
@@ -162,7 +158,11 @@ class _Console:
         run_id = request.query.get("run_id", "")
         if not run_id:
             raise ValueError("run_id: the run to look up")
-        return _json(await run_tasks(client=self.backends.redis, pool=self.pool, run_id=run_id))
+        cursor = request.query.get("cursor") or None
+        found = await run_tasks(
+            client=self.backends.redis, pool=self.pool, run_id=run_id, cursor=cursor
+        )
+        return _json(found)
 
     async def _body(self, request: web.Request) -> dict[str, Any]:
         try:

@@ -1,17 +1,16 @@
-"""The console's reads on demand: a page of dead letters, one entry's payload, a run's tasks.
+"""The console's reads on demand: a page of dead letters, one entry's payload.
 
 Pages are cursors, never scans: ``XREVRANGE ... COUNT`` from the last id shown
 for ``workflow.dead.<queue>``, a ``(moved_at, id)`` keyset for ``outbox_dlq``.
 A page carries each entry's error, runs and source but no payload: a payload is
 read only for the one entry a person asks about (``payload``). A run's tasks
-are looked up by hand (``run``), so that lookup may walk: the outbox rows by
-``payload ->> 'run_id'``, the attempt keys by a SCAN of the keyspace.
+have no index to page by: their lookup is a search of bounded steps
+(``dispatcher.console.run_search``).
 """
 
 from __future__ import annotations
 
 import datetime
-import re
 from typing import Any
 
 import psycopg
@@ -19,23 +18,19 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from redis.exceptions import ResponseError
 
-from dispatcher.models import dedup_run_part
 from dispatcher.outbox.queries import QUERIES
 from dispatcher.redis_client import RedisClient
-from dispatcher.stream.cancel_keys import CANCELLED_RUNS, redis_now_ms
 from dispatcher.stream.naming import dead_letter_stream
 from dispatcher.worker.dead_letter import DEAD_LETTER_FIELDS, original_fields
-from dispatcher.worker.dedup import ATTEMPT_PREFIX, DONE
 
-__all__ = ["dead_letter_page", "dead_letter_payload", "outbox_dlq_page", "run_tasks"]
+__all__ = ["dead_letter_page", "dead_letter_payload", "outbox_dlq_page"]
 
 # What a page of worker dead letters shows of each entry: who it is and why it died.
 SHOWN_FIELDS = ("task_id", "run_id", "attempt", "node_id", *DEAD_LETTER_FIELDS)
 MAX_PAGE = 200
-RUN_LIMIT = 500
 
 
-def _stamp(value: Any) -> Any:
+def stamp(value: Any) -> Any:
     return value.isoformat() if isinstance(value, datetime.datetime) else value
 
 
@@ -77,7 +72,7 @@ async def outbox_dlq_page(
             raise ValueError(f"before: not a cursor of this page ({exc})") from None
         rows = await cur.fetchall()
         total = await (await conn.execute(QUERIES["dlq_count"])).fetchone()
-    entries = [{k: _stamp(v) for k, v in row.items()} for row in rows[:limit]]
+    entries = [{k: stamp(v) for k, v in row.items()} for row in rows[:limit]]
     last = entries[-1] if entries else None
     return {
         "queue": None,
@@ -106,46 +101,3 @@ async def dead_letter_payload(
     if not found:
         raise KeyError(entry_id)
     return original_fields(found[0][1])
-
-
-def _glob_escaped(text: str) -> str:
-    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
-
-
-def _attempt_state(value: str) -> str:
-    if value == DONE:
-        return "done"
-    runs, _, holder = value.partition("|")
-    return f"running (run {runs})" if holder else f"failed runs: {runs}"
-
-
-async def run_tasks(
-    *, client: RedisClient, pool: AsyncConnectionPool[Any], run_id: str
-) -> dict[str, Any]:
-    """Where the tasks of ``run_id`` are: outbox, outbox_dlq, attempts in Redis, cancelled."""
-    params = {"run_id": run_id, "limit": RUN_LIMIT}
-    async with pool.connection() as conn:
-        cur = conn.cursor(row_factory=dict_row)
-        waiting = await (await cur.execute(QUERIES["run_outbox"], params)).fetchall()
-        dead = await (await cur.execute(QUERIES["run_dlq"], params)).fetchall()
-        relaying = await (await cur.execute(QUERIES["run_cancel_waiting"], params)).fetchone()
-    prefix = f"{ATTEMPT_PREFIX}{dedup_run_part(run_id)}:"
-    attempts: list[dict[str, str]] = []
-    async for key in client.scan_iter(match=_glob_escaped(prefix) + "*", count=1000):
-        if len(attempts) >= RUN_LIMIT:
-            break
-        value = await client.get(key)
-        if value is None:
-            continue
-        task, _, attempt = str(key).removeprefix(prefix).rpartition(":")
-        attempts.append({"task_id": task, "attempt": attempt, "state": _attempt_state(str(value))})
-    attempts.sort(key=lambda a: (a["task_id"], a["attempt"]))
-    until = await client.zscore(CANCELLED_RUNS, run_id)
-    return {
-        "run_id": run_id,
-        "cancelled": until is not None and until > await redis_now_ms(client),
-        "cancel_waiting": relaying is not None,
-        "outbox": [{k: _stamp(v) for k, v in r.items()} for r in waiting],
-        "outbox_dlq": [{k: _stamp(v) for k, v in r.items()} for r in dead],
-        "attempts": attempts,
-    }

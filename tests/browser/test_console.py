@@ -24,11 +24,13 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
+from dispatcher.console.run_search import SCAN_COUNT, SCAN_STEPS
 from dispatcher.models import payload_fields
 from dispatcher.outbox.app_api import enqueue_dispatch
 from dispatcher.stream.cancel_keys import CANCELLED_RUNS
 from dispatcher.stream.limit_keys import QueueLimits, limits_key
 from dispatcher.stream.naming import SHARDS_KEY, dead_letter_stream, shard_for, task_stream
+from dispatcher.worker.dedup import ATTEMPT_PREFIX, DONE
 from tests.data import dispatch, insert_rows
 from tests.enqueuers import spawn_enqueuer
 from tests.fix_browser import SCREENSHOTS, ConsoleProcess
@@ -282,6 +284,58 @@ def test_a_cancel_from_the_page_stops_the_run(
     finally:
         enqueuer.terminate()
         enqueuer.wait(30)
+
+
+def test_a_run_lookup_searches_further_from_the_page(
+    chrome: WebDriver,
+    console: Callable[..., ConsoleProcess],
+    outbox_db_url: str,
+    r: sync_redis.Redis,
+) -> None:
+    """A keyspace larger than one request's budget: the page searches on when asked."""
+    run = "run-far"
+    with psycopg.connect(outbox_db_url, autocommit=True) as conn:
+        for i in range(3):
+            enqueue_dispatch(conn, dispatch(f"far-{i}", FLOWING, run_id=run, input=SLEEP0))
+    own = {f"{ATTEMPT_PREFIX}{run}:far-{i}:{1 + i % 2}": DONE for i in range(5)}
+    r.mset(own)  # type: ignore[arg-type]
+    budget = SCAN_STEPS * SCAN_COUNT
+    for start in range(0, 2 * budget, 5000):
+        r.mset({f"{ATTEMPT_PREFIX}other-{n}:t:1": DONE for n in range(start, start + 5000)})  # type: ignore[arg-type]
+    site = console()
+    status, first = site.api(f"/api/run?run_id={run}")
+    assert status == 200
+    assert first["next"] is not None  # one request did not walk to the end
+    status, refused = site.api(f"/api/run?run_id={run}&cursor={first['next'][:-3]}x!x")
+    assert (status, refused["error"].split(" (")[0]) == (
+        400,
+        "cursor: not a cursor of a run's search",
+    )
+
+    chrome.get(site.url + "/#run")
+    chrome.find_element(By.ID, "run-id").send_keys(run)
+    chrome.find_element(By.CSS_SELECTOR, "#run-form button[type=submit]").click()
+    _seen(chrome, lambda: "3 waiting" in _cell(chrome, "#run-state"), "the first step")
+    assert "not complete" in _cell(chrome, "#run-state")
+    further = chrome.find_element(By.ID, "run-further")
+    clicks = 0
+    while further.is_displayed():
+        steps = _cell(chrome, "#run-state")
+        further.click()
+        clicks += 1
+        _seen(chrome, lambda s=steps: _cell(chrome, "#run-state") != s, "one more step")
+        assert clicks < 20, "the search never completes"
+    assert clicks >= 1
+    state = _cell(chrome, "#run-state")
+    assert "search complete" in state
+    assert "3 waiting, 5 attempts seen" in state
+    rows = chrome.find_elements(By.CSS_SELECTOR, "#run-attempts tbody tr")
+    shown = sorted(
+        (row.get_attribute("data-task"), row.find_elements(By.TAG_NAME, "td")[1].text)
+        for row in rows
+    )
+    assert shown == sorted((k.split(":")[3], k.split(":")[4]) for k in own)
+    assert len(chrome.find_elements(By.CSS_SELECTOR, "#run-outbox tbody tr")) == 3
 
 
 def test_actions_are_refused_without_the_token_and_csrf_checks(

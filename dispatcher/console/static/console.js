@@ -3,7 +3,7 @@
 "use strict";
 
 const $ = (sel) => document.querySelector(sel);
-const state = { session: null, sample: null, points: [], deadCursor: [], deadNext: null, run: null };
+const state = { session: null, sample: null, points: [], deadCursor: [], deadNext: null, run: null, runLatest: null };
 const COLORS = ["#1f6feb", "#cf222e", "#1a7f37", "#9a6700", "#8250df", "#bf3989", "#0a7ea4", "#57606a"];
 
 function el(tag, attrs, ...children) {
@@ -329,31 +329,72 @@ $("#dead-next").addEventListener("click", () => {
 
 // ---- runs ----
 
-async function lookUpRun(runId) {
+// A run's lookup is a search of bounded steps: each answer holds what one step found and
+// `next`, the cursor of the next step. The page keeps what all steps found (one row per id or
+// attempt key: SCAN may return a key twice) until a new lookup.
+function newRunSearch(runId) {
+  return { runId, asked: 0, outbox: new Map(), dlq: new Map(), attempts: new Map(), next: null,
+    searched: { outbox_rows: 0, outbox_dlq_rows: 0, redis_keys: 0, steps: 0 }, doc: null };
+}
+
+function showRunSearch(search) {
+  const doc = search.doc;
+  const said = doc.cancelled ? "cancelled: workers start none of its tasks" : doc.cancel_waiting ? "cancel committed, not yet relayed to the workers" : "not cancelled";
+  const s = search.searched;
+  const how = search.next
+    ? `searched so far (${s.steps} step${s.steps === 1 ? "" : "s"}): ${num(s.outbox_rows)} outbox rows, ${num(s.outbox_dlq_rows)} outbox_dlq rows, ~${num(s.redis_keys)} Redis keys; not complete`
+    : `search complete (${s.steps} step${s.steps === 1 ? "" : "s"})`;
+  $("#run-state").textContent = `run ${search.runId}: ${said}; ${search.outbox.size} waiting, ${search.attempts.size} attempts seen, ${search.dlq.size} in outbox_dlq; ${how}`;
+  $("#run-state").dataset.cancelled = String(doc.cancelled || doc.cancel_waiting);
+  $("#run-state").dataset.complete = String(!search.next);
+  $("#run-further").hidden = !search.next;
+  fill($("#run-outbox tbody"), [...search.outbox.values()].map((r) => el("tr", { "data-id": r.id }, td(r.id), td(r.task_id ?? "-"), td(r.status), td(r.attempt_count, "n"), td(r.next_attempt_at ?? "-"), td(r.last_error ?? "", "err"))));
+  const attempts = [...search.attempts.values()].sort((a, b) => (a.task_id === b.task_id ? Number(a.attempt) - Number(b.attempt) : a.task_id < b.task_id ? -1 : 1));
+  fill($("#run-attempts tbody"), attempts.map((a) => el("tr", { "data-task": a.task_id }, td(a.task_id), td(a.attempt, "n"), td(a.state, null, "state"))));
+  fill($("#run-dlq tbody"), [...search.dlq.values()].map((r) => el("tr", { "data-id": r.id }, td(r.id), td(r.task_id ?? "-"), td(r.attempts, "n"), td(r.last_error ?? "", "err"))));
+}
+
+async function lookUpRun(runId, further) {
+  const search = further ? state.run : newRunSearch(runId);
+  if (further && !search?.next) return;
+  state.runLatest = search;
+  const asked = ++search.asked;
+  $("#run-further").disabled = true;
   try {
-    const doc = await getJSON(`/api/run?${new URLSearchParams({ run_id: runId })}`);
-    state.run = runId;
-    const said = doc.cancelled ? "cancelled: workers start none of its tasks" : doc.cancel_waiting ? "cancel committed, not yet relayed to the workers" : "not cancelled";
-    $("#run-state").textContent = `run ${runId}: ${said}; ${doc.outbox.length} waiting, ${doc.attempts.length} attempts seen, ${doc.outbox_dlq.length} in outbox_dlq`;
-    $("#run-state").dataset.cancelled = String(doc.cancelled || doc.cancel_waiting);
-    fill($("#run-outbox tbody"), doc.outbox.map((r) => el("tr", {}, td(r.id), td(r.task_id ?? "-"), td(r.status), td(r.attempt_count, "n"), td(r.next_attempt_at ?? "-"), td(r.last_error ?? "", "err"))));
-    fill($("#run-attempts tbody"), doc.attempts.map((a) => el("tr", { "data-task": a.task_id }, td(a.task_id), td(a.attempt, "n"), td(a.state, null, "state"))));
-    fill($("#run-dlq tbody"), doc.outbox_dlq.map((r) => el("tr", {}, td(r.id), td(r.task_id ?? "-"), td(r.attempts, "n"), td(r.last_error ?? "", "err"))));
+    const query = { run_id: search.runId };
+    if (further) query.cursor = search.next;
+    const doc = await getJSON(`/api/run?${new URLSearchParams(query)}`);
+    if (state.runLatest !== search || asked !== search.asked) return; // a later lookup began
+    state.run = search;
+    for (const r of doc.outbox) search.outbox.set(r.id, r);
+    for (const r of doc.outbox_dlq) search.dlq.set(r.id, r);
+    for (const a of doc.attempts) search.attempts.set(`${a.task_id}:${a.attempt}`, a);
+    const s = doc.searched;
+    search.searched.outbox_rows += s.outbox_rows;
+    search.searched.outbox_dlq_rows += s.outbox_dlq_rows;
+    search.searched.redis_keys += s.redis_scans * s.redis_scan_count;
+    search.searched.steps += 1;
+    search.next = doc.next;
+    search.doc = doc;
+    showRunSearch(search);
     showSession(state.session || { read_only: true, signed_in: false });
   } catch (err) {
     toast(err.message, true);
+  } finally {
+    $("#run-further").disabled = false;
   }
 }
 
 $("#run-form").addEventListener("submit", (event) => {
   event.preventDefault();
   const runId = $("#run-id").value.trim();
-  if (runId) lookUpRun(runId);
+  if (runId) lookUpRun(runId, false);
 });
+$("#run-further").addEventListener("click", () => lookUpRun(null, true));
 $("#run-cancel").addEventListener("click", async () => {
-  const runId = state.run;
+  const runId = state.run?.runId;
   if (runId && await act("cancel", { run_id: runId }, `Cancel run ${runId}? Its tasks not started yet will not run.`)) {
-    await lookUpRun(runId);
+    await lookUpRun(runId, false);
   }
 });
 

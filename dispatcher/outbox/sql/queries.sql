@@ -230,14 +230,42 @@ SELECT id, task_id, stream, attempts, moved_at, last_error, payload ->> 'run_id'
 -- name: dlq_payload
 SELECT payload FROM outbox_dlq WHERE id = %(id)s;
 
--- name: run_outbox
--- A run's rows still in the outbox (a lookup by hand: run_id is not indexed).
-SELECT id, task_id, stream, status, attempt_count, next_attempt_at, last_error, created_at
-  FROM outbox WHERE payload ->> 'run_id' = %(run_id)s ORDER BY created_at, id LIMIT %(limit)s;
+-- name: run_search_chunk
+-- One step of a run's search (the console), over outbox and outbox_dlq at once: per table the
+-- next %(chunk)s rows by primary key from its cursor on (inclusive: '' is an id too; a NULL
+-- cursor: that table was searched to its end, not read), the ids of the run's rows among them
+-- and the id its next step starts from (NULL: read to the end). run_id is not indexed, on
+-- purpose (an index would cost every dispatch a write, see 0011): a lookup reads a table a
+-- chunk at a time, never all of it in one statement. A step stops early past %(most)s of the
+-- run's rows, at the next one (stop is monotone in n: every row after a stop is one too).
+WITH chunk AS MATERIALIZED (
+    SELECT 'outbox' AS source, id, payload ->> 'run_id' = %(run_id)s AS hit
+      FROM (SELECT id, payload FROM outbox
+             WHERE %(outbox_from)s::text IS NOT NULL AND id >= %(outbox_from)s
+             ORDER BY id LIMIT %(chunk)s + 1) o
+    UNION ALL
+    SELECT 'outbox_dlq', id, payload ->> 'run_id' = %(run_id)s
+      FROM (SELECT id, payload FROM outbox_dlq
+             WHERE %(dlq_from)s::text IS NOT NULL AND id >= %(dlq_from)s
+             ORDER BY id LIMIT %(chunk)s + 1) d
+), stops AS (
+    SELECT source, id, coalesce(hit, false) AS hit,
+           row_number() OVER w > %(chunk)s OR count(*) FILTER (WHERE hit) OVER w > %(most)s AS stop
+      FROM chunk WINDOW w AS (PARTITION BY source ORDER BY id)
+)
+SELECT source,
+       count(*) FILTER (WHERE NOT stop) AS examined,
+       min(id) FILTER (WHERE stop) AS next_id,
+       coalesce(array_agg(id ORDER BY id) FILTER (WHERE hit AND NOT stop), '{}') AS found
+  FROM stops GROUP BY source;
 
--- name: run_dlq
+-- name: run_outbox_rows
+SELECT id, task_id, stream, status, attempt_count, next_attempt_at, last_error, created_at
+  FROM outbox WHERE id = ANY(%(ids)s) ORDER BY id;
+
+-- name: run_dlq_rows
 SELECT id, task_id, stream, attempts, last_error, moved_at
-  FROM outbox_dlq WHERE payload ->> 'run_id' = %(run_id)s ORDER BY moved_at, id LIMIT %(limit)s;
+  FROM outbox_dlq WHERE id = ANY(%(ids)s) ORDER BY id;
 
 -- name: run_cancel_waiting
 SELECT cancelled_at FROM outbox_cancel WHERE run_id = %(run_id)s;
