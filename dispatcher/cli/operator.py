@@ -1,7 +1,7 @@
 """``dispatcher operator``: run the kopf operator for ``OutboxDispatcher`` resources.
 
-The same handlers as ``kopf run -m dispatcher.controller.handlers``, with the scope
-(``--namespace`` or ``--all-namespaces``), kopf's liveness endpoint and the
+The operator's kopf handlers (``dispatcher.controller.handlers``) in a registry of their
+own, with the scope (``--namespace`` or ``--all-namespaces``), kopf's liveness endpoint and the
 autoscaler interval as flags. Leader election on a Lease is on unless
 ``--no-leader-election`` (``dispatcher.controller.leader``): several replicas may run, one acts.
 kopf handles SIGTERM/SIGINT itself (the Lease is released then). With

@@ -3,9 +3,9 @@
 Only watch-event handlers and operator-level activities are used. kopf adds
 a finalizer to a resource for timers, daemons and change handlers; with none
 of those, it adds none, and removes the one an older version of this operator
-added. ``register`` wires one ``Operator`` into a kopf registry, so tests and
-the ``dispatcher operator`` command build their own; importing this module also
-registers a default one, so ``kopf run -m dispatcher.controller.handlers`` works too. With a
+added. ``register`` wires one ``Operator`` into a kopf registry: the ``dispatcher
+operator`` command and the tests build their own. Importing this module builds, registers
+and starts nothing (there is no default operator behind kopf's default registry). With a
 ``LeaseConfig``, the startup activity starts the leader election (``dispatcher.controller.leader``)
 and the cleanup one (kopf runs it on SIGTERM) releases the Lease.
 """
@@ -23,10 +23,9 @@ import kopf
 
 from dispatcher.controller.leader import LeaseConfig, LeaseElector, identity
 from dispatcher.controller.operator import Operator, WatchEvent
-from dispatcher.controller.operator_config import OperatorConfig
 from dispatcher.controller.resource import API_GROUP, API_VERSION, PLURAL
 
-__all__ = ["OPERATOR", "configure", "login", "register", "register_login"]
+__all__ = ["configure", "login", "register", "register_login"]
 
 RESOURCE = (API_GROUP, API_VERSION, PLURAL)
 
@@ -107,6 +106,3 @@ def register(
         await operator.dispatcher_seen(WatchEvent.from_kopf(kwargs))
 
     return operator
-
-
-OPERATOR = register(kopf.get_default_registry(), Operator(OperatorConfig()))
