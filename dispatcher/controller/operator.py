@@ -56,7 +56,7 @@ from dispatcher.controller.resource import KIND
 from dispatcher.controller.secrets import SecretCache
 from dispatcher.controller.shard_owner import in_conflict, release_marker
 
-__all__ = ["Operator", "WatchEvent"]
+__all__ = ["Operator", "WatchEvent", "Watched"]
 
 log = logging.getLogger("dispatcher.controller")
 Key = tuple[str, str]
@@ -80,6 +80,26 @@ class WatchEvent:
         return meta
 
 
+@dataclass(eq=False)
+class Watched:
+    """One dispatcher the operator watches: its resource as last seen, the status last
+    written, and its loop. Dropped whole when the resource goes (``Operator._forget``)."""
+
+    body: dict[str, Any]
+    written: dict[str, Any] | None = None  # None: nothing written yet (this term, this uid)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # passes never overlap
+    loop: asyncio.Task[None] | None = None
+    migrating: bool = False  # its migration Job ran at the last pass: look again sooner
+
+    def status(self) -> dict[str, Any]:
+        """The status as the operator knows it: what it wrote, else what the resource says."""
+        if self.written is not None:
+            return self.written
+        status: dict[str, Any] = self.body.get("status") or {}
+        return status
+
+
 @dataclass
 class Operator:
     """The watch caches, one loop per dispatcher, and the clients they share."""
@@ -88,12 +108,7 @@ class Operator:
     # None until ``start`` connects as the pod's ServiceAccount or the kubeconfig says.
     client: KubeClient | None = None
     cache: Cache = field(default_factory=Cache)
-    dispatchers: dict[Key, dict[str, Any]] = field(default_factory=dict)
-    _written: dict[Key, dict[str, Any]] = field(default_factory=dict)
-    _wakes: dict[Key, asyncio.Event] = field(default_factory=dict)
-    _tasks: dict[Key, asyncio.Task[None]] = field(default_factory=dict)
-    _locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
-    _migrating: set[Key] = field(default_factory=set)
+    dispatchers: dict[Key, Watched] = field(default_factory=dict)
     _closing: bool = False
     # Where the operator's metrics go (the process registry in `dispatcher operator`).
     registry: CollectorRegistry | None = None
@@ -170,14 +185,18 @@ class Operator:
         if event.deleted or meta.get("deletionTimestamp"):
             await self._forget(key)
             return
-        old = self.dispatchers.get(key)
-        self.dispatchers[key] = dict(event.body)
+        watched = self.dispatchers.get(key)
+        old = watched.body.get("metadata", {}) if watched is not None else None
+        if watched is None:
+            watched = self.dispatchers[key] = Watched(body=dict(event.body))
+        else:
+            watched.body = dict(event.body)
         if self.informers is not None:
             self.informers.start(key[0])
-        if old is None or old.get("metadata", {}).get("generation") != meta.get("generation"):
+        if old is None or old.get("generation") != meta.get("generation"):
             self.wake(key)
-        if old is not None and old.get("metadata", {}).get("uid") != meta.get("uid"):
-            self._written.pop(key, None)  # deleted and created again: a new resource
+        if old is not None and old.get("uid") != meta.get("uid"):
+            watched.written = None  # deleted and created again: a new resource
 
     def owned_changed(self, kind: str, body: Mapping[str, Any]) -> None:
         """An object the operator owns appeared, changed or went: its dispatcher looks."""
@@ -187,38 +206,36 @@ class Operator:
                 self.wake((str(meta.get("namespace")), str(ref.get("name"))), quiet=True)
 
     async def _forget(self, key: Key) -> None:
-        body = self.dispatchers.pop(key, None)
-        self._written.pop(key, None)
+        watched = self.dispatchers.pop(key, None)
+        if watched is not None and watched.loop is not None:
+            watched.loop.cancel()
+        # What other parts hold per dispatcher: its database probe, metrics, Redis client.
         self.postgres.forget(key)
-        self._locks.pop(key, None)
-        task = self._tasks.pop(key, None)
-        if task is not None:
-            task.cancel()
-        self._wakes.pop(key, None)
-        self._migrating.discard(key)
         self.metrics.forget(namespace=key[0], dispatcher=key[1])
         client = self.redis.held(key)
-        if body is not None and client is not None and self.leadership.leading:
-            uid = str(body.get("metadata", {}).get("uid"))
+        if watched is not None and client is not None and self.leadership.leading:
+            uid = str(watched.body.get("metadata", {}).get("uid"))
             if await release_marker(client, me=Owner(name=key[1], namespace=key[0], uid=uid)):
                 for other, found in list(self.dispatchers.items()):  # one may own it now
-                    if in_conflict(self._written.get(other, found.get("status") or {})):
+                    if in_conflict(found.status()):
                         self.wake(other)
         await self.redis.drop(key)
 
     def wake(self, key: Key, *, quiet: bool = False) -> None:
         """Run a pass for ``key`` soon; start its loop if it has none (unless ``quiet``)."""
-        if key not in self.dispatchers or self._closing:
+        watched = self.dispatchers.get(key)
+        if watched is None or self._closing:
             return
-        event = self._wakes.setdefault(key, asyncio.Event())
-        event.set()
-        if key not in self._tasks and not quiet:
-            self._tasks[key] = asyncio.create_task(self._loop(key), name=f"dispatcher {key}")
+        watched.wake.set()
+        if watched.loop is None and not quiet:
+            watched.loop = asyncio.create_task(self._loop(key), name=f"dispatcher {key}")
 
     async def close(self) -> None:
         self._closing = True
-        tasks = [*self._tasks.values(), *([self._first_probe] if self._first_probe else [])]
-        self._tasks.clear()
+        loops = [w.loop for w in self.dispatchers.values() if w.loop is not None]
+        tasks = [*loops, *([self._first_probe] if self._first_probe else [])]
+        for watched in self.dispatchers.values():
+            watched.loop = None
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -232,12 +249,12 @@ class Operator:
 
     async def _loop(self, key: Key) -> None:
         retry, term = 0, self.leadership.term
-        while key in self.dispatchers and not self._closing:
+        while (watched := self.dispatchers.get(key)) is not None and not self._closing:
             await self.leadership.wait()
             if self.leadership.term != term:  # another replica led meanwhile: its status
                 term = self.leadership.term
-                self._written.pop(key, None)
-            wake = self._wakes.setdefault(key, asyncio.Event())
+                watched.written = None
+            wake = watched.wake
             wake.clear()
             try:
                 healthy = await self.leadership.run(self.sync(key))
@@ -251,7 +268,7 @@ class Operator:
                 healthy = False
             delay = self.config.autoscale_interval if healthy else self.config.backoff(retry)
             delay *= random.uniform(0.9, 1.0)
-            if healthy and key in self._migrating:
+            if healthy and watched.migrating:
                 delay = min(delay, self.config.migration_poll)
             retry = 0 if healthy else retry + 1
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
@@ -266,16 +283,17 @@ class Operator:
         Passes of one dispatcher never overlap, so a caller (a test stepping an injected
         clock) may run one at any time besides the loop.
         """
-        async with self._locks.setdefault(key, asyncio.Lock()):
-            return await self._sync(key)
-
-    async def _sync(self, key: Key) -> bool:
-        body = self.dispatchers.get(key)
-        if body is None:
+        watched = self.dispatchers.get(key)
+        if watched is None:
             return True
+        async with watched.lock:
+            return await self._sync(key, watched)
+
+    async def _sync(self, key: Key, watched: Watched) -> bool:
+        body = watched.body
         meta = body.get("metadata", {})
         owner = Owner(name=key[1], namespace=key[0], uid=str(meta.get("uid")))
-        before = self._written.get(key, body.get("status") or {})
+        before = watched.status()
         status = parse_status(before)
         now = self.config.clock()
         api = self.api()
@@ -300,7 +318,7 @@ class Operator:
             )
             with self.metrics.reconcile_seconds.time():
                 result = await reconcile_once(ctx)
-        self._count(key, result)
+        self._count(key, watched, result)
         after = status_after(
             status, result, now=now, generation=meta.get("generation"), console=console_url(meta)
         )
@@ -309,16 +327,13 @@ class Operator:
         involved = {"name": owner.name, "namespace": owner.namespace, "uid": owner.uid}
         for reason, message, warning in [*degraded_events(status, after), *result.events]:
             await api.post_event(involved=involved, reason=reason, message=message, warning=warning)
-        if after != before and key in self.dispatchers:
+        if after != before and self.dispatchers.get(key) is watched:  # still the same resource
             await api.patch_status(namespace=owner.namespace, name=owner.name, status=after)
-            self._written[key] = after
+            watched.written = after
         return result.problem is None
 
-    def _count(self, key: Key, result: Pass) -> None:
+    def _count(self, key: Key, watched: Watched, result: Pass) -> None:
         """A running migration Job is looked at more often; the pass goes into the metrics."""
         migration = result.migration
-        if migration is not None and migration.phase == "running":
-            self._migrating.add(key)
-        else:
-            self._migrating.discard(key)
+        watched.migrating = migration is not None and migration.phase == "running"
         self.metrics.count_pass(namespace=key[0], dispatcher=key[1], result=result)
