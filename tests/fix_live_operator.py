@@ -119,10 +119,15 @@ def kubeconfig_via(
 
 @contextlib.asynccontextmanager
 async def running_live_operator(
-    live: LiveNamespace, *, kubeconfig: Path | None = None, **config_: Any
+    live: LiveNamespace,
+    *,
+    kubeconfig: Path | None = None,
+    liveness: str | None = None,
+    **config_: Any,
 ) -> AsyncIterator[Operator]:
     """kopf and the operator, until the block ends; all their requests go to the API server
-    that ``kubeconfig`` names (the cluster's own by default)."""
+    that ``kubeconfig`` names (the cluster's own by default). ``liveness``: serve kopf's
+    liveness endpoint at this URL (its probes run on each GET)."""
     config = OperatorConfig(
         **{"autoscale_interval": 1.0, "retry_base": 0.2, "retry_cap": 2.0, **config_}
     )
@@ -146,5 +151,5 @@ async def running_live_operator(
     settings = kopf.OperatorSettings()
     settings.scanning.disabled = True
     settings.watching.reconnect_backoff = 0.2
-    async with kopf_running(registry, settings, namespace=live.name, seconds=60):
+    async with kopf_running(registry, settings, namespace=live.name, liveness=liveness, seconds=60):
         yield running

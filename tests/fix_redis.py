@@ -22,10 +22,12 @@ import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import redis as sync_redis
 
+from dispatcher.demo.throwaway import RedisProcess
 from dispatcher.redis_client import RedisClient, connect_redis
 from tests.redis_cluster import RedisClusterProcess
 from tests.suite_servers import redis_base_url
@@ -107,3 +109,39 @@ async def any_redis(request: pytest.FixtureRequest, redis_url: str) -> AsyncIter
         client = connect_redis(redis_url)
     yield client
     await client.aclose()
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "security.md"
+
+
+def documented_acl(passwords: dict[str, str]) -> list[list[str]]:
+    """The ``ACL SETUSER`` lines of docs/security.md, with real passwords."""
+    lines = [line for line in DOC.read_text().splitlines() if line.startswith("ACL SETUSER ")]
+    assert {line.split()[2] for line in lines} == set(passwords), lines
+    return [
+        line.replace(">CHANGE-ME", ">" + passwords[line.split()[2]]).split()[2:] for line in lines
+    ]
+
+
+@pytest.fixture
+def acl_redis(tmp_path: Path) -> Iterator[tuple[RedisProcess, dict[str, str]]]:
+    """A Redis of the test's own with the users of docs/security.md (and their passwords)."""
+    passwords = {
+        "dispatcher-enqueuer": f"enq-{uuid.uuid4().hex}",
+        "dispatcher-worker": f"wrk-{uuid.uuid4().hex}",
+        "dispatcher-operator": f"op-{uuid.uuid4().hex}",
+    }
+    server = RedisProcess(tmp_path / "acl-redis").start()
+    admin = sync_redis.Redis(port=server.port)
+    for args in documented_acl(passwords):
+        assert admin.execute_command("ACL", "SETUSER", *args) in (b"OK", "OK", True)
+    admin.execute_command("ACL", "LOG", "RESET")
+    admin.close()
+    try:
+        yield server, passwords
+    finally:
+        server.kill()
+
+
+def user_url(port: int, user: str, password: str, scheme: str = "redis", query: str = "") -> str:
+    return f"{scheme}://{user}:{quote(password, safe='')}@127.0.0.1:{port}/0{query}"

@@ -18,7 +18,6 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 import psycopg
@@ -31,39 +30,8 @@ from dispatcher.demo.throwaway import PostgresProcess, RedisProcess
 from dispatcher.stream.cancel_keys import CANCEL_SIGNAL, CANCELLED_RUNS
 from tests.faults.harness import ROOT, Pipeline
 from tests.faults.load import LoadSpec
-from tests.fix_kube import CR_RESOURCE, NAMESPACE, FakeClock, KubeEmulator, running_operator
-from tests.fix_kube import secret as k8s_secret
-from tests.waiting import eventually, eventually_sync
-
-DOC = ROOT / "docs" / "security.md"
-
-
-def documented_acl(passwords: dict[str, str]) -> list[list[str]]:
-    """The ``ACL SETUSER`` lines of docs/security.md, with real passwords."""
-    lines = [line for line in DOC.read_text().splitlines() if line.startswith("ACL SETUSER ")]
-    assert {line.split()[2] for line in lines} == set(passwords), lines
-    return [
-        line.replace(">CHANGE-ME", ">" + passwords[line.split()[2]]).split()[2:] for line in lines
-    ]
-
-
-@pytest.fixture
-def acl_redis(tmp_path: Path) -> Iterator[tuple[RedisProcess, dict[str, str]]]:
-    passwords = {
-        "dispatcher-enqueuer": f"enq-{uuid.uuid4().hex}",
-        "dispatcher-worker": f"wrk-{uuid.uuid4().hex}",
-        "dispatcher-operator": f"op-{uuid.uuid4().hex}",
-    }
-    server = RedisProcess(tmp_path / "acl-redis").start()
-    admin = sync_redis.Redis(port=server.port)
-    for args in documented_acl(passwords):
-        assert admin.execute_command("ACL", "SETUSER", *args) in (b"OK", "OK", True)
-    admin.execute_command("ACL", "LOG", "RESET")
-    admin.close()
-    try:
-        yield server, passwords
-    finally:
-        server.kill()
+from tests.fix_redis import documented_acl, user_url
+from tests.waiting import eventually_sync
 
 
 @pytest.fixture
@@ -86,10 +54,6 @@ def make_pipeline(
     yield make
     for p in made:
         p.stop_all()
-
-
-def user_url(port: int, user: str, password: str, scheme: str = "redis", query: str = "") -> str:
-    return f"{scheme}://{user}:{quote(password, safe='')}@127.0.0.1:{port}/0{query}"
 
 
 def test_enqueuer_and_worker_run_as_the_documented_acl_users(
@@ -371,75 +335,3 @@ def test_documented_acl_lines_parse(acl_redis: tuple[RedisProcess, dict[str, str
     assert {"dispatcher-enqueuer", "dispatcher-worker", "dispatcher-operator"} <= set(users)
     with pytest.raises(ResponseError):
         sync_redis.Redis(port=server.port).execute_command("ACL", "SETUSER", "x", "+nosuchcmd")
-
-
-async def test_operator_runs_as_the_documented_acl_user(
-    acl_redis: tuple[RedisProcess, dict[str, str]], kube: KubeEmulator, clock: FakeClock
-) -> None:
-    """The real operator (kmock API) with one Redis Secret per role: it publishes and lowers
-    the shard count and measures backlog as ``dispatcher-operator``, with nothing denied."""
-    server, passwords = acl_redis
-    urls = {user: user_url(server.port, user, password) for user, password in passwords.items()}
-    admin = sync_redis.Redis(port=server.port, decode_responses=True)
-    for shard in range(4):
-        admin.xgroup_create(f"workflow.tasks.emails.{shard}", "workers", id="0", mkstream=True)
-    admin.xadd("workflow.tasks.emails.1", {"task_id": "t1"})
-    secrets_url = f"/api/v1/namespaces/{NAMESPACE}/secrets"
-    await kube.send("post", secrets_url, k8s_secret("pg", url="postgresql://app@db/app"))
-    for role in ("enqueuer", "worker", "operator"):
-        await kube.send(
-            "post", secrets_url, k8s_secret(f"rd-{role}", url=urls[f"dispatcher-{role}"])
-        )
-    refs = {
-        f"{r}SecretRef": {"name": f"rd-{r}", "key": "url"}
-        for r in ("enqueuer", "worker", "operator")
-    }
-    cr = {
-        "apiVersion": "dispatch.composer.dev/v1alpha1",
-        "kind": "OutboxDispatcher",
-        "metadata": {"name": "acl", "namespace": NAMESPACE},
-        "spec": {
-            "shards": 4,
-            "migrate": False,
-            "postgres": {"secretRef": {"name": "pg", "key": "url"}},
-            "redis": refs,
-            "queues": [{"name": "emails", "handler": "app.tasks:send"}],
-        },
-    }
-    cr_url = f"/apis/dispatch.composer.dev/v1alpha1/namespaces/{NAMESPACE}/outboxdispatchers"
-
-    def status() -> dict[str, Any]:
-        return dict((kube.live(CR_RESOURCE, "acl") or {}).get("status") or {})
-
-    async with running_operator(kube, clock):
-        await kube.send("post", cr_url, cr)
-
-        async def measured() -> bool:
-            rows = status().get("queues") or []
-            return status().get("shards") == 4 and bool(rows) and rows[0].get("backlog") == 1
-
-        await eventually(measured, within=30)
-        admin.xdel(
-            "workflow.tasks.emails.1", *[e[0] for e in admin.xrange("workflow.tasks.emails.1")]
-        )
-        await kube.send("patch", f"{cr_url}/acl", {"spec": {"shards": 2}})  # checks XLEN first
-
-        async def lowered() -> bool:
-            return status().get("shards") == 2
-
-        await eventually(lowered, within=30)
-    assert admin.get("composer:stream_shards") == "2"
-    assert server.cli("ACL", "LOG") == "", "no command or key was denied"
-    as_operator = sync_redis.Redis.from_url(urls["dispatcher-operator"], decode_responses=True)
-    for command in (
-        ("XADD", "workflow.tasks.emails.0", "*", "a", "b"),
-        ("XREADGROUP", "GROUP", "workers", "x", "STREAMS", "workflow.tasks.emails.0", ">"),
-        ("SET", "dispatcher:done:x", "1"),
-        ("GET", "app:secret"),
-        ("KEYS", "*"),
-        ("FLUSHALL",),
-    ):
-        with pytest.raises(NoPermissionError):
-            as_operator.execute_command(*command)
-    as_operator.close()
-    admin.close()

@@ -1,0 +1,97 @@
+"""The operator's platform duties against the real API server, kopf running in-process.
+
+``running_live_operator`` runs kopf and the ``Operator`` as ``dispatcher operator`` does,
+watching a namespace of the test's own (``live_namespace``). Here: kopf's liveness endpoint
+answers 200 once the CRD is served, and the operator does its Redis work (publish and lower
+the shard count, measure the backlog) as the ``dispatcher-operator`` ACL user of
+docs/security.md, with nothing denied.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+import redis as sync_redis
+from redis.exceptions import NoPermissionError
+
+from dispatcher.demo.throwaway import RedisProcess, free_port
+from tests.fix_live_operator import LiveNamespace, running_live_operator
+from tests.fix_redis import user_url
+from tests.waiting import eventually
+
+ROLES = ("enqueuer", "worker", "operator")
+
+
+async def _healthz(url: str) -> int:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status
+
+
+async def test_liveness_is_green_when_the_crd_is_served(live_namespace: LiveNamespace) -> None:
+    url = f"http://127.0.0.1:{free_port()}/healthz"
+    async with running_live_operator(live_namespace, liveness=url):
+        assert await _healthz(url) == 200
+
+
+async def test_operator_runs_as_the_documented_acl_user(
+    live_namespace: LiveNamespace, acl_redis: tuple[RedisProcess, dict[str, str]]
+) -> None:
+    """One Redis Secret per role: the operator publishes and lowers the shard count and
+    measures the backlog as ``dispatcher-operator``; the ACL log stays empty, and that user
+    may not touch the streams, other keys or the server."""
+    live = live_namespace
+    server, passwords = acl_redis
+    urls = {user: user_url(server.port, user, password) for user, password in passwords.items()}
+    admin = sync_redis.Redis(port=server.port, decode_responses=True)
+    for shard in range(4):
+        admin.xgroup_create(f"workflow.tasks.emails.{shard}", "workers", id="0", mkstream=True)
+    admin.xadd("workflow.tasks.emails.1", {"task_id": "t1"})
+    for role in ROLES:
+        live.secret(f"rd-{role}", urls[f"dispatcher-{role}"])
+    cr = {
+        "apiVersion": "dispatch.composer.dev/v1alpha1",
+        "kind": "OutboxDispatcher",
+        "metadata": {"name": "acl"},
+        "spec": {
+            "shards": 4,
+            "migrate": False,
+            "postgres": {"secretRef": {"name": "pg", "key": "url"}},
+            "redis": {f"{r}SecretRef": {"name": f"rd-{r}", "key": "url"} for r in ROLES},
+            "queues": [{"name": "emails", "handler": "app.tasks:send"}],
+        },
+    }
+
+    def status() -> dict[str, Any]:
+        return dict((live.get("obd", "acl") or {}).get("status") or {})
+
+    def measured() -> bool:
+        rows = status().get("queues") or []
+        return status().get("shards") == 4 and bool(rows) and rows[0].get("backlog") == 1
+
+    async with running_live_operator(live):
+        live.apply(cr)
+        await eventually(measured, within=90, interval=0.5)
+        admin.xdel(
+            "workflow.tasks.emails.1", *[e[0] for e in admin.xrange("workflow.tasks.emails.1")]
+        )
+        patch = json.dumps({"spec": {"shards": 2}})  # the operator checks XLEN first
+        live.kubectl("patch", "obd", "acl", "--type=merge", "-p", patch)
+        await eventually(lambda: status().get("shards") == 2, within=90, interval=0.5)
+    assert admin.get("composer:stream_shards") == "2"
+    assert server.cli("ACL", "LOG") == "", "no command or key was denied"
+    as_operator = sync_redis.Redis.from_url(urls["dispatcher-operator"], decode_responses=True)
+    for command in (
+        ("XADD", "workflow.tasks.emails.0", "*", "a", "b"),
+        ("XREADGROUP", "GROUP", "workers", "x", "STREAMS", "workflow.tasks.emails.0", ">"),
+        ("SET", "dispatcher:done:x", "1"),
+        ("GET", "app:secret"),
+        ("KEYS", "*"),
+        ("FLUSHALL",),
+    ):
+        with pytest.raises(NoPermissionError):
+            as_operator.execute_command(*command)
+    as_operator.close()
+    admin.close()
