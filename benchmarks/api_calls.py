@@ -41,7 +41,7 @@ from dispatcher.controller.kubeclient import KubeClient
 from dispatcher.controller.operator import Operator
 from dispatcher.controller.operator_config import OperatorConfig
 from dispatcher.demo.throwaway import PostgresProcess, RedisProcess
-from tests.fix_kube import kopf_running
+from tests.operator_kit import kopf_running
 from tools.cluster import Cluster, start, stop
 
 SCALE = 15.0  # the default pass interval over the benchmark's

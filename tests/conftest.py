@@ -4,7 +4,6 @@ pytest_plugins = [
     "tests.fix_db",
     "tests.fix_servers",
     "tests.fix_redis",
-    "tests.fix_kube",
     "tests.fix_proxy",
     "tests.fix_pgbouncer",
     "tests.fix_cluster",

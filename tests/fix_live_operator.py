@@ -1,7 +1,7 @@
 """The real operator, in this test's event loop, against the local cluster's API server.
 
 ``live_namespace`` is a namespace of its own per test (with the CRD applied and the
-``pg``/``rd`` Secrets of ``tests.fix_kube.dispatcher()`` pointing at the suite's
+``pg``/``rd`` Secrets of ``tests.operator_kit.dispatcher()`` pointing at the suite's
 PostgreSQL and a Redis of the test), deleted afterwards. ``running_live_operator`` runs
 kopf and ``dispatcher.controller.operator.Operator`` as ``dispatcher operator`` does, watching that
 namespace only; its ``KubeClient`` may go through another server address (a
@@ -27,7 +27,7 @@ from dispatcher.controller.handlers import register
 from dispatcher.controller.kubeclient import KubeClient
 from dispatcher.controller.operator import Operator
 from dispatcher.controller.operator_config import OperatorConfig
-from tests.fix_kube import kopf_running
+from tests.operator_kit import kopf_running
 from tests.suite_servers import postgres_admin_url
 from tests.waiting import eventually_sync
 from tools.cluster import Cluster

@@ -1,4 +1,4 @@
-"""The dispatcher ``orders`` of ``tests.fix_kube.dispatcher()`` on the local cluster, as the
+"""The dispatcher ``orders`` of ``tests.operator_kit.dispatcher()`` on the local cluster, as the
 tests of the operator in the test's own event loop write and read it: its spec, its objects,
 its status and conditions, its Events.
 
@@ -19,8 +19,8 @@ from typing import Any
 from dispatcher.controller.conditions import OutboxDispatcherStatus
 from tests.e2e.cluster_objects import condition as condition_in
 from tests.e2e.cluster_objects import events_in
-from tests.fix_kube import dispatcher
 from tests.fix_live_operator import LiveNamespace
+from tests.operator_kit import dispatcher
 from tests.waiting import eventually
 
 __all__ = [

@@ -7,12 +7,11 @@ run): what is checked is what the API server stores.
 - A pod setting removed from the spec is removed from the Deployment (server-side apply
   under one field manager removes what the render leaves out), while what another manager
   wrote (a user's annotation) stays.
-- A deleted Deployment comes back, and a field another manager took is taken back (ported
-  from kmock).
+- A deleted Deployment comes back, and a field another manager took is taken back.
 - Under ``autoscaling: external`` the replica count another manager set survives a backlog
-  and an apply (ported from kmock).
+  and an apply.
 - An unchanged dispatcher (a spec change that renders the same objects, then more passes)
-  leaves every owned object's ``resourceVersion`` as it was (ported from kmock).
+  leaves every owned object's ``resourceVersion`` as it was.
 - A Deployment deleted while the operator's watches are cut (the TCP proxy in front of the
   API server holds, then drops, the DELETED event, and the version the watches had seen
   expires meanwhile, so none can resume and replay it) is re-created, and the dispatcher
@@ -201,7 +200,7 @@ async def test_a_deployment_deleted_while_the_watch_is_cut_is_created_again(
 
 
 async def test_an_unchanged_dispatcher_is_never_written(live_namespace: LiveNamespace) -> None:
-    """Ported from kmock: a spec change that renders the same objects (the API server stores
+    """A spec change that renders the same objects (the API server stores
     ``1Gi`` for ``1024Mi``) and later passes leave every owned object's version as it was."""
     live = live_namespace
     resources = {"requests": {"memory": "1024Mi"}, "limits": {"memory": "2048Mi"}}
@@ -247,7 +246,7 @@ async def test_an_unchanged_dispatcher_is_never_written(live_namespace: LiveName
 async def test_external_autoscaling_leaves_replicas_to_the_users_scaler(
     live_namespace: LiveNamespace, redis_url: str
 ) -> None:
-    """Ported from kmock: under ``autoscaling: external`` the replica count another manager
+    """Under ``autoscaling: external`` the replica count another manager
     sets (``kubectl scale`` here, an HPA in a cluster) survives a backlog the builtin
     autoscaler would act on, and an apply of a spec change."""
     live = live_namespace
@@ -279,7 +278,7 @@ async def test_external_autoscaling_leaves_replicas_to_the_users_scaler(
 
 
 async def test_a_deleted_or_edited_deployment_is_restored(live_namespace: LiveNamespace) -> None:
-    """Ported from kmock: a deleted Deployment comes back (the watch reports it gone), and a
+    """A deleted Deployment comes back (the watch reports it gone), and a
     field another manager changed (``kubectl edit``-style, so that manager now owns it) is
     taken back: the unforced apply conflicts, the forced one wins."""
     live = live_namespace
@@ -314,7 +313,7 @@ async def test_a_deleted_or_edited_deployment_is_restored(live_namespace: LiveNa
 async def test_two_dispatchers_never_share_a_deployment(
     live_namespace: LiveNamespace, another_redis_url: str
 ) -> None:
-    """Ported from kmock: a dispatcher whose render names another's Deployment is
+    """A dispatcher whose render names another's Deployment is
     ``Degraded=NameConflict`` and leaves that Deployment (owner, arguments) as it was.
     Each has a Redis database of its own (on one, the second is ``RedisConflict``)."""
     live = live_namespace

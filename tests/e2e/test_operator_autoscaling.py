@@ -3,7 +3,7 @@ stabilization window, and a spec change never resets what it chose.
 
 Setting: the operator in the test's loop, ``orders`` as ``tests.e2e.live_dispatcher`` says.
 
-The autoscaler runs on an injected clock (``tests.fix_kube.FakeClock``); where a step must
+The autoscaler runs on an injected clock (``tests.operator_kit.FakeClock``); where a step must
 see what one pass decides, the test runs that pass itself (``Operator.sync``). A worker
 replica is a Pod the cluster runs (never available: what is checked is what the operator
 writes).
@@ -29,8 +29,8 @@ from tests.e2e.live_dispatcher import (
     status_of,
     until,
 )
-from tests.fix_kube import FakeClock
 from tests.fix_live_operator import LiveNamespace, running_live_operator
+from tests.operator_kit import FakeClock
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -4,7 +4,7 @@ PostgreSQL (without a password in any message or Event); an invalid spec is refu
 
 Setting: the operator in the test's loop, ``orders`` as ``tests.e2e.live_dispatcher`` says.
 
-What kmock faked, the cluster does: the Deployment controller rolls out (a worker whose
+The cluster does it all: the Deployment controller rolls out (a worker whose
 pods never get ready stays unavailable). With Redis unreachable the autoscaler holds the
 replicas it has (no backlog known is no reason to scale down).
 """
@@ -35,8 +35,8 @@ from tests.e2e.live_dispatcher import (
     status_of,
     until,
 )
-from tests.fix_kube import FakeClock, secret
 from tests.fix_live_operator import LiveNamespace, running_live_operator
+from tests.operator_kit import FakeClock, secret
 from tests.suite_servers import postgres_admin_url
 
 pytestmark = pytest.mark.timeout(600)
@@ -118,7 +118,7 @@ async def test_unreachable_redis_or_postgres_is_degraded_and_not_ready(
 async def test_missing_secret_and_an_invalid_spec_degrade_or_are_refused(
     live_namespace: LiveNamespace, redis_url: str
 ) -> None:
-    """The invalid spec of the kmock original (``minReplicas`` above ``maxReplicas``) never
+    """An invalid spec (``minReplicas`` above ``maxReplicas``) never
     reaches a real API server's store: the CRD's rule refuses it with the model's message,
     and the running dispatcher is left as it was."""
     live = live_namespace

@@ -2,10 +2,10 @@
 
 ``running_live_operator`` runs kopf and the ``Operator`` as ``dispatcher operator`` does,
 watching a namespace of the test's own (``live_namespace``). Here: kopf's liveness endpoint
-answers 200 once the CRD is served, and the operator does its Redis work (publish and lower
-the shard count, measure the backlog) as the ``dispatcher-operator`` ACL user of
-docs/security.md, with nothing denied.
-"""
+answers 200 once the CRD is served, 500 when the operator started before its CRD (and still 500
+once the CRD comes: kopf, scanning off, watches nothing until a restart), and the operator does
+its Redis work (publish and lower the shard count, measure the backlog) as the
+``dispatcher-operator`` ACL user of docs/security.md, with nothing denied."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ import redis as sync_redis
 from redis.exceptions import NoPermissionError
 
 from dispatcher.demo.throwaway import RedisProcess, free_port
-from tests.fix_live_operator import LiveNamespace, running_live_operator
+from tests.fix_live_operator import CRD, CRD_NAME, LiveNamespace, running_live_operator
 from tests.fix_redis import user_url
-from tests.waiting import eventually
+from tests.waiting import eventually, eventually_sync
+from tools.cluster import Cluster
 
 ROLES = ("enqueuer", "worker", "operator")
 
@@ -34,6 +35,33 @@ async def test_liveness_is_green_when_the_crd_is_served(live_namespace: LiveName
     url = f"http://127.0.0.1:{free_port()}/healthz"
     async with running_live_operator(live_namespace, liveness=url):
         assert await _healthz(url) == 200
+
+
+async def test_liveness_fails_when_the_operator_started_before_its_crd(
+    cluster: Cluster, live_namespace: LiveNamespace
+) -> None:
+    """The CRD is taken away as an uninstall does (``test_control_plane`` does it too; the
+    ``crd`` fixture and ``live_namespace`` apply it again for later tests), the operator
+    starts, then the CRD comes back."""
+    cluster.run("kubectl", "delete", "crd", CRD_NAME, "--wait=true", "--timeout=120s")
+    try:
+        url = f"http://127.0.0.1:{free_port()}/healthz"
+        async with running_live_operator(live_namespace, liveness=url):
+            assert await _healthz(url) == 500
+            _crd_served(cluster)
+            assert await _healthz(url) == 500
+    finally:
+        _crd_served(cluster)
+
+
+def _crd_served(cluster: Cluster) -> None:
+    cluster.run("kubectl", "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
+    eventually_sync(
+        lambda: cluster.run("kubectl", "wait", "--for=condition=Established", f"crd/{CRD_NAME}"),
+        within=60,
+        interval=0.5,
+        ignoring=(RuntimeError,),
+    )
 
 
 async def test_operator_runs_as_the_documented_acl_user(

@@ -28,8 +28,8 @@ import pytest
 import yaml
 
 from tests.e2e.live_dispatcher import get
-from tests.fix_kube import dispatcher
 from tests.fix_live_operator import LiveNamespace, kubeconfig_via, running_live_operator
+from tests.operator_kit import dispatcher
 from tests.waiting import eventually
 from tools.cluster.binaries import ROOT
 

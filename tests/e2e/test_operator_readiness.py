@@ -22,7 +22,7 @@ from dispatcher.controller.operator import Operator
 from dispatcher.controller.operator_config import OperatorConfig
 from dispatcher.demo.throwaway import free_port
 from dispatcher.observability import ObservabilityServer
-from tests.fix_kube import spawned_by_kopf
+from tests.operator_kit import spawned_by_kopf
 from tests.waiting import eventually
 from tools.cluster import Cluster
 
