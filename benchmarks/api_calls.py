@@ -36,9 +36,9 @@ from typing import Any
 import kopf
 from prometheus_client import CollectorRegistry
 
+from dispatcher.controller.api_connection import KubeClient
 from dispatcher.controller.handlers import register
-from dispatcher.controller.kubeclient import KubeClient
-from dispatcher.controller.operator import Operator
+from dispatcher.controller.loops import Operator
 from dispatcher.controller.operator_config import OperatorConfig
 from dispatcher.demo.throwaway import PostgresProcess, RedisProcess
 from tests.operator_kit import kopf_running

@@ -3,7 +3,7 @@
 ``live_namespace`` is a namespace of its own per test (with the CRD applied and the
 ``pg``/``rd`` Secrets of ``tests.operator_kit.dispatcher()`` pointing at the suite's
 PostgreSQL and a Redis of the test), deleted afterwards. ``running_live_operator`` runs
-kopf and ``dispatcher.controller.operator.Operator`` as ``dispatcher operator`` does, watching that
+kopf and ``dispatcher.controller.loops.Operator`` as ``dispatcher operator`` does, watching that
 namespace only; its ``KubeClient`` may go through another server address (a
 ``tests.fix_proxy.TcpProxy`` in front of the API server, to cut its watches).
 """
@@ -23,9 +23,9 @@ import kopf
 import pytest
 import redis.asyncio as aioredis
 
+from dispatcher.controller.api_connection import KubeClient
 from dispatcher.controller.handlers import register
-from dispatcher.controller.kubeclient import KubeClient
-from dispatcher.controller.operator import Operator
+from dispatcher.controller.loops import Operator
 from dispatcher.controller.operator_config import OperatorConfig
 from tests.operator_kit import kopf_running
 from tests.suite_servers import postgres_admin_url

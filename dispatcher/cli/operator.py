@@ -1,16 +1,16 @@
 """``dispatcher operator``: run the kopf operator for ``OutboxDispatcher`` resources.
 
-The operator's kopf handlers (``dispatcher.controller.handlers``) in a registry of their
-own, with the scope (``--namespace`` or ``--all-namespaces``), kopf's liveness endpoint and the
-autoscaler interval as flags. Leader election on a Lease is on unless
-``--no-leader-election`` (``dispatcher.controller.leader``): several replicas may run, one acts.
-kopf handles SIGTERM/SIGINT itself (the Lease is released then). With
-``--metrics-port`` (env ``METRICS_PORT``) the operator's own Prometheus
-metrics are served on ``/metrics`` there, and its readiness on ``/readyz``
-(``Operator.ready``: kopf's start-up finished and the CRD served).
+The operator's kopf handlers (``dispatcher.controller.handlers``) in a registry of their own,
+with the scope (``--namespace`` or ``--all-namespaces``), kopf's liveness endpoint and the
+autoscaler interval as flags. Leader election on a Lease is on unless ``--no-leader-election``
+(``dispatcher.controller.lease_election``): several replicas may run, one acts. kopf handles
+SIGTERM/SIGINT itself (the Lease is released then). With ``--metrics-port`` (env
+``METRICS_PORT``) the operator's own Prometheus metrics are served on ``/metrics`` there, and
+its readiness on ``/readyz`` (``Operator.ready``: kopf's start-up finished and the CRD
+served).
 
-The command layer of ``dispatcher.controller.operator`` (its twin by name): this module
-parses flags and starts kopf; that one is the operator's loop.
+The command layer of ``dispatcher.controller.loops``: this module parses flags and starts
+kopf; that one is the operator's loop.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Any
 from dispatcher.cli.flags import add_options
 from dispatcher.cli.main import Common, UsageError
 from dispatcher.config import METRICS_PORT, Settings
-from dispatcher.controller.leader import LeaseConfig, identity
 from dispatcher.controller.leadership import Leadership
+from dispatcher.controller.lease_election import LeaseConfig, identity
 from dispatcher.controller.operator_config import OperatorConfig
 from dispatcher.options import options
 
@@ -141,7 +141,7 @@ async def _serve(args: argparse.Namespace, settings: Settings, election: LeaseCo
 
     from dispatcher.controller.handlers import register as register_handlers
     from dispatcher.controller.handlers import register_login
-    from dispatcher.controller.operator import Operator
+    from dispatcher.controller.loops import Operator
     from dispatcher.observability import ObservabilityServer
 
     registry = kopf.OperatorRegistry()

@@ -37,10 +37,10 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from dispatcher.controller.api_requests import APIConflictError, KubeApi, contains
 from dispatcher.controller.cache import Cache
 from dispatcher.controller.conditions import Reason
 from dispatcher.controller.identity import Owner, controller_uid, migration_job_name
-from dispatcher.controller.k8s import APIConflictError, KubeApi, contains
 from dispatcher.controller.migration import MigrationState, migration_state
 from dispatcher.controller.model import OutboxDispatcherSpec
 from dispatcher.controller.pods import WorkloadDefaults

@@ -1,14 +1,13 @@
 """The kopf handlers of the operator: thin glue from kopf's watches to ``Operator``.
 
-Only watch-event handlers and operator-level activities are used. kopf adds
-a finalizer to a resource for timers, daemons and change handlers; with none
-of those, it adds none, and removes the one an older version of this operator
-added. ``register`` wires one ``Operator`` into a kopf registry: the ``dispatcher
-operator`` command and the tests build their own. Importing this module builds, registers
-and starts nothing (there is no default operator behind kopf's default registry). With a
-``LeaseConfig``, the startup activity starts the leader election (``dispatcher.controller.leader``)
-and the cleanup one (kopf runs it on SIGTERM) releases the Lease.
-"""
+Only watch-event handlers and operator-level activities are used. kopf adds a finalizer to a
+resource for timers, daemons and change handlers; with none of those, it adds none, and
+removes the one an older version of this operator added. ``register`` wires one ``Operator``
+into a kopf registry: the ``dispatcher operator`` command and the tests build their own.
+Importing this module builds, registers and starts nothing (there is no default operator
+behind kopf's default registry). With a ``LeaseConfig``, the startup activity starts the
+leader election (``dispatcher.controller.lease_election``) and the cleanup one (kopf runs it
+on SIGTERM) releases the Lease."""
 
 from __future__ import annotations
 
@@ -21,8 +20,8 @@ from typing import Any
 
 import kopf
 
-from dispatcher.controller.leader import LeaseConfig, LeaseElector, identity
-from dispatcher.controller.operator import Operator, WatchEvent
+from dispatcher.controller.lease_election import LeaseConfig, LeaseElector, identity
+from dispatcher.controller.loops import Operator, WatchEvent
 from dispatcher.controller.resource import API_GROUP, API_VERSION, PLURAL
 
 __all__ = ["configure", "login", "register", "register_login"]

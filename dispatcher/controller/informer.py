@@ -24,9 +24,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dispatcher.controller.api_requests import OWNED_KINDS, APIError, APIGoneError, KubeApi
 from dispatcher.controller.cache import Cache
 from dispatcher.controller.identity import MANAGED_BY
-from dispatcher.controller.k8s import OWNED_KINDS, APIError, APIGoneError, KubeApi
 
 __all__ = ["SELECTOR", "Informers"]
 

@@ -1,8 +1,7 @@
 """Whether this operator replica leads: what its loops wait on before each pass.
 
-``dispatcher.controller.leader`` drives it through a Lease (``gain``/``lose``); without leader
-election it is ``Leadership.always()``. Pure asyncio state, no I/O.
-"""
+``dispatcher.controller.lease_election`` drives it through a Lease (``gain``/``lose``);
+without leader election it is ``Leadership.always()``. Pure asyncio state, no I/O."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ import kopf
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from dispatcher.controller.k8s import KubeApi
+from dispatcher.controller.api_requests import KubeApi
 from dispatcher.controller.resource import API_GROUP, API_VERSION, PLURAL
 
 __all__ = ["CrdProbe", "PostgresProbe", "ask_postgres"]

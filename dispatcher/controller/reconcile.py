@@ -35,6 +35,7 @@ from typing import Any
 
 import pydantic
 
+from dispatcher.controller.api_requests import APIError, KubeApi, SecretMissing
 from dispatcher.controller.autoscale import autoscale_queue
 from dispatcher.controller.cache import Cache
 from dispatcher.controller.conditions import (
@@ -47,7 +48,6 @@ from dispatcher.controller.conditions import (
 from dispatcher.controller.effects import apply_budgets, apply_owned, drain_queues, migrate
 from dispatcher.controller.glance import at_a_glance
 from dispatcher.controller.identity import QUEUE_LABEL, Owner, worker_name
-from dispatcher.controller.k8s import APIError, KubeApi, SecretMissing
 from dispatcher.controller.limits_spec import publish_limits
 from dispatcher.controller.model import MAX_NAME, OutboxDispatcherSpec, SecretRef
 from dispatcher.controller.pods import WorkloadDefaults

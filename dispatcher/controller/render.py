@@ -2,7 +2,7 @@
 
 No I/O: each builder takes the parsed spec, the owner's identity and the
 operator's workload defaults, and returns a manifest ``dict``.
-``dispatcher.controller.k8s`` is the one place that sends them; the containers and pod
+``dispatcher.controller.api_requests`` is the one place that sends them; the containers and pod
 specs inside come from ``dispatcher.controller.pods``, the names and labels from
 ``dispatcher.controller.identity``. The shard count is not part of a pod template:
 processes read it live from Redis, so changing it restarts nothing (a restart

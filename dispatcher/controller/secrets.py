@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from dispatcher.controller.k8s import KubeApi, SecretMissing
+from dispatcher.controller.api_requests import KubeApi, SecretMissing
 from dispatcher.controller.model import SecretRef
 from dispatcher.logs import hide
 

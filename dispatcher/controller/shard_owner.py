@@ -23,9 +23,9 @@ from typing import Any, Literal
 
 import pydantic
 
+from dispatcher.controller.api_requests import APIError, KubeApi
 from dispatcher.controller.conditions import DEGRADED, Reason
 from dispatcher.controller.identity import Owner
-from dispatcher.controller.k8s import APIError, KubeApi
 from dispatcher.controller.redis_access import NOT_TEXT, RedisProblem, redis_message
 from dispatcher.controller.report import Failure
 from dispatcher.controller.resource import KIND

@@ -6,7 +6,7 @@ tests and embedders may pass their own so several enqueuers can live in one
 process. The names are what dashboards and the chart query: keep them.
 
 The worker's twin is ``dispatcher.worker.worker_metrics``, the operator's
-``dispatcher.controller.metrics``: one metrics module per process kind.
+``dispatcher.controller.operator_metrics``: one metrics module per process kind.
 """
 
 from __future__ import annotations

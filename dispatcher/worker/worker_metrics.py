@@ -7,7 +7,7 @@ labelled children of one queue, looked up once and cached, so the per-message
 path never resolves labels.
 
 The enqueuer's twin is ``dispatcher.outbox.metrics``, the operator's
-``dispatcher.controller.metrics``: one metrics module per process kind.
+``dispatcher.controller.operator_metrics``: one metrics module per process kind.
 """
 
 from __future__ import annotations

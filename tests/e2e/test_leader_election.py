@@ -1,12 +1,12 @@
 """Leader election against the real API server: two candidates in this process, short terms.
 
-``LeaseElector`` instances (``dispatcher.controller.leader``) with a 4 s Lease run here against
-the local cluster's API server (the admin's kubeconfig, or a ServiceAccount's token under the
-chart's Lease Role): one of two leads; a released Lease passes to the other; a leader whose Lease
-another holder took stops its running pass at once; a leader that can no longer renew (its
-RoleBinding removed) steps down before the Lease expires; the Lease is owned by the operator's
-Deployment (and labelled as the operator's), none is created without it, and it goes with it.
-"""
+``LeaseElector`` instances (``dispatcher.controller.lease_election``) with a 4 s Lease run
+here against the local cluster's API server (the admin's kubeconfig, or a ServiceAccount's
+token under the chart's Lease Role): one of two leads; a released Lease passes to the other; a
+leader whose Lease another holder took stops its running pass at once; a leader that can no
+longer renew (its RoleBinding removed) steps down before the Lease expires; the Lease is owned
+by the operator's Deployment (and labelled as the operator's), none is created without it, and
+it goes with it."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatcher.controller.kubeclient import KubeClient
-from dispatcher.controller.leader import LEASE_LABELS, LeaseConfig, LeaseElector
+from dispatcher.controller.api_connection import KubeClient
 from dispatcher.controller.leadership import Leadership, NotLeading
+from dispatcher.controller.lease_election import LEASE_LABELS, LeaseConfig, LeaseElector
 from tests.e2e.cluster_objects import get
 from tests.fix_live_operator import LiveNamespace
 from tests.waiting import eventually

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from dispatcher.cli.operator import operator_settings
 from dispatcher.controller.handlers import register, register_login
-from dispatcher.controller.operator import Operator
+from dispatcher.controller.loops import Operator
 from dispatcher.controller.operator_config import OperatorConfig
 from dispatcher.demo.throwaway import free_port
 from dispatcher.observability import ObservabilityServer

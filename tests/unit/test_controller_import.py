@@ -10,7 +10,7 @@ import asyncio, gc, threading
 before = threading.active_count()
 import dispatcher.controller.handlers
 import dispatcher.cli.operator
-from dispatcher.controller.operator import Operator
+from dispatcher.controller.loops import Operator
 built = [o for o in gc.get_objects() if isinstance(o, Operator)]
 tasks = 0
 try:

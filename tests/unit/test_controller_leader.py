@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from dispatcher.controller.leader import LeaseRecord, decide
 from dispatcher.controller.leadership import Leadership, NotLeading
+from dispatcher.controller.lease_election import LeaseRecord, decide
 
 ME, PEER = "operator-a", "operator-b"
 

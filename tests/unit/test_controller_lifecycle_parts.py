@@ -6,10 +6,10 @@ import datetime
 from decimal import Decimal
 from typing import Any
 
+from dispatcher.controller.api_requests import contains
 from dispatcher.controller.conditions import OutboxDispatcherStatus, Rollout, rollout
-from dispatcher.controller.k8s import contains
+from dispatcher.controller.loops import WatchEvent
 from dispatcher.controller.migration import MigrationState
-from dispatcher.controller.operator import WatchEvent
 from dispatcher.controller.quantity import parse_quantity, same_quantity
 from dispatcher.controller.report import (
     CONSOLE_URL_ANNOTATION,

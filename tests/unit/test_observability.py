@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from dispatcher.controller.metrics import OperatorMetrics
+from dispatcher.controller.operator_metrics import OperatorMetrics
 from dispatcher.observability import PrefixedMetrics
 from dispatcher.outbox.metrics import EnqueuerMetrics
 from dispatcher.worker.worker_metrics import WorkerMetrics

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from dispatcher.controller.api_connection import _resource, _verb
+from dispatcher.controller.api_requests import SecretMissing
 from dispatcher.controller.cache import Cache
-from dispatcher.controller.k8s import SecretMissing
-from dispatcher.controller.kubeclient import _resource, _verb
 from dispatcher.controller.model import SecretRef
 from dispatcher.controller.secrets import SecretCache
 

@@ -1,6 +1,6 @@
 """The one thin layer that names the operator's Kubernetes API calls.
 
-Each method is one request through ``dispatcher.controller.kubeclient.KubeClient`` (the official
+Each method is one request through ``dispatcher.controller.api_connection.KubeClient`` (the official
 asyncio client, counted). Owned objects (Deployments, PodDisruptionBudgets) are written
 with server-side apply under one field manager, ``FIELD_MANAGER``: the applied manifest is
 the whole of what the operator owns, so a field it stops rendering is removed, and fields
@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 from urllib.parse import quote
 
-from dispatcher.controller.kubeclient import (
+from dispatcher.controller.api_connection import (
     FIELD_MANAGER,
     APIConflictError,
     APIError,

@@ -4,7 +4,7 @@ Several operator replicas may run (the chart's ``operator.replicas``); each watc
 every dispatcher (kopf keeps its caches warm), and only the holder of the Lease runs
 reconcile passes. ``dispatcher.controller.leadership.Leadership`` is the state the operator's
 loops wait on; ``LeaseElector`` drives it through the Lease, on the operator's one
-``dispatcher.controller.kubeclient.KubeClient`` (``kubernetes_asyncio``), as client-go's leader
+``dispatcher.controller.api_connection.KubeClient`` (``kubernetes_asyncio``), as client-go's leader
 election does:
 
 - the Lease lasts ``duration`` (15 s); its holder renews it every ``renew_every``
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import quote
 
-from dispatcher.controller.kubeclient import (
+from dispatcher.controller.api_connection import (
     APIConflictError,
     APIError,
     APINotFoundError,
@@ -63,7 +63,7 @@ __all__ = [
     "identity",
 ]
 
-log = logging.getLogger("dispatcher.controller.leader")
+log = logging.getLogger("dispatcher.controller.lease_election")
 Action = Literal["create", "renew", "take", "wait"]
 # What the Lease is: a part of the operator, written by the operator (not by Helm).
 LEASE_LABELS = {

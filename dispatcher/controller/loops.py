@@ -3,7 +3,7 @@
 kopf watches the dispatchers (handlers in ``dispatcher.controller.handlers``); the objects they
 own (Deployments, PodDisruptionBudgets, Jobs) are listed and watched, label-selected, by
 ``dispatcher.controller.informer`` into ``dispatcher.controller.cache``, with every API call on
-one ``dispatcher.controller.kubeclient.KubeClient`` (the official asyncio client). Each
+one ``dispatcher.controller.api_connection.KubeClient`` (the official asyncio client). Each
 dispatcher gets one task that runs ``reconcile_once`` every ``autoscale_interval`` seconds
 (jittered by a tenth, so dispatchers drift apart) and whenever its resource or one of its
 objects changes (so a deleted or edited Deployment is restored within seconds, and ``Ready``
@@ -19,11 +19,10 @@ The status is written whole after each pass, only when it changed, always with
 ``observedGeneration``. A failing pass is retried with exponential backoff.
 
 With several replicas, passes run only while ``leadership`` says this replica leads
-(``dispatcher.controller.leader``): the loops wait until then, and a pass is cancelled when the
-Lease is lost. The watches keep running on every replica.
+(``dispatcher.controller.lease_election``): the loops wait until then, and a pass is cancelled
+when the Lease is lost. The watches keep running on every replica.
 
-Its twin by name, ``dispatcher.cli.operator``, is the command layer that
-starts this (``dispatcher operator``).
+``dispatcher.cli.operator`` is the command layer that starts this (``dispatcher operator``).
 """
 
 from __future__ import annotations
@@ -38,16 +37,16 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from dispatcher.controller.api_connection import KubeClient
+from dispatcher.controller.api_requests import KubeApi
 from dispatcher.controller.cache import Cache
 from dispatcher.controller.effects import NotYetKnown
 from dispatcher.controller.identity import Owner
 from dispatcher.controller.informer import Informers
-from dispatcher.controller.k8s import KubeApi
-from dispatcher.controller.kubeclient import KubeClient
-from dispatcher.controller.leader import identity
 from dispatcher.controller.leadership import Leadership, NotLeading
-from dispatcher.controller.metrics import OperatorMetrics
+from dispatcher.controller.lease_election import identity
 from dispatcher.controller.operator_config import OperatorConfig
+from dispatcher.controller.operator_metrics import OperatorMetrics
 from dispatcher.controller.probes import CrdProbe, PostgresProbe
 from dispatcher.controller.reconcile import Context, parse_spec, parse_status, reconcile_once
 from dispatcher.controller.redis_access import RedisPool
