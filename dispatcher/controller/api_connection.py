@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import aiohttp
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client, config, watch
 
 __all__ = [
     "FIELD_MANAGER",
@@ -179,12 +179,20 @@ class KubeClient:
         self, path: str, *, query: Query, seconds: int
     ) -> AsyncIterator[dict[str, Any]]:
         """The events of a watch of ``path`` (``{"type": ..., "object": ...}``) until the API
-        server ends it after ``seconds``; an ``ERROR`` event is raised as ``APIError``."""
+        server ends it after ``seconds``; an ``ERROR`` event is raised as ``APIError``.
+
+        The official client's ``Watch`` reads the stream (lines up to the 2 MiB its reader
+        allows, above etcd's 1.5 MiB object limit); whatever it cannot read as an event (not
+        JSON, no ``type``/``object``) ends the watch as a cut one (``APIError`` 0), so the
+        informer lists again instead of acting on it.
+        """
         self.calls["watch"] += 1
-        self.requests[(_resource(path), "watch")] += 1
-        params = {**query, "watch": "true", "timeoutSeconds": seconds}
+        key = (_resource(path), "watch")
+        self.requests[key] += 1
         timeout = aiohttp.ClientTimeout(connect=30, sock_read=seconds + 30)
-        try:
+
+        async def open_stream(**kwargs: Any) -> Any:
+            params = {**query, "watch": "true", "timeoutSeconds": kwargs["timeout_seconds"]}
             response = await self._api.call_api(
                 path,
                 "GET",
@@ -194,36 +202,32 @@ class KubeClient:
                 _preload_content=False,
                 _request_timeout=timeout,
             )
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise APIError(0, f"no answer from the API server: {type(exc).__name__}") from None
-        async with response:
-            if response.status >= 400:
-                if response.status == 403:
-                    self.refused[(_resource(path), "watch")] += 1
-                raise _error(response.status, await response.text())
-            async for event in _lines(response):
-                if event.get("type") == "ERROR":
-                    status = event.get("object") or {}
-                    raise _error(int(status.get("code") or 0), json.dumps(status))
-                yield event
+            if response.status >= 400:  # refused: the body is a Status, not a stream
+                async with response:
+                    if response.status == 403:
+                        self.refused[key] += 1
+                    raise _error(response.status, await response.text())
+            return response
+
+        stream = watch.Watch()
+        try:
+            async with stream.stream(open_stream, timeout_seconds=seconds) as events:
+                async for event in events:
+                    if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+                        raise APIError(0, "watch stream: an event that is not a JSON object")
+                    yield {"type": event["type"], "object": event["raw_object"]}
+        except client.ApiException as exc:  # an ERROR event (410: the version is too old)
+            raise _error(int(exc.status or 0), exc.reason) from None
+        except (aiohttp.ClientError, TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
+            raise APIError(0, f"watch cut: {type(exc).__name__}") from None
+        except APIError:
+            raise
+        except Exception as exc:  # the client's own "Malformed JSON response" and the like
+            raise APIError(0, f"watch stream: {exc}") from None
 
 
 def _in_pod() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.exists(_TOKEN)
-
-
-async def _lines(response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    """The JSON documents of a watch stream, one a line (lines of any length)."""
-    buffered = b""
-    try:
-        while chunk := await response.content.readany():
-            buffered += chunk
-            *lines, buffered = buffered.split(b"\n")
-            for line in lines:
-                if line.strip():
-                    yield json.loads(line)
-    except (aiohttp.ClientError, TimeoutError, OSError, asyncio.IncompleteReadError) as exc:
-        raise APIError(0, f"watch cut: {type(exc).__name__}") from None
 
 
 def _verb(method: str, path: str, content_type: str) -> str:
