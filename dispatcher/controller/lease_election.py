@@ -22,6 +22,17 @@ election does:
 - on shutdown (SIGTERM) the holder clears ``holderIdentity`` so a peer takes over
   within ``retry_every``.
 
+Why not the official client's elector (``kubernetes_asyncio.leaderelection``, 36.1, read
+2026-12-05): it never gives the Lease up (``LeaderElection.run`` has no release path, and
+nothing in the package clears ``holderIdentity``), so a rolling update waits a whole Lease
+duration for the next leader; a candidate that reads an empty holder still waits out the
+duration (``try_acquire_or_renew``: any holder other than itself, ``""`` included, counts
+until ``observed_time + lease_duration``); it measures that time on the wall clock
+(``time.time()``), which may jump; and its ``LeaseLock`` creates the Lease without an
+ownerReference, so ``helm uninstall`` would leave it behind. Each of these is a guarantee of
+this module (above) that the e2e tests prove (``tests/e2e/test_leader_election.py``,
+``test_operator_ha.py``), so the elector stays ours, on the same ``KubeClient``.
+
 Every write is an update at the ``resourceVersion`` read (optimistic concurrency), so
 two candidates never both win one term. Identity: the pod's name (``POD_NAME``).
 
