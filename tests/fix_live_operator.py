@@ -73,8 +73,8 @@ class LiveNamespace:
         return None
 
 
-@pytest.fixture
-def live_namespace(cluster: Cluster, redis_url: str) -> Iterator[LiveNamespace]:
+def serve_crd(cluster: Cluster) -> None:
+    """Apply this tree's CRD and wait until the API server serves it."""
     cluster.run("kubectl", "apply", "--server-side", "-f", str(CRD))
     # kubectl wait fails on a CRD the API server has not given a status yet.
     eventually_sync(
@@ -83,6 +83,11 @@ def live_namespace(cluster: Cluster, redis_url: str) -> Iterator[LiveNamespace]:
         interval=0.5,
         ignoring=(RuntimeError,),
     )
+
+
+@pytest.fixture
+def live_namespace(cluster: Cluster, redis_url: str) -> Iterator[LiveNamespace]:
+    serve_crd(cluster)
     name = f"op-{uuid.uuid4().hex[:8]}"
     cluster.run("kubectl", "create", "namespace", name)
     live = LiveNamespace(cluster, name)

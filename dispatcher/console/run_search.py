@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
+from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 from redis.asyncio import RedisCluster
@@ -131,26 +132,25 @@ _TABLES = {"outbox": "run_outbox_rows", "outbox_dlq": "run_dlq_rows"}
 
 
 async def _sql_step(
-    pool: AsyncConnectionPool[Any], at: SearchCursor, *, run_id: str, chunk: int, most: int
+    conn: AsyncConnection[Any], at: SearchCursor, *, run_id: str, chunk: int, most: int
 ) -> dict[str, _TableStep]:
     """The next chunk of each table not yet searched to its end, from ``at``."""
     params = {"run_id": run_id, "outbox_from": at.outbox, "dlq_from": at.dlq}
-    async with pool.connection() as conn:
-        cur = conn.cursor(row_factory=dict_row)
-        await cur.execute(QUERIES["run_search_chunk"], {**params, "chunk": chunk, "most": most})
-        parts = {row["source"]: row for row in await cur.fetchall()}
-        steps = {}
-        for table, query in _TABLES.items():
-            part = parts.get(table)  # none: nothing left to read in it
-            found = []
-            if part and part["found"]:
-                await cur.execute(QUERIES[query], {"ids": part["found"]})
-                found = [{k: stamp(v) for k, v in row.items()} for row in await cur.fetchall()]
-            steps[table] = _TableStep(
-                rows=found,
-                next_id=part["next_id"] if part else None,
-                examined=int(part["examined"]) if part else 0,
-            )
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(QUERIES["run_search_chunk"], {**params, "chunk": chunk, "most": most})
+    parts = {row["source"]: row for row in await cur.fetchall()}
+    steps = {}
+    for table, query in _TABLES.items():
+        part = parts.get(table)  # none: nothing left to read in it
+        found = []
+        if part and part["found"]:
+            await cur.execute(QUERIES[query], {"ids": part["found"]})
+            found = [{k: stamp(v) for k, v in row.items()} for row in await cur.fetchall()]
+        steps[table] = _TableStep(
+            rows=found,
+            next_id=part["next_id"] if part else None,
+            examined=int(part["examined"]) if part else 0,
+        )
     return steps
 
 
@@ -183,10 +183,17 @@ async def _scan_call(
 
 
 async def _scan_steps(
-    client: RedisClient, at: SearchCursor, *, match: str, steps: int, count: int, most: int
+    client: RedisClient,
+    at: SearchCursor,
+    *,
+    nodes: list[str],
+    match: str,
+    steps: int,
+    count: int,
+    most: int,
 ) -> tuple[list[str], SearchCursor, int]:
-    """Up to ``steps`` SCAN calls from ``at``: the keys found, where they stopped, calls made."""
-    nodes = await _primaries(client)
+    """Up to ``steps`` SCAN calls from ``at`` over ``nodes`` (the primaries in their order):
+    the keys found, where they stopped, calls made."""
     if at.node is not None and at.node not in nodes:
         raise _node_gone(at.node)
     found: dict[str, None] = {}  # a key SCAN returns twice is kept once
@@ -233,26 +240,28 @@ async def run_tasks(
     step's chunk of the outbox and of ``outbox_dlq``, its attempt keys found by this
     step's SCAN calls, how much was searched, and ``next``.
     """
+    nodes = await _primaries(client)
     if cursor is None:
-        at = SearchCursor.start(run_id, node=(await _primaries(client))[0])
+        at = SearchCursor.start(run_id, node=nodes[0])
     else:
         at = SearchCursor.parse(cursor, run_id=run_id)
     prefix = f"{ATTEMPT_PREFIX}{dedup_run_part(run_id)}:"
     keys, after, calls = await _scan_steps(
         client,
         at,
+        nodes=nodes,
         match=_glob_escaped(prefix) + "*",
         steps=scan_steps,
         count=scan_count,
         most=most,
     )
-    tables = await _sql_step(pool, at, run_id=run_id, chunk=chunk, most=most)
-    waiting, dead = tables["outbox"], tables["outbox_dlq"]
-    after = replace(after, outbox=waiting.next_id, dlq=dead.next_id)
     async with pool.connection() as conn:
+        tables = await _sql_step(conn, at, run_id=run_id, chunk=chunk, most=most)
         relaying = await (
             await conn.execute(QUERIES["run_cancel_waiting"], {"run_id": run_id})
         ).fetchone()
+    waiting, dead = tables["outbox"], tables["outbox_dlq"]
+    after = replace(after, outbox=waiting.next_id, dlq=dead.next_id)
     until = await client.zscore(CANCELLED_RUNS, run_id)
     return {
         "run_id": run_id,

@@ -233,8 +233,6 @@ class Operator:
         self._closing = True
         loops = [w.loop for w in self.dispatchers.values() if w.loop is not None]
         tasks = [*loops, *([self._first_probe] if self._first_probe else [])]
-        for watched in self.dispatchers.values():
-            watched.loop = None
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

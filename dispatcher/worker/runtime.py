@@ -84,9 +84,9 @@ class Worker:
         self._handler = handler
         self._stopping = asyncio.Event()
         self._loops = LoopSet()
+        self._keepers = LoopSet()  # they run until the end, the loops only until the drain
         self._handling = HandlingSet()
         self._contact = RedisContact(clock)
-        self._keeper: asyncio.Task[None] | None = None
         self._slots = SlotPool(config.concurrency)
         self._executor = ThreadPoolExecutor(config.concurrency, thread_name_prefix="handler")
         guard = AttemptGuard(
@@ -120,7 +120,6 @@ class Worker:
         )
         self._started = False
         self._cut_short: tuple[str, ...] = ()
-        self._limits_task: asyncio.Task[None] | None = None
         calls = self._deliveries.calls
         self._side = SideRenewal(calls.leases.guard, held=calls.leases.running_keys)
         self._watch = LoopWatch(
@@ -172,8 +171,7 @@ class Worker:
         )
 
     def _crashed(self) -> bool:
-        keepers = (self._keeper, self._limits_task)
-        return self._loops.any_done() or any(t and t.done() for t in keepers)
+        return self._loops.any_done() or self._keepers.any_done()
 
     def _redis_silent_for(self) -> float:
         return self._contact.silent_for()
@@ -193,8 +191,7 @@ class Worker:
             await self._streams.leave_groups()
             await self._limits.renew()  # the slots still held: none once every run ended
         finally:
-            keeper = {t for t in (self._keeper, self._limits_task) if t is not None}
-            await self._cancel({*self._loops, *self._handling, *keeper})
+            await self._cancel({*self._loops, *self._handling, *self._keepers})
             await self._deliveries.claims.aclose()
             await self._deliveries.verdicts.settler.aclose()
             # A sync handler still running past the grace period cannot be
@@ -238,11 +235,10 @@ class Worker:
         await self._deliveries.cancels.check()
         shards = await self._streams.start()
         self._contact.ok()
-        # Not a loop of its own: it renews leases of handlers still draining.
-        self._keeper = asyncio.create_task(self._deliveries.calls.leases.run(), name="lease keeper")
-        self._keeper.add_done_callback(_log_crash)
-        self._limits_task = asyncio.create_task(self._limits.run(), name="queue limits")
-        self._limits_task.add_done_callback(_log_crash)
+        # Not among the loops: they renew the leases and the limit slots of handlers still
+        # draining after the loops stopped.
+        self._keepers.start(self._deliveries.calls.leases.run(), "lease keeper")
+        self._keepers.start(self._limits.run(), "queue limits")
         self._loops.start(self._streams.watch(), "shard watch")
         self._loops.start(self._report_stats(), "stream stats")
         self._loops.start(self._deliveries.cancels.watch(self._stopping), "cancel watch")
@@ -323,8 +319,3 @@ class Worker:
             task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-
-
-def _log_crash(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and (exc := task.exception()) is not None:
-        log.error("worker loop %s crashed: %s", task.get_name(), exc, exc_info=exc)

@@ -18,9 +18,9 @@ import redis as sync_redis
 from redis.exceptions import NoPermissionError
 
 from dispatcher.demo.throwaway import RedisProcess, free_port
-from tests.fix_live_operator import CRD, CRD_NAME, LiveNamespace, running_live_operator
+from tests.fix_live_operator import CRD_NAME, LiveNamespace, running_live_operator, serve_crd
 from tests.fix_redis import user_url
-from tests.waiting import eventually, eventually_sync
+from tests.waiting import eventually
 from tools.cluster import Cluster
 
 ROLES = ("enqueuer", "worker", "operator")
@@ -48,20 +48,10 @@ async def test_liveness_fails_when_the_operator_started_before_its_crd(
         url = f"http://127.0.0.1:{free_port()}/healthz"
         async with running_live_operator(live_namespace, liveness=url):
             assert await _healthz(url) == 500
-            _crd_served(cluster)
+            serve_crd(cluster)
             assert await _healthz(url) == 500
     finally:
-        _crd_served(cluster)
-
-
-def _crd_served(cluster: Cluster) -> None:
-    cluster.run("kubectl", "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-    eventually_sync(
-        lambda: cluster.run("kubectl", "wait", "--for=condition=Established", f"crd/{CRD_NAME}"),
-        within=60,
-        interval=0.5,
-        ignoring=(RuntimeError,),
-    )
+        serve_crd(cluster)
 
 
 async def test_operator_runs_as_the_documented_acl_user(
