@@ -65,8 +65,8 @@ LABEL org.opencontainers.image.title="outbox-dispatcher-operator" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build-sealed /opt/venv /opt/venv
 USER 10001:10001
-# kopf's liveness endpoint (--liveness, default http://0.0.0.0:8080/healthz)
-EXPOSE 8080
+# /healthz, /readyz and /metrics on one port when METRICS_PORT=9090 (what the manifests set)
+EXPOSE 9090
 ENTRYPOINT ["dispatcher", "operator"]
 
 FROM runtime AS enqueuer

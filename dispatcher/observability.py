@@ -9,6 +9,7 @@ and readiness are callables the component provides, so the probes report real st
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -27,7 +28,8 @@ __all__ = ["ObservabilityServer", "PrefixedMetrics"]
 
 log = logging.getLogger(__name__)
 
-Probe = Callable[[], bool]
+# True when healthy; a coroutine function when the answer needs a request of its own.
+Probe = Callable[[], bool | Awaitable[bool]]
 
 
 class PrefixedMetrics:
@@ -99,7 +101,8 @@ class ObservabilityServer:
     @staticmethod
     def _probe(check: Probe) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handler(_request: web.Request) -> web.StreamResponse:
-            ok = check()
+            answer = check()
+            ok = await answer if inspect.isawaitable(answer) else answer
             return web.Response(status=200 if ok else 503, text="ok\n" if ok else "not ok\n")
 
         return handler

@@ -27,6 +27,7 @@ from dispatcher.controller.api_connection import KubeClient
 from dispatcher.controller.handlers import register
 from dispatcher.controller.loops import Operator
 from dispatcher.controller.operator_config import OperatorConfig
+from dispatcher.controller.probes import CrdProbe
 from tests.operator_kit import kopf_running
 from tests.suite_servers import postgres_admin_url
 from tests.waiting import eventually_sync
@@ -127,34 +128,26 @@ async def running_live_operator(
     live: LiveNamespace,
     *,
     kubeconfig: Path | None = None,
-    liveness: str | None = None,
+    port: int = 0,
+    crd: CrdProbe | None = None,
     **config_: Any,
 ) -> AsyncIterator[Operator]:
     """kopf and the operator, until the block ends; all their requests go to the API server
-    that ``kubeconfig`` names (the cluster's own by default). ``liveness``: serve kopf's
-    liveness endpoint at this URL (its probes run on each GET)."""
+    that ``kubeconfig`` names (the cluster's own by default): the operator's client logs in
+    with it and kopf is handed the same credentials, as in ``dispatcher operator``. ``port``:
+    serve ``/healthz``, ``/readyz`` and ``/metrics`` there, on 127.0.0.1; ``crd``: the
+    liveness probe (one that remembers nothing, to see a change at once)."""
     config = OperatorConfig(
         **{"autoscale_interval": 1.0, "retry_base": 0.2, "retry_cap": 2.0, **config_}
     )
     client = await KubeClient.connect(str(kubeconfig or live.cluster.kubeconfig))
     registry = kopf.OperatorRegistry()
-    running = register(registry, Operator(config, client=client))
-    found = json.loads((kubeconfig or live.cluster.kubeconfig).read_text())
-    user = found["users"][0]["user"]
-
-    @kopf.on.login(registry=registry)
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(
-            server=found["clusters"][0]["cluster"]["server"],
-            ca_path=found["clusters"][0]["cluster"]["certificate-authority"],
-            token=user.get("token"),
-            certificate_path=user.get("client-certificate"),
-            private_key_path=user.get("client-key"),
-            default_namespace=live.name,
-        )
-
+    operator = Operator(config, client=client, crd=crd or CrdProbe())
+    running = register(registry, operator, port=port, host="127.0.0.1")
     settings = kopf.OperatorSettings()
     settings.scanning.disabled = True
     settings.watching.reconnect_backoff = 0.2
-    async with kopf_running(registry, settings, namespace=live.name, liveness=liveness, seconds=60):
+    async with kopf_running(
+        registry, settings, namespace=live.name, ready=running.started, seconds=60
+    ):
         yield running

@@ -52,11 +52,12 @@ async def kopf_running(
     settings: kopf.OperatorSettings,
     *,
     namespace: str,
-    liveness: str | None = None,
+    ready: asyncio.Event | None = None,
     seconds: float = 30,
 ) -> AsyncIterator[None]:
-    """kopf with ``registry``'s handlers, watching ``namespace``, until the block ends."""
-    stop, ready = asyncio.Event(), asyncio.Event()
+    """kopf with ``registry``'s handlers, watching ``namespace``, until the block ends.
+    ``ready``: kopf's ready flag (``Operator.started``), raised once its start-up finished."""
+    stop, ready = asyncio.Event(), ready or asyncio.Event()
     # spawn_tasks + run_tasks instead of kopf.operator(): at the end kopf cancels every task
     # born after its start, and pytest-asyncio's teardown is one of those.
     before = asyncio.all_tasks()
@@ -65,7 +66,6 @@ async def kopf_running(
         settings=settings,
         standalone=True,
         namespaces=[namespace],
-        liveness_endpoint=liveness,
         stop_flag=stop,
         ready_flag=ready,
     )

@@ -1,13 +1,12 @@
 """``dispatcher operator``: run the kopf operator for ``OutboxDispatcher`` resources.
 
 The operator's kopf handlers (``dispatcher.controller.handlers``) in a registry of their own,
-with the scope (``--namespace`` or ``--all-namespaces``), kopf's liveness endpoint and the
-autoscaler interval as flags. Leader election on a Lease is on unless ``--no-leader-election``
-(``dispatcher.controller.lease_election``): several replicas may run, one acts. kopf handles
-SIGTERM/SIGINT itself (the Lease is released then). With ``--metrics-port`` (env
-``METRICS_PORT``) the operator's own Prometheus metrics are served on ``/metrics`` there, and
-its readiness on ``/readyz`` (``Operator.ready``: kopf's start-up finished and the CRD
-served).
+with the scope (``--namespace`` or ``--all-namespaces``) and the autoscaler interval as flags.
+Leader election on a Lease is on unless ``--no-leader-election``
+(``dispatcher.controller.lease_election``): several replicas may run, one acts. kopf runs it
+all: start-up, SIGTERM/SIGINT (the Lease is released then), and, from start-up to shutdown,
+one port (``--metrics-port``, env ``METRICS_PORT``) with ``/healthz`` (``Operator.live``: the
+CRD is served and was at start), ``/readyz`` (``Operator.ready``) and ``/metrics``.
 
 The command layer of ``dispatcher.controller.loops``: this module parses flags and starts
 kopf; that one is the operator's loop.
@@ -16,7 +15,6 @@ kopf; that one is the operator's loop.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -51,11 +49,7 @@ def register(sub: Any, common: Common) -> None:
         help="watch this namespace (repeatable; globs such as 'team-*' work)",
     )
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
-    g.add_argument(
-        "--liveness",
-        default="http://0.0.0.0:8080/healthz",
-        help="kopf liveness endpoint URL, '' to disable (default: %(default)s)",
-    )
+    g.add_argument("--liveness", default=None, help=argparse.SUPPRESS)  # gone: a clear error
     add_options(g, [*options(OperatorConfig).values(), METRICS_PORT])
     g.add_argument(
         "--enqueuer-image",
@@ -98,6 +92,11 @@ def register(sub: Any, common: Common) -> None:
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> Any:
+    if args.liveness is not None:
+        raise UsageError(
+            "--liveness is gone: /healthz is served with /readyz and /metrics on --metrics-port "
+            "(env METRICS_PORT); point the liveness probe there"
+        )
     if not args.namespaces and not args.all_namespaces:
         raise UsageError("pass --namespace NS (repeatable) or --all-namespaces")
     election = lease_config(args)
@@ -140,12 +139,9 @@ async def _serve(args: argparse.Namespace, settings: Settings, election: LeaseCo
     from prometheus_client import REGISTRY
 
     from dispatcher.controller.handlers import register as register_handlers
-    from dispatcher.controller.handlers import register_login
     from dispatcher.controller.loops import Operator
-    from dispatcher.observability import ObservabilityServer
 
     registry = kopf.OperatorRegistry()
-    register_login(registry)
     config = OperatorConfig(
         autoscale_interval=args.autoscale_interval,
         enqueuer_image=args.enqueuer_image,
@@ -153,26 +149,13 @@ async def _serve(args: argparse.Namespace, settings: Settings, election: LeaseCo
     )
     leadership = Leadership() if election is not None else Leadership.always()
     operator = Operator(config, registry=REGISTRY, leadership=leadership)
-    register_handlers(registry, operator, election=election)
-    # Liveness stays kopf's (--liveness); this server has /metrics and the readiness, /readyz.
-    server = ObservabilityServer(port=settings.metrics_port, ready=operator.ready)
-    await server.start()
-    try:
-        return await _operate(kopf, registry, args, started=operator.started)
-    finally:
-        await server.stop()
-
-
-async def _operate(
-    kopf: Any, registry: Any, args: argparse.Namespace, *, started: asyncio.Event
-) -> int:
+    register_handlers(registry, operator, election=election, port=settings.metrics_port)
     await kopf.operator(
         registry=registry,
-        ready_flag=started,
+        ready_flag=operator.started,
         settings=operator_settings(args.namespaces or (), all_namespaces=args.all_namespaces),
         clusterwide=bool(args.all_namespaces),
         namespaces=args.namespaces or (),
-        liveness_endpoint=args.liveness or None,
         standalone=True,  # kopf's peering pauses nothing here: the Lease decides who acts
     )
     return 0

@@ -110,6 +110,11 @@ class KubeClient:
         api.user_agent = FIELD_MANAGER
         return cls(api)
 
+    @property
+    def configuration(self) -> client.Configuration:
+        """What it logged in with (kopf is handed the same: ``handlers.connection_info``)."""
+        return self._api.configuration
+
     async def close(self) -> None:
         await self._api.close()
 

@@ -1,30 +1,31 @@
-"""The kopf handlers of the operator: thin glue from kopf's watches to ``Operator``.
+"""The kopf handlers of the operator: thin glue from kopf's life cycle and watches to ``Operator``.
 
-Only watch-event handlers and operator-level activities are used. kopf adds a finalizer to a
+kopf owns the operator's life: its start-up activity logs in (``Operator.start``: the official
+client's one login, which kopf's login handler then hands to kopf), serves the probes and
+metrics on one port and starts the leader election; its cleanup activity (kopf runs it on
+SIGTERM) releases the Lease, closes the operator and stops serving. Only watch-event handlers
+and operator-level activities are used. kopf adds a finalizer to a
 resource for timers, daemons and change handlers; with none of those, it adds none, and
 removes the one an older version of this operator added. ``register`` wires one ``Operator``
 into a kopf registry: the ``dispatcher operator`` command and the tests build their own.
 Importing this module builds, registers and starts nothing (there is no default operator
-behind kopf's default registry). With a ``LeaseConfig``, the startup activity starts the
-leader election (``dispatcher.controller.lease_election``) and the cleanup one (kopf runs it
-on SIGTERM) releases the Lease."""
+behind kopf's default registry)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import os
-from collections.abc import Mapping
 from typing import Any
 
 import kopf
+from kubernetes_asyncio.client import Configuration
 
 from dispatcher.controller.lease_election import LeaseConfig, LeaseElector, identity
 from dispatcher.controller.loops import Operator, WatchEvent
 from dispatcher.controller.resource import API_GROUP, API_VERSION, PLURAL
+from dispatcher.observability import ObservabilityServer
 
-__all__ = ["configure", "login", "register", "register_login"]
+__all__ = ["configure", "connection_info", "register"]
 
 RESOURCE = (API_GROUP, API_VERSION, PLURAL)
 
@@ -41,45 +42,57 @@ def configure(settings: kopf.OperatorSettings) -> None:
     settings.posting.reporting_instance = identity()
 
 
-def in_cluster_server(environ: Mapping[str, str]) -> str | None:
-    """The API server as a Pod finds it: the ``kubernetes`` Service's address from the
-    environment the kubelet sets, as client-go's in-cluster config reads it (no cluster DNS
-    needed), or None outside a Pod."""
-    host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
-    if not host or not port:
-        return None
-    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
-
-
-def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """In a pod: its service account, at the ``kubernetes`` Service's address (kopf's own
-    login names ``kubernetes.default.svc``, which needs a cluster DNS); elsewhere: the
-    kubeconfig (kopf's own logins)."""
-    account = kopf.login_with_service_account(**kwargs)
-    if account is None:
-        return kopf.login_with_kubeconfig(**kwargs)
-    server = in_cluster_server(os.environ)
-    return account if server is None else dataclasses.replace(account, server=server)
-
-
-def register_login(registry: kopf.OperatorRegistry) -> None:
-    """For a registry of our own (the default one has kopf's logins already)."""
-    kopf.on.login(registry=registry)(login)
+async def connection_info(configuration: Configuration) -> kopf.ConnectionInfo:
+    """kopf's credentials: those the operator's API client logged in with (in a pod its
+    ServiceAccount at the ``kubernetes`` Service's address, elsewhere the kubeconfig), read
+    anew each time kopf asks (on start and after a 401), so a rotated token is picked up."""
+    bearer = await configuration.get_api_key_with_prefix("BearerToken")
+    scheme, _, token = (bearer or "").partition(" ")
+    return kopf.ConnectionInfo(
+        server=configuration.host or "http://localhost",  # the client's own default
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl or None,
+        username=configuration.username or None,
+        password=configuration.password or None,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+        proxy_url=configuration.proxy,
+    )
 
 
 def register(
-    registry: kopf.OperatorRegistry, operator: Operator, *, election: LeaseConfig | None = None
+    registry: kopf.OperatorRegistry,
+    operator: Operator,
+    *,
+    election: LeaseConfig | None = None,
+    port: int = 0,
+    host: str = "0.0.0.0",
 ) -> Operator:
     """Add the operator's handlers to ``registry``; return ``operator`` for convenience.
 
     ``election``: run passes only while holding this Lease (``operator.leadership`` then
-    starts not leading).
+    starts not leading). ``port``: from start-up to cleanup, serve ``/healthz``
+    (``Operator.live``), ``/readyz`` (``Operator.ready``) and ``/metrics`` (the operator's
+    registry) there; 0 serves nothing.
     """
     electing: list[tuple[LeaseElector, asyncio.Task[None]]] = []
+    server = ObservabilityServer(
+        port=port,
+        host=host,
+        live=operator.live,
+        ready=operator.ready,
+        registry=operator.metrics.registry,
+    )
 
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
+        try:
+            await server.start()
+        except OSError as exc:  # kopf would retry it every minute; nothing else would change
+            raise kopf.PermanentError(f"cannot serve the probes on {host}:{port}: {exc}") from exc
         await operator.start()
         operator.starting()
         if election is not None:
@@ -95,10 +108,11 @@ def register(
                 await task
             await elector.release()
         await operator.close()
+        await server.stop()
 
-    @kopf.on.probe(registry=registry, id="crd")
-    async def crd(*, logger: Any, **_: Any) -> str:
-        return await operator.crd_probe(logger)
+    @kopf.on.login(registry=registry)
+    async def login(**_: Any) -> kopf.ConnectionInfo:
+        return await connection_info(operator.connected().configuration)
 
     @kopf.on.event(*RESOURCE, registry=registry, id="dispatchers")
     async def dispatchers(**kwargs: Any) -> None:

@@ -37,7 +37,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from dispatcher.controller.api_connection import KubeClient
+from dispatcher.controller.api_connection import APIError, KubeClient
 from dispatcher.controller.api_requests import KubeApi
 from dispatcher.controller.cache import Cache
 from dispatcher.controller.effects import NotYetKnown
@@ -151,9 +151,20 @@ class Operator:
     def api(self, logger: logging.Logger | logging.LoggerAdapter[Any] = log) -> KubeApi:
         return KubeApi(client=self.connected(), logger=logger, reporting_instance=self.instance)
 
-    async def crd_probe(self, logger: logging.Logger | logging.LoggerAdapter[Any]) -> str:
-        """kopf's liveness probe (``dispatcher.controller.probes.CrdProbe``)."""
-        return await self.crd.check(self.api(logger))
+    async def live(self) -> bool:
+        """Liveness (``/healthz``): kopf's start-up finished, and the CRD was served then and
+        is now (``dispatcher.controller.probes.CrdProbe``). Why not is logged. An API server
+        that does not answer leaves the operator live: a restart would not bring it back."""
+        if not self.started.is_set():
+            return False
+        try:
+            problem = await self.crd.problem(self.api())
+        except APIError as exc:
+            log.warning("liveness: cannot ask the API server whether the CRD is served: %s", exc)
+            return True
+        if problem is not None:
+            log.warning("not live: %s", problem)
+        return problem is None
 
     def starting(self) -> None:
         """From kopf's start-up handler, after ``start``: the CRD is asked once kopf started."""
@@ -163,13 +174,16 @@ class Operator:
         await self.started.wait()
         while self.crd.served_at_start is None and not self._closing:
             try:
-                await self.crd_probe(log)
-            except Exception as exc:  # not served, or no answer: say so, and ask again
-                log.warning("the CRD probe failed: %s", exc)
+                problem = await self.crd.problem(self.api())
+            except APIError as exc:  # no answer: say so, and ask again
+                log.warning("cannot ask the API server whether the CRD is served: %s", exc)
                 await asyncio.sleep(self.config.retry_base)
+            else:
+                if problem is not None:
+                    log.warning("%s", problem)
 
     def ready(self) -> bool:
-        """Readiness: kopf's start-up finished (its watches and liveness endpoint start then),
+        """Readiness: kopf's start-up finished (its watches start then),
         the CRD was served then, and the operator is not shutting down.
 
         Leading is no part of it: a standby replica waiting for the lease is ready too.

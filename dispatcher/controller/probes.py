@@ -3,9 +3,9 @@
 ``PostgresProbe`` connects to a dispatcher's database to tell ``Ready`` from
 ``PostgresUnavailable``; a connection per pass would load the database for nothing, so it
 asks at most once every ``interval`` seconds per dispatcher (and at once when the URL
-changes). ``CrdProbe`` is kopf's liveness probe: with scanning off, kopf discovers the
-resource once at start-up, so an operator started before its CRD was served never watches
-and must restart. Messages name the host, never the URL (it may carry a password).
+changes). ``CrdProbe`` is the operator's liveness (``/healthz``): with scanning off, kopf
+discovers the resource once at start-up, so an operator started before its CRD was served
+never watches and must restart. Messages name the host, never the URL (it may carry a password).
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-import kopf
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
@@ -77,19 +76,36 @@ async def ask_postgres(url: str, *, seconds: float) -> str | None:
 
 @dataclass
 class CrdProbe:
-    """Fails while the CRD is not served, or was not when the operator started."""
+    """Why the operator is not live: its CRD is not served, or was not when it started.
 
+    The answer is remembered for ``max_age`` seconds, so a flood of ``/healthz`` requests
+    (anyone on the pod network may send them) costs the API server one request per period.
+    """
+
+    max_age: float = 10.0
     served_at_start: bool | None = None  # None: not checked yet
+    _asked_at: float | None = None
+    _problem: str | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    async def check(self, api: KubeApi) -> str:
+    async def problem(self, api: KubeApi) -> str | None:
+        """None while live; else one line saying why not. Raises ``APIError`` if unanswered."""
+        async with self._lock:
+            now = time.monotonic()
+            if self._asked_at is None or now - self._asked_at >= self.max_age:
+                self._problem = await self._ask(api)
+                self._asked_at = now
+            return self._problem
+
+    async def _ask(self, api: KubeApi) -> str | None:
         served = await api.served(group=API_GROUP, version=API_VERSION, plural=PLURAL)
         if self.served_at_start is None:
             self.served_at_start = served
         if not self.served_at_start:
-            raise kopf.PermanentError(
+            return (
                 f"{PLURAL}.{API_GROUP} was not served when the operator started: "
                 "nothing is watched until it restarts"
             )
         if not served:
-            raise kopf.PermanentError(f"{PLURAL}.{API_GROUP} is not served (CRD missing)")
-        return "served"
+            return f"{PLURAL}.{API_GROUP} is not served (CRD missing)"
+        return None

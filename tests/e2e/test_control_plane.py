@@ -130,6 +130,17 @@ def test_helm_install_runs_the_operator_as_its_service_account(cluster: Cluster)
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics",
                                                       "scheme": "HTTP"}  # fmt: skip
     assert condition_status(operator, "Ready") == "True"
+    # Live on the same port (the CRD served, and served at start), with its metrics beside.
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics",
+                                                     "scheme": "HTTP"}  # fmt: skip
+    fetch = (
+        "import urllib.request as u; "
+        "print(*(u.urlopen('http://127.0.0.1:9090' + p).status for p in "
+        "('/healthz', '/readyz', '/metrics')))"
+    )
+    answers = kubectl(cluster, "-n", NS, "exec", operator["metadata"]["name"], "--",
+                      "python", "-c", fetch)  # fmt: skip
+    assert answers.split() == ["200", "200", "200"]
     # Its token is the ServiceAccount's, and the chart's Role is all it may do.
     account = f"system:serviceaccount:{NS}:{RELEASE}-operator"
     token = kubectl(cluster, "-n", NS, "exec", operator["metadata"]["name"], "--", "cat",

@@ -1,9 +1,10 @@
 """The operator's platform duties against the real API server, kopf running in-process.
 
 ``running_live_operator`` runs kopf and the ``Operator`` as ``dispatcher operator`` does,
-watching a namespace of the test's own (``live_namespace``). Here: kopf's liveness endpoint
-answers 200 once the CRD is served, 500 when the operator started before its CRD (and still 500
-once the CRD comes: kopf, scanning off, watches nothing until a restart), and the operator does
+watching a namespace of the test's own (``live_namespace``). Here: liveness (``/healthz``, on
+the one port with ``/readyz`` and ``/metrics``) answers 200 once the CRD is served, 503 when the
+operator started before its CRD (and still 503 once the CRD comes: kopf, scanning off, watches
+nothing until a restart), and the operator does
 its Redis work (publish and lower the shard count, measure the backlog) as the
 ``dispatcher-operator`` ACL user of docs/security.md, with nothing denied."""
 
@@ -17,6 +18,7 @@ import pytest
 import redis as sync_redis
 from redis.exceptions import NoPermissionError
 
+from dispatcher.controller.probes import CrdProbe
 from dispatcher.demo.throwaway import RedisProcess, free_port
 from tests.fix_live_operator import CRD_NAME, LiveNamespace, running_live_operator, serve_crd
 from tests.fix_redis import user_url
@@ -26,15 +28,26 @@ from tools.cluster import Cluster
 ROLES = ("enqueuer", "worker", "operator")
 
 
-async def _healthz(url: str) -> int:
+async def _get(url: str) -> tuple[int, str]:
     async with aiohttp.ClientSession() as session, session.get(url) as response:
-        return response.status
+        return response.status, await response.text()
 
 
-async def test_liveness_is_green_when_the_crd_is_served(live_namespace: LiveNamespace) -> None:
-    url = f"http://127.0.0.1:{free_port()}/healthz"
-    async with running_live_operator(live_namespace, liveness=url):
-        assert await _healthz(url) == 200
+async def test_one_port_serves_liveness_readiness_and_metrics(
+    live_namespace: LiveNamespace,
+) -> None:
+    port = free_port()
+    async with running_live_operator(live_namespace, port=port):
+        base = f"http://127.0.0.1:{port}"
+        assert await _get(f"{base}/healthz") == (200, "ok\n")
+
+        async def ready() -> bool:  # the CRD is asked once kopf started
+            return (await _get(f"{base}/readyz"))[0] == 200
+
+        await eventually(ready, within=30, what="/readyz ready")
+        status, metrics = await _get(f"{base}/metrics")
+        assert status == 200
+        assert "dispatcher_operator_reconciles_total" in metrics
 
 
 async def test_liveness_fails_when_the_operator_started_before_its_crd(
@@ -45,11 +58,13 @@ async def test_liveness_fails_when_the_operator_started_before_its_crd(
     starts, then the CRD comes back."""
     cluster.run("kubectl", "delete", "crd", CRD_NAME, "--wait=true", "--timeout=120s")
     try:
-        url = f"http://127.0.0.1:{free_port()}/healthz"
-        async with running_live_operator(live_namespace, liveness=url):
-            assert await _healthz(url) == 500
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/healthz"
+        async with running_live_operator(live_namespace, port=port, crd=CrdProbe(max_age=0)):
+            assert await _get(url) == (503, "not ok\n")
             serve_crd(cluster)
-            assert await _healthz(url) == 500
+            assert await _get(url) == (503, "not ok\n")
+            assert (await _get(f"http://127.0.0.1:{port}/readyz"))[0] == 503
     finally:
         serve_crd(cluster)
 

@@ -1,9 +1,10 @@
 """The operator's readiness (``/readyz``) against the real API server, kopf running in-process.
 
-Not ready while kopf's start-up activities run (a start-up handler of the test holds them),
-nor is kopf's liveness endpoint up then; ready once they finished and the CRD is served; not
-ready again once the operator stops. The operator is wired as ``dispatcher operator`` wires it:
-``Operator.started`` is kopf's ready flag and ``Operator.ready`` the server's readiness.
+Not ready, nor live, while kopf's start-up activities run (a start-up handler of the test holds
+them); ready and live once they finished and the CRD is served; nothing served once the operator
+stopped. The operator is wired as ``dispatcher operator`` wires it: one port for ``/healthz``,
+``/readyz`` and ``/metrics``, served from kopf's start-up to its cleanup, ``Operator.started``
+kopf's ready flag, and kopf logged in with the operator's own credentials (the kubeconfig).
 """
 
 from __future__ import annotations
@@ -14,14 +15,12 @@ from typing import Any
 import aiohttp
 import kopf
 import pytest
-from prometheus_client import CollectorRegistry
 
 from dispatcher.cli.operator import operator_settings
-from dispatcher.controller.handlers import register, register_login
+from dispatcher.controller.handlers import register
 from dispatcher.controller.loops import Operator
 from dispatcher.controller.operator_config import OperatorConfig
 from dispatcher.demo.throwaway import free_port
-from dispatcher.observability import ObservabilityServer
 from tests.operator_kit import spawned_by_kopf
 from tests.waiting import eventually
 from tools.cluster import Cluster
@@ -44,11 +43,11 @@ async def test_readyz_is_ready_only_between_startup_and_stop(
     cluster: Cluster, crd: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cluster.run("kubectl", "create", "namespace", NS)
-    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))  # kopf's kubeconfig login
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))  # the operator's one login
     operator = Operator(OperatorConfig())
     registry = kopf.OperatorRegistry()
-    register_login(registry)
-    register(registry, operator)
+    port = free_port()
+    register(registry, operator, port=port, host="127.0.0.1")
     entered, hold = asyncio.Event(), asyncio.Event()
 
     @kopf.on.startup(registry=registry)
@@ -56,12 +55,8 @@ async def test_readyz_is_ready_only_between_startup_and_stop(
         entered.set()
         await hold.wait()
 
-    server = ObservabilityServer(
-        port=free_port(), host="127.0.0.1", ready=operator.ready, registry=CollectorRegistry()
-    )
-    ready_url = f"http://127.0.0.1:{server.port}/readyz"
-    live_url = f"http://127.0.0.1:{free_port()}/healthz"
-    await server.start()
+    ready_url = f"http://127.0.0.1:{port}/readyz"
+    live_url = f"http://127.0.0.1:{port}/healthz"
     stop = asyncio.Event()
     before = asyncio.all_tasks()
     tasks = await kopf.spawn_tasks(
@@ -69,14 +64,18 @@ async def test_readyz_is_ready_only_between_startup_and_stop(
         settings=operator_settings([NS], all_namespaces=False),
         standalone=True,
         namespaces=[NS],
-        liveness_endpoint=live_url,
         stop_flag=stop,
         ready_flag=operator.started,
     )
     try:
         await asyncio.wait_for(entered.wait(), 30)
+
+        async def serving() -> bool:  # kopf's start-up handlers run at once: ours starts it
+            return await status(ready_url) is not None
+
+        await eventually(serving, within=30, what="the probes served during start-up")
         assert await status(ready_url) == 503
-        assert await status(live_url) is None  # kopf serves it only after start-up
+        assert await status(live_url) == 503
         hold.set()
 
         async def ready() -> bool:
@@ -90,7 +89,6 @@ async def test_readyz_is_ready_only_between_startup_and_stop(
         ignored = before | {t for t in asyncio.all_tasks() if not spawned_by_kopf(t)}
         await asyncio.wait_for(kopf.run_tasks(tasks, ignored=ignored), 30)
     try:
-        assert await status(ready_url) == 503
+        assert await status(ready_url) is None  # kopf's cleanup stopped serving
     finally:
-        await server.stop()
         cluster.run("kubectl", "delete", "namespace", NS, "--wait=false")

@@ -74,7 +74,7 @@ def test_base_holds_crd_namespace_account_rbac_and_operator() -> None:
             assert obj["metadata"]["namespace"] == namespace["metadata"]["name"]
 
 
-def test_operator_deployment_is_one_restricted_elected_replica_with_liveness() -> None:
+def test_operator_deployment_is_one_restricted_elected_replica_with_one_port() -> None:
     (deployment,) = _by_kind(kustomize("deploy/base"), "Deployment")
     spec = deployment["spec"]
     assert spec["replicas"] == 1
@@ -90,9 +90,12 @@ def test_operator_deployment_is_one_restricted_elected_replica_with_liveness() -
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
     assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
-    assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
-    assert {"name": "healthz", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
+    # One port for the liveness and readiness probes and the metrics, the one METRICS_PORT names.
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
+    assert {"name": "METRICS_PORT", "value": "9090"} in container["env"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert not [a for a in container["args"] if a.startswith("--liveness")]
     assert not [a for a in container["args"] if a.startswith("--peering")]  # no kopf peering
     assert "--lease-name=outbox-dispatcher-operator" in container["args"]
     assert "--lease-namespace=$(POD_NAMESPACE)" in container["args"]

@@ -72,6 +72,8 @@ def test_help_prints_every_default(path: list[str], capsys: pytest.CaptureFixtur
     for action in parser._actions:
         if not action.option_strings or action.required or action.dest == "help":
             continue
+        if action.help == argparse.SUPPRESS:  # a flag that is gone, kept to say so
+            continue
         text = _flat(parser._get_formatter()._expand_help(action))
         assert text in printed
         env = re.search(r"\(env [A-Z_]+(, default: [^()]+)?\)$", text)

@@ -35,11 +35,27 @@ def test_operator_rejects_a_bad_interval(capsys: pytest.CaptureFixture[str]) -> 
     assert "argument --autoscale-interval: must be > 0, got 0" in capsys.readouterr().err
 
 
+def test_the_old_liveness_flag_says_where_the_probe_went(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A manifest of an older release passes ``--liveness``: it fails in one line that says
+    what to do, not with argparse's "unrecognized arguments"."""
+    assert main(["operator", "-A", "--liveness=http://0.0.0.0:8080/healthz"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "dispatcher operator: --liveness is gone: /healthz is served with /readyz and /metrics "
+        "on --metrics-port (env METRICS_PORT); point the liveness probe there"
+    )
+    with pytest.raises(SystemExit):
+        main(["operator", "--help"])
+    help = capsys.readouterr().out
+    assert "--metrics-port" in help
+    assert "--liveness" not in help
+
+
 def test_operator_flags() -> None:
     args = build_parser().parse_args(["operator", "-n", "a", "--namespace", "b"])
     assert args.namespaces == ["a", "b"]
     assert args.all_namespaces is False
-    assert args.liveness == "http://0.0.0.0:8080/healthz"
     assert args.leader_election is True
     with pytest.raises(SystemExit):
         build_parser().parse_args(["operator", "-n", "a", "-A"])

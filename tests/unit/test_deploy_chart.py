@@ -60,6 +60,18 @@ def test_default_render_is_the_operator_and_its_rbac() -> None:
     ]
 
 
+def test_the_operator_probes_and_metrics_share_its_one_port() -> None:
+    (operator,) = (
+        o for o in render({"operator": {"metricsPort": 9191}}) if o["kind"] == "Deployment"
+    )
+    (container,) = operator["spec"]["template"]["spec"]["containers"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9191, "protocol": "TCP"}]
+    assert {"name": "METRICS_PORT", "value": "9191"} in container["env"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert not [a for a in container["args"] if a.startswith("--liveness")]
+
+
 def test_watch_namespaces_get_a_role_each_and_become_operator_args() -> None:
     objects = render(VALUE_SETS["multi-namespace"], name="rel", namespace="ops")
     roles = {
@@ -335,6 +347,7 @@ BAD_VALUES = {
     "monitor interval": {"monitoring": {"podMonitor": {"interval": "soon"}}},
     "two operators without leader election": {"operator": {"replicas": 2, "leaderElection": False}},
     "console on a privileged port": {"console": {"port": 80}},
+    "the old liveness port": {"operator": {"healthPort": 8080}},  # one port now: metricsPort
     "console service type": {"console": {"service": {"type": "ExternalName", "port": 80}}},
 }
 
