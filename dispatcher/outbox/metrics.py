@@ -17,14 +17,16 @@ import functools
 import itertools
 import operator
 from collections.abc import Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
 
 from dispatcher.observability import PrefixedMetrics
 from dispatcher.stream.naming import queue_of_stream
 
-__all__ = ["EnqueuerMetrics", "observe_ages", "queue_label"]
+__all__ = ["EnqueuerMetrics", "observe_ages"]
 
+_LABELS = 4096
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -33,6 +35,7 @@ class EnqueuerMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
+        self._queues: dict[str, str] = {}  # stream -> its queue's label, at most _LABELS
         declare = PrefixedMetrics(registry, prefix="dispatcher_outbox_")
         q = ["queue"]
         self.processed = declare.counter("processed", "Outbox rows published and deleted", q)
@@ -68,6 +71,20 @@ class EnqueuerMetrics:
         )
         self._add_gauges(declare)
 
+    def count(self, counter: Any, by_stream: collections.Counter[str]) -> None:
+        """Adds each stream's rows to ``counter`` under its queue's label ("other" when
+        the stream names no queue); the labels are remembered by this object, not the process."""
+        by_queue: collections.Counter[str] = collections.Counter()
+        for stream, n in by_stream.items():
+            queue = self._queues.get(stream)
+            if queue is None:
+                if len(self._queues) >= _LABELS:  # rows naming ever new streams stay bounded
+                    self._queues.clear()
+                queue = self._queues[stream] = queue_of_stream(stream) or "other"
+            by_queue[queue] += n
+        for queue, n in by_queue.items():
+            counter.labels(queue).inc(n)
+
     def _add_gauges(self, declare: PrefixedMetrics) -> None:
         self.backpressure = declare.gauge(
             "backpressure", "1 while claims are paused because Redis memory is above the high mark"
@@ -81,11 +98,6 @@ class EnqueuerMetrics:
         self.listener_connected = declare.gauge(
             "listener_connected", "1 while the LISTEN connection is up"
         )
-
-
-@functools.lru_cache(maxsize=4096)
-def queue_label(stream: str) -> str:
-    return queue_of_stream(stream) or "other"
 
 
 def observe_ages(histogram: Histogram, ages: Sequence[float], *, plus: float) -> None:

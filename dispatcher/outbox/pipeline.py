@@ -31,7 +31,7 @@ from dispatcher.outage import REDIS, is_outage
 from dispatcher.outbox.backpressure import RedisMemoryGate
 from dispatcher.outbox.claim import ClaimedBatch
 from dispatcher.outbox.encoding import encode_batch
-from dispatcher.outbox.metrics import EnqueuerMetrics, observe_ages, queue_label
+from dispatcher.outbox.metrics import EnqueuerMetrics, observe_ages
 from dispatcher.outbox.outcomes import Outcomes, plan_outcomes
 from dispatcher.outbox.repository import OutboxRepository
 from dispatcher.stream.entries import PublishResult
@@ -253,7 +253,7 @@ def _report(
     batch: ClaimedBatch, outcomes: Outcomes, *, metrics: EnqueuerMetrics, outage: bool = False
 ) -> None:
     if len(outcomes.sent) == len(batch):
-        _count(metrics.processed, collections.Counter(batch.column("stream")))
+        metrics.count(metrics.processed, collections.Counter(batch.column("stream")))
     else:
         streams = dict(zip(batch.ids, batch.column("stream"), strict=True))
         for counter, ids in (
@@ -261,7 +261,7 @@ def _report(
             (metrics.failed, [r.id for r in outcomes.retry]),
             (metrics.dlq, [r.id for r in outcomes.dead]),
         ):
-            _count(counter, collections.Counter(streams[i] for i in ids))
+            metrics.count(counter, collections.Counter(streams[i] for i in ids))
     if outcomes.held:
         log.warning(
             "Redis is full (OOM): %d rows stay PENDING, no attempt counted", len(outcomes.held)
@@ -279,11 +279,3 @@ def _report(
             len(outcomes.dead),
             outcomes.dead[0].error,
         )
-
-
-def _count(counter: Any, by_stream: collections.Counter[str]) -> None:
-    by_queue: collections.Counter[str] = collections.Counter()
-    for stream, n in by_stream.items():
-        by_queue[queue_label(stream)] += n
-    for queue, n in by_queue.items():
-        counter.labels(queue).inc(n)
