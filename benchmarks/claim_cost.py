@@ -3,8 +3,8 @@
 At idle every dispatch is one claim of one row (the notification carries
 nothing). This times, on one connection of the enqueuer's pool, each piece of
 that claim with one row waiting: a plain round trip (``SELECT 1``), the claim's
-statement sent by a sync connection, the same through ``ClaimStatement.begin``
-as the repository runs it, ``OutboxRepository.claim_batch`` up to the rows in hand
+statement sent by a sync connection, the same as ``BatchClaims`` begins it (prepared
+once per session), ``BatchClaims.claim_batch`` up to the rows in hand
 (journal task started), and the settlement. Medians in ms over ``--samples``.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 import psycopg
 
 from benchmarks.env import bench_env, machine_facts
-from dispatcher.outbox.claim_statement import PREPARE, claim_statement
+from dispatcher.outbox.claim import PREPARE, ClaimStatement
 from dispatcher.outbox.repository import OutboxRepository, enqueuer_pool
 from tests.data import insert_rows
 
@@ -41,7 +41,7 @@ async def measure(db_url: str, samples: int) -> dict[str, float]:
         "claim_batch, rows in hand": [],
         "settlement": [],
     }
-    claim = claim_statement(100, 30.0)
+    claim = ClaimStatement(limit=100, hold_for=30.0)
     with psycopg.connect(db_url, autocommit=True) as sync:
         for statement in PREPARE:
             sync.execute(statement)
@@ -60,7 +60,7 @@ async def measure(db_url: str, samples: int) -> dict[str, float]:
             times["claim statement, sync"].append(time.perf_counter() - started)
             sync.execute("ROLLBACK")
         async with pool.connection() as conn:
-            await claim.begin(conn)  # prepares the claims on this session
+            await repo.claims._begin(conn, claim, probe=False)  # prepares them on this session
             await conn.rollback()
             for _ in range(samples):
                 started = time.perf_counter()
@@ -68,13 +68,13 @@ async def measure(db_url: str, samples: int) -> dict[str, float]:
                 times["round trip (SELECT 1)"].append(time.perf_counter() - started)
                 one_row()
                 started = time.perf_counter()
-                await claim.begin(conn)
+                await repo.claims._begin(conn, claim, probe=False)
                 times["claim statement, ClaimStatement.begin"].append(time.perf_counter() - started)
                 await conn.rollback()
         for _ in range(samples):
             one_row()
             started = time.perf_counter()
-            async with repo.claim_batch(100, hold_for=30.0) as batch:
+            async with repo.claims.claim_batch(100, hold_for=30.0) as batch:
                 times["claim_batch, rows in hand"].append(time.perf_counter() - started)
                 if batch.journal is not None:
                     await batch.journal

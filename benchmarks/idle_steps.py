@@ -107,16 +107,19 @@ def _instrument() -> None:
     _wrap(publisher.RedisStreamPublisher, "publish_packed", "publish_packed", "XADD back")
     _wrap(publisher, "execute_packed", "XADD sent")
     _wrap(enqueuer.OutboxEnqueuer, "_kicked", None, "main loop woken")
-    _wrap(repository.OutboxRepository, "_claimed", "rows in hand")
-    _wrap(repository.OutboxRepository, "_open_journal", "journal task runs")
     _wrap_sql(psycopg.AsyncCursor)
-    with contextlib.suppress(ImportError, AttributeError):
-        from dispatcher.outbox import claim
+    from dispatcher.outbox import claim
 
-        _wrap(claim.ClaimedBatch, "settle", None, "settled")
-    with contextlib.suppress(ImportError, AttributeError):
-        from dispatcher.outbox import claim_statement
+    _wrap(claim.ClaimedBatch, "settle", None, "settled")
+    if hasattr(claim, "BatchClaims"):  # the claim in one module
+        _wrap(claim.BatchClaims, "_claimed", "rows in hand")
+        _wrap(claim.BatchClaims, "_journal", "journal task runs")
+        _wrap(claim.BatchClaims, "_begin", "ClaimStatement.begin")
+    else:  # a baseline tree from before it: the repository ran the claim
+        from dispatcher.outbox import claim_statement  # type: ignore[attr-defined]
 
+        _wrap(repository.OutboxRepository, "_claimed", "rows in hand")
+        _wrap(repository.OutboxRepository, "_open_journal", "journal task runs")
         _wrap(claim_statement.ClaimStatement, "begin", "ClaimStatement.begin")
 
 

@@ -85,18 +85,18 @@ class BatchPipeline:
     async def run(self, *, probe: bool = False, more: More | None = None) -> int:
         """Claim, publish and settle a batch; return how many rows the last one held.
 
-        With ``probe``, the batch is one suspect row alone (see the repository).
+        With ``probe``, the batch is one suspect row alone (``BatchClaims.claim_batch``).
 
         With ``more``, a full batch that published whole asks it whether to claim
         the next batch right away (``more(rows)``). Yes settles the batch and
-        claims the next in one round trip (``OutboxRepository.claim_next``), on
+        claims the next in one round trip (``BatchClaims.claim_next``), on
         the same connection; ``more`` is then
         the report of the batch it was asked about, and the return value is the
         size of the last batch, which it was not asked about.
         """
         s = self.settings
         shards, unknown = await self._shard_count()  # read before the rows are locked
-        claim = self._repo.claim_batch(
+        claim = self._repo.claims.claim_batch(
             s.batch_size,
             hold_for=s.hold_for,
             probe=probe,
@@ -143,7 +143,7 @@ class BatchPipeline:
                 if not chain:
                     await batch.settle(outcomes.sent, outcomes.retry, outcomes.dead)
                 else:
-                    following = await self._repo.claim_next(
+                    following = await self._repo.claims.claim_next(
                         batch,
                         self.settings.batch_size,
                         hold_for=self.settings.hold_for,

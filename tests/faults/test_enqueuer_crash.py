@@ -107,12 +107,12 @@ async def test_paused_enqueuer_waking_late_touches_nothing_it_no_longer_owns(
 
         # Past --hung-batch-timeout PostgreSQL ends A's idle transaction: B gets the rows.
         for _ in range(200):
-            async with repo.claim_batch(50, hold_for=30) as batch_b:
+            async with repo.claims.claim_batch(50, hold_for=30) as batch_b:
                 if batch_b.rows:
                     break
             await asyncio.sleep(0.05)
         assert sorted(r.id for r in batch_b.rows) == sorted(ids)
-        async with repo.claim_batch(50, hold_for=30) as batch_b:
+        async with repo.claims.claim_batch(50, hold_for=30) as batch_b:
             assert sorted(r.id for r in batch_b.rows) == sorted(ids)
             os.kill(proc.pid, signal.SIGCONT)  # A finishes its batch: the late delete fails
             await eventually(lambda: metric(port, "dispatcher_outbox_unsettled_batches_total") >= 1)

@@ -18,7 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from dispatcher.outbox.claim_statement import PREPARE
+from dispatcher.outbox.claim import PREPARE
 from tests.data import insert_rows
 
 NOT_YET_DUE = """

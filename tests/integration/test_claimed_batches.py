@@ -1,6 +1,6 @@
 """A batch's claim is its transaction's row locks; its journal row survives a crash.
 
-These drive ``OutboxRepository.claim_batch`` directly (the enqueuer's loop is
+These drive ``BatchClaims`` (``OutboxRepository.claims``) directly (the enqueuer's loop is
 covered in test_enqueuer.py and the fault suite): what other claimers see
 while a batch is open, what a crash or a timed-out pause leaves behind, and
 how recovery turns an unsettled batch into a counted attempt.
@@ -46,10 +46,10 @@ async def test_an_open_batch_hides_its_rows_and_settling_commits_all_of_it(
 ) -> None:
     ids = insert_rows(outbox_db_url, 30, queue=queue)
     repo = OutboxRepository(pool)
-    async with repo.claim_batch(20, hold_for=30) as first:
+    async with repo.claims.claim_batch(20, hold_for=30) as first:
         assert len(first.rows) == 20
         assert (await repo.status_counts()).in_flight == 20
-        async with repo.claim_batch(50, hold_for=30) as second:
+        async with repo.claims.claim_batch(50, hold_for=30) as second:
             assert len(second.rows) == 10, "SKIP LOCKED: only the rows nobody holds"
             assert not {r.id for r in first.rows} & {r.id for r in second.rows}
         # second left without settling: its rows rolled back, untouched, due again
@@ -71,13 +71,13 @@ async def test_a_paused_batch_loses_its_session_and_its_late_writes_fail(
 ) -> None:
     ids = insert_rows(outbox_db_url, 5, queue=queue)
     repo = OutboxRepository(pool)
-    async with repo.claim_batch(50, hold_for=0.3) as paused:
+    async with repo.claims.claim_batch(50, hold_for=0.3) as paused:
         assert len(paused.rows) == 5
         await asyncio.sleep(1.0)  # idle in transaction past hold_for: PostgreSQL ends it
         with pytest.raises(psycopg.Error):  # the session is gone (timeout or lost)
             await paused.settle([r.id for r in paused.rows])  # the late delete
     assert sorted(attempts(outbox_db_url)) == sorted(ids), "the late delete deleted nothing"
-    async with repo.claim_batch(50, hold_for=30) as rescuer:
+    async with repo.claims.claim_batch(50, hold_for=30) as rescuer:
         assert len(rescuer.rows) == 5, "the rows were due again at once"
     assert await repo.recover_batches() == Recovery(suspects=5)
     assert {v for v in attempts(outbox_db_url).values()} == {("PENDING", 0)}
@@ -106,9 +106,9 @@ CRASH_WHILE_HOLDING = textwrap.dedent(
                 "INSERT INTO outbox (id, stream, created_at) VALUES"
                 " ('warm-' || gen_random_uuid(), 'workflow.tasks.warm.0', now() - interval '1h')"
             )
-        async with repo.claim_batch(1, hold_for=30) as warm:
+        async with repo.claims.claim_batch(1, hold_for=30) as warm:
             await warm.settle([r.id for r in warm.rows])
-        async with repo.claim_batch(50, hold_for=30, probe=sys.argv[2] == "probe") as batch:
+        async with repo.claims.claim_batch(50, hold_for=30, probe=sys.argv[2] == "probe") as batch:
             print(len(batch.rows), batch.journal is not None, flush=True)
             os._exit(3)  # dies holding the rows, as if the row had killed it
 
@@ -162,14 +162,14 @@ async def test_a_session_that_lost_the_prepared_claims_claims_after_preparing_ag
     insert_rows(outbox_db_url, 10, queue=queue)
     async with one_session(outbox_db_url) as one:
         repo = OutboxRepository(one)
-        async with repo.claim_batch(4, hold_for=30) as first:
+        async with repo.claims.claim_batch(4, hold_for=30) as first:
             await first.settle(first.ids)
         async with one.connection() as conn:  # the same session: its statements go
             await conn.execute("DEALLOCATE ALL")
-        async with repo.claim_batch(4, hold_for=30) as second:
+        async with repo.claims.claim_batch(4, hold_for=30) as second:
             assert len(second) == 4
             await second.settle(second.ids)
-        async with repo.claim_batch(4, hold_for=30, probe=True) as probe:
+        async with repo.claims.claim_batch(4, hold_for=30, probe=True) as probe:
             assert len(probe) == 0  # no suspects; the probe's statement is there too
     assert outbox_status(outbox_db_url) == {"PENDING": 2}
 
@@ -180,7 +180,7 @@ async def test_two_repositories_on_one_pool_share_its_prepared_claims(
     insert_rows(outbox_db_url, 6, queue=queue)
     async with one_session(outbox_db_url) as one:
         for repo in (OutboxRepository(one), OutboxRepository(one)):
-            async with repo.claim_batch(3, hold_for=30) as batch:
+            async with repo.claims.claim_batch(3, hold_for=30) as batch:
                 assert len(batch) == 3
                 await batch.settle(batch.ids)
     assert outbox_status(outbox_db_url) == {}
@@ -194,11 +194,11 @@ async def test_a_batch_settled_with_the_next_claim_is_one_round_trip_on_one_conn
     async with one_session(outbox_db_url) as one:
         repo = OutboxRepository(one)
         seen: list[str] = []
-        async with repo.claim_batch(4, hold_for=30) as first:
+        async with repo.claims.claim_batch(4, hold_for=30) as first:
             batch = first
             while True:
                 seen += batch.ids
-                following = await repo.claim_next(batch, 4, hold_for=30)
+                following = await repo.claims.claim_next(batch, 4, hold_for=30)
                 assert batch.settled
                 assert following is not None
                 if not len(following):
@@ -220,13 +220,13 @@ async def test_a_chained_claim_the_session_cannot_run_leaves_the_batch_before_it
     insert_rows(outbox_db_url, 10, queue=queue)
     async with one_session(outbox_db_url) as one:
         repo = OutboxRepository(one)
-        async with repo.claim_batch(4, hold_for=30) as first:
+        async with repo.claims.claim_batch(4, hold_for=30) as first:
             await first.conn.execute("DEALLOCATE ALL")  # the claim's EXECUTE comes after COMMIT
-            assert await repo.claim_next(first, 4, hold_for=30) is None
+            assert await repo.claims.claim_next(first, 4, hold_for=30) is None
             assert first.settled
         assert outbox_status(outbox_db_url) == {"PENDING": 6}
         assert journal(outbox_db_url) == 0
-        async with repo.claim_batch(4, hold_for=30) as again:  # prepared again
+        async with repo.claims.claim_batch(4, hold_for=30) as again:  # prepared again
             assert len(again) == 4
             await again.settle(again.ids)
     assert outbox_status(outbox_db_url) == {"PENDING": 2}
@@ -238,8 +238,8 @@ async def test_a_chained_claim_left_unsettled_rolls_back_and_is_recovered(
     """The last batch of a chain is the open one: leaving the block rolls it back."""
     insert_rows(outbox_db_url, 10, queue=queue)
     repo = OutboxRepository(pool)
-    async with repo.claim_batch(4, hold_for=30) as first:
-        second = await repo.claim_next(first, 4, hold_for=30)
+    async with repo.claims.claim_batch(4, hold_for=30) as first:
+        second = await repo.claims.claim_next(first, 4, hold_for=30)
         assert second is not None
         assert len(second) == 4
         assert (await repo.status_counts()).in_flight == 4

@@ -82,7 +82,7 @@ async def test_claim_never_exceeds_the_batch_size_under_concurrency(
 
     async def claimer() -> None:
         while True:
-            async with repo.claim_batch(50, hold_for=30) as batch:
+            async with repo.claims.claim_batch(50, hold_for=30) as batch:
                 if not batch.rows:
                     return
                 sizes.append(len(batch.rows))
