@@ -3,7 +3,9 @@
 Every loop that talks to Redis retries on its own (a worker's read and reclaim
 loop per shard, its shard-count and stats loops; the enqueuer's publishes and
 shard-count refresh). Each logging its own failures gave hundreds of identical
-warnings for one outage of half a minute. They report here instead: the first
+warnings for one outage of half a minute. They report to one ``Outage`` instead (the
+component makes it and hands it to each loop it builds: the enqueuer's ``redis``, the worker's
+``RedisContact.outage``): the first
 failure of an outage is a WARNING naming the backend and the cause, later ones
 go to DEBUG, and the first success after it says how long it lasted. Errors
 that are not the backend being unreachable (a lost consumer group, a refused
@@ -19,7 +21,7 @@ from collections.abc import Callable
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-__all__ = ["REDIS", "Outage", "is_outage"]
+__all__ = ["Outage", "is_outage"]
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,3 @@ class Outage:
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
-
-
-# Redis as this process sees it: every loop that talks to it reports here.
-REDIS = Outage("Redis")

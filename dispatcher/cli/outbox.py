@@ -30,7 +30,7 @@ from dispatcher.redis_client import (
 from dispatcher.startup import run_when_up
 from dispatcher.stream.naming import WORKER_GROUP
 from dispatcher.stream.publisher import RedisStreamPublisher
-from dispatcher.stream.shard_count import LiveShardCount, ensure_shard_count
+from dispatcher.stream.shard_count import ensure_shard_count
 
 __all__ = ["ENQUEUER_OPTIONS", "register_enqueuer", "register_migrate"]
 
@@ -126,7 +126,7 @@ async def _enqueuer(args: argparse.Namespace, settings: Settings) -> int:
             publisher=RedisStreamPublisher(redis, group=WORKER_GROUP),
             config=config,
             listen_conninfo=None if args.no_listen else dsn,
-            shard_count=LiveShardCount(redis, fallback=settings.stream_shards),
+            shard_fallback=settings.stream_shards,
             registry=REGISTRY,
             require_aof=settings.require_aof,
         )

@@ -26,7 +26,7 @@ from psycopg_pool import AsyncConnectionPool
 from redis.exceptions import RedisError
 
 from dispatcher.observability import PrefixedMetrics
-from dispatcher.outage import REDIS
+from dispatcher.outage import Outage
 from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.listener import OutboxListener
 from dispatcher.outbox.queries import QUERIES
@@ -52,10 +52,12 @@ class CancelRelay:
         client: RedisClient,
         config: EnqueuerConfig,
         registry: CollectorRegistry,
+        outage: Outage,
         listen_conninfo: str | None = None,
     ) -> None:
         self._pool = pool
         self._client = client
+        self._outage = outage  # the enqueuer's: where Redis being down is said
         # A cancel is kept as long as a task of the run could still arrive as a duplicate.
         self._ttl_ms = int(config.dedup_window * 1000)
         self._poll_interval = config.poll_interval
@@ -98,7 +100,7 @@ class CancelRelay:
         try:
             return await self.relay_once()
         except (RedisError, OSError) as exc:
-            if not REDIS.failed(exc, what="recording cancelled runs"):
+            if not self._outage.failed(exc, what="recording cancelled runs"):
                 log.warning("could not record cancelled runs in Redis (retried): %s", exc)
         except Exception as exc:
             log.warning("could not relay cancelled runs (retried): %s", exc)

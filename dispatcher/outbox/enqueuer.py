@@ -34,6 +34,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from dispatcher.outage import Outage
 from dispatcher.outbox.backpressure import MemoryMarks, RedisMemoryGate
 from dispatcher.outbox.cancel_relay import CancelRelay
 from dispatcher.outbox.durability import AofWatch
@@ -64,8 +65,8 @@ class OutboxEnqueuer:
     """Drains the outbox into Redis Streams until ``request_stop()``.
 
     ``listen_conninfo`` enables the LISTEN wake-up; without it the enqueuer
-    only polls. ``shard_count`` is the count rows are routed by when published
-    (by default read live from the publisher's Redis). Metrics go to
+    only polls. Rows are routed by the shard count read live from the publisher's
+    Redis (``shard_fallback``, STREAM_SHARDS, while it is unset). Metrics go to
     ``registry`` (the CLI passes the process-wide one it serves; by default a
     registry of this enqueuer's own).
     """
@@ -77,7 +78,7 @@ class OutboxEnqueuer:
         publisher: RedisStreamPublisher,
         config: EnqueuerConfig = DEFAULT_CONFIG,
         listen_conninfo: str | None = None,
-        shard_count: LiveShardCount | None = None,
+        shard_fallback: int | None = None,
         registry: CollectorRegistry | None = None,
         require_aof: bool = False,
     ) -> None:
@@ -89,14 +90,18 @@ class OutboxEnqueuer:
         self.durability = AofWatch(publisher.client, require=require_aof)
         self.metrics = EnqueuerMetrics(registry if registry is not None else CollectorRegistry())
         self.metrics.backpressure.set_function(lambda: 1 if self.memory.paused else 0)
-        shard_count = shard_count or LiveShardCount(publisher.client)
+        # Redis as this enqueuer's loops see it: one warning per outage, whichever sees it.
+        self.redis = Outage("Redis")
         self.pipeline = BatchPipeline(
             repository=repository,
             publisher=publisher,
             settings=config.batch_settings(),
-            shard_count=shard_count,
+            shard_count=LiveShardCount(
+                publisher.client, fallback=shard_fallback, outage=self.redis
+            ),
             memory=self.memory,
             metrics=self.metrics,
+            outage=self.redis,
         )
         self.probes = SuspectProbes(
             repository=repository,
@@ -130,6 +135,7 @@ class OutboxEnqueuer:
             client=publisher.client,
             config=config,
             registry=self.metrics.registry,
+            outage=self.redis,
             listen_conninfo=listen_conninfo,
         )
         # The main loop's slots and running batches, while it runs (hints start batches too).

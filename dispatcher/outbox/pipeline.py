@@ -27,7 +27,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from dispatcher.outage import REDIS, is_outage
+from dispatcher.outage import Outage, is_outage
 from dispatcher.outbox.backpressure import RedisMemoryGate
 from dispatcher.outbox.claim import ClaimedBatch
 from dispatcher.outbox.encoding import encode_batch
@@ -62,7 +62,7 @@ class BatchPipeline:
     ``shard_count`` is the count rows are routed by when published (by default
     read live from the publisher's Redis). ``memory`` is told what each batch
     published and when Redis refused it for lack of memory. ``metrics`` is the
-    enqueuer's, updated for every batch.
+    enqueuer's, updated for every batch; ``outage`` too, where Redis being down is said.
     """
 
     def __init__(
@@ -74,11 +74,13 @@ class BatchPipeline:
         settings: BatchSettings = BatchSettings(),
         shard_count: LiveShardCount | None = None,
         memory: RedisMemoryGate | None = None,
+        outage: Outage | None = None,
     ) -> None:
         self.settings = settings
         self._repo = repository
         self._publisher = publisher
-        self._shards = shard_count or LiveShardCount(publisher.client)
+        self._outage = outage or Outage("Redis")
+        self._shards = shard_count or LiveShardCount(publisher.client, outage=self._outage)
         self._memory = memory
         self._metrics = metrics
 
@@ -172,7 +174,7 @@ class BatchPipeline:
             async with asyncio.timeout(self.settings.publish_timeout):
                 return await self._shards.current(), None
         except (TimeoutError, RedisError, OSError, InvalidShardCount) as exc:
-            REDIS.failed(exc, what="reading the shard count")
+            self._outage.failed(exc, what="reading the shard count")
             return 1, exc  # retried
 
     async def _publish(
@@ -224,9 +226,9 @@ class BatchPipeline:
         # A reply that is an error may be a connection's (the pipeline returns, not raises).
         lost = next((r for r in replies if isinstance(r, BaseException) and is_outage(r)), None)
         if lost is None:
-            REDIS.ok()
+            self._outage.ok()
         else:
-            REDIS.failed(lost, what="publishing")
+            self._outage.failed(lost, what="publishing")
         self._metrics.publish_latency.observe(time.monotonic() - started)
         return replies
 
@@ -244,7 +246,7 @@ def _outcomes(batch: ClaimedBatch, replies: list[Any]) -> Outcomes:
 
 
 def _outage_only(replies: list[Any]) -> bool:
-    """Every row that failed, failed as Redis was unreachable (``REDIS`` said so once)."""
+    """Every row that failed, failed as Redis was unreachable (the outage said so once)."""
     errors = [r for r in replies if isinstance(r, BaseException)]
     return bool(errors) and all(map(is_outage, errors))
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from redis.exceptions import RedisError, ResponseError
 
-from dispatcher.outage import REDIS
+from dispatcher.outage import Outage
 from dispatcher.redis_client import RedisClient, get_raw
 from dispatcher.stream.naming import DEFAULT_SHARDS, SHARDS_KEY
 
@@ -95,29 +95,26 @@ def unset_fallback(shards: int, *, in_force: bool = False) -> str:
     return f"{SHARDS_KEY} is not set; using {shards} shards ({why})"
 
 
-_warned_unset = False
-
-
 async def read_shard_count(
-    client: RedisClient, *, fallback: int | None = None, fallback_in_force: bool = False
+    client: RedisClient,
+    *,
+    fallback: int | None = None,
+    fallback_in_force: bool = False,
+    warn: bool = True,
 ) -> int:
     """The published shard count; ``fallback`` (STREAM_SHARDS) or the default if unset.
 
     ``fallback_in_force``: the fallback is the caller's count in force, not STREAM_SHARDS
-    (the log line says which). A key that is set but invalid is an error, not a silent
-    fallback: reading the wrong number of shards would strand messages.
+    (the log line says which). An unset key is said as a WARNING, or with ``warn=False`` at
+    DEBUG (a loop that reads it every few seconds says it on its first read only). A key that
+    is set but invalid is an error, not a silent fallback: reading the wrong number of shards
+    would strand messages.
     """
-    global _warned_unset
     raw = await _get_count(client)
     if raw is None:
         shards = fallback if fallback is not None else DEFAULT_SHARDS
-        # Read every few seconds by every process: say it once, not on every refresh.
-        log.log(
-            logging.DEBUG if _warned_unset else logging.WARNING,
-            "%s",
-            unset_fallback(shards, in_force=fallback_in_force),
-        )
-        _warned_unset = True
+        level = logging.WARNING if warn else logging.DEBUG
+        log.log(level, "%s", unset_fallback(shards, in_force=fallback_in_force))
         return shards
     return parse_shard_count(raw)
 
@@ -160,8 +157,10 @@ class LiveShardCount:
         fallback: int | None = None,
         refresh_every: float = REFRESH_EVERY,
         clock: Callable[[], float] = time.monotonic,
+        outage: Outage | None = None,
     ) -> None:
         self.refresh_every = refresh_every
+        self._outage = outage or Outage("Redis")  # where Redis being down is said (the owner's)
         self._client = client
         self._fallback = fallback if fallback is not None else DEFAULT_SHARDS
         self._clock = clock
@@ -181,7 +180,7 @@ class LiveShardCount:
         self._next_read = now + self.refresh_every
         try:
             raw = await _get_count(self._client)
-            REDIS.ok()
+            self._outage.ok()
             value = self.store(raw)
         except InvalidShardCount as exc:
             kept = self._value if self._value is not None else self._fallback
@@ -193,7 +192,7 @@ class LiveShardCount:
         except (RedisError, OSError) as exc:
             if self._value is None:
                 raise
-            if not REDIS.failed(exc, what="refreshing the shard count"):
+            if not self._outage.failed(exc, what="refreshing the shard count"):
                 log.warning("cannot refresh the shard count, keeping %d: %s", self._value, exc)
             return self._value
         self._invalid = None

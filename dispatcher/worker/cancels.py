@@ -37,7 +37,7 @@ from redis.exceptions import NoPermissionError, RedisError, ResponseError
 from dispatcher.config import ConfigError
 from dispatcher.models import MalformedMessage, TaskMessage
 from dispatcher.observability import PrefixedMetrics
-from dispatcher.outage import REDIS
+from dispatcher.outage import Outage
 from dispatcher.stream.cancel_keys import cancelled_runs, wait_for_signal
 from dispatcher.stream.entries import Message
 from dispatcher.worker.reader import StreamReader
@@ -73,8 +73,10 @@ class RunCancelled(Exception):
 class RunCancels:
     """The cancelled runs of one worker and the async handler runs of each run."""
 
-    def __init__(self, verdicts: Verdicts, *, block_ms: int = 1000) -> None:
-        """Writes go through the worker's ``verdicts`` (its client, attempt keys, settler)."""
+    def __init__(self, verdicts: Verdicts, *, outage: Outage, block_ms: int = 1000) -> None:
+        """Writes go through the worker's ``verdicts`` (its client, attempt keys, settler);
+        Redis being down is reported to ``outage`` (the worker's)."""
+        self._outage = outage
         self._client = verdicts.client
         self._guard = verdicts.guard
         self._settler = verdicts.settler
@@ -138,7 +140,7 @@ class RunCancels:
             except Exception as exc:
                 if not (
                     isinstance(exc, RedisError | OSError)
-                    and REDIS.failed(exc, what="reading cancelled runs")
+                    and self._outage.failed(exc, what="reading cancelled runs")
                 ):
                     log.warning("cannot read the cancelled runs (retried): %s", exc)
                 with contextlib.suppress(TimeoutError):

@@ -30,7 +30,7 @@ from redis.exceptions import NoPermissionError, RedisError
 
 from dispatcher.models import MalformedMessage, TaskMessage
 from dispatcher.observability import PrefixedMetrics
-from dispatcher.outage import REDIS
+from dispatcher.outage import Outage
 from dispatcher.redis_client import RedisClient, queue_get_raw
 from dispatcher.stream.entries import Message
 from dispatcher.stream.limit_keys import (
@@ -74,9 +74,11 @@ class LimitGate:
         max_runs: int,
         lease_ttl: float,
         registry: CollectorRegistry,
+        outage: Outage,
         refresh_every: float = REFRESH_EVERY,
     ) -> None:
         self._client = client
+        self._outage = outage  # the worker's: where Redis being down is said
         self._scripts = scripts
         self._queues = tuple(queues)
         self._slots = slots
@@ -226,7 +228,7 @@ class LimitGate:
         try:
             raws = await pipe.execute(raise_on_error=False)
         except (RedisError, OSError) as exc:
-            if not REDIS.failed(exc, what="refreshing the queue limits"):
+            if not self._outage.failed(exc, what="refreshing the queue limits"):
                 log.warning("cannot refresh the queue limits; keeping them: %s", exc)
             return
         for queue, raw in zip(self._queues, raws, strict=True):

@@ -25,7 +25,6 @@ from typing import Protocol
 
 from redis.exceptions import RedisError
 
-from dispatcher.outage import REDIS
 from dispatcher.stream.consumer import RedisStreamConsumer
 from dispatcher.stream.entries import Message
 from dispatcher.stream.publisher import error_code
@@ -133,7 +132,7 @@ class StreamReader:
 
     async def _recover(self, exc: BaseException, backoff: float, what: str) -> float:
         """Log, wait ``backoff`` (or until stopping), re-create a lost group; next backoff."""
-        if not REDIS.failed(exc, what=what):
+        if not self.contact.outage.failed(exc, what=what):
             log.warning("%s failed: %s; retrying", what, exc, extra={"stream": self.stream})
         await self._stopped_within(backoff)
         if error_code(exc) == "NOGROUP":

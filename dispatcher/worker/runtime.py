@@ -31,7 +31,6 @@ from concurrent.futures import ThreadPoolExecutor
 from prometheus_client import CollectorRegistry
 from redis.exceptions import RedisError
 
-from dispatcher.outage import REDIS
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.stats import stream_stats
 from dispatcher.worker.calls import HandlerCalls
@@ -105,6 +104,7 @@ class Worker:
             max_runs=config.max_runs,
             lease_ttl=config.lease_ttl,
             registry=self.metrics.registry,
+            outage=self._contact.outage,
         )
         self._deliveries = self._make_deliveries(guard)
         self._streams = WorkerStreams(
@@ -222,7 +222,9 @@ class Worker:
             claims=Coalescer(guard.claim_many, name="claim"),
             calls=calls,
             verdicts=verdicts,
-            cancels=RunCancels(verdicts, block_ms=self.config.block_ms),
+            cancels=RunCancels(
+                verdicts, block_ms=self.config.block_ms, outage=self._contact.outage
+            ),
             metrics=self.metrics,
             max_runs=self.config.max_runs,
             handling=self._handling,
@@ -262,7 +264,7 @@ class Worker:
                 try:
                     stats = await stream_stats(self.client, stream, self.config.group)
                 except (RedisError, OSError) as exc:
-                    if not REDIS.failed(exc, what="reading stream stats"):
+                    if not self._contact.outage.failed(exc, what="reading stream stats"):
                         log.warning("cannot read stream stats: %s", exc, extra={"stream": stream})
                     break
                 self.metrics.observe_stream(reader.queue, stats)

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 from redis.exceptions import RedisError
 
-from dispatcher.outage import REDIS
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.consumer import RedisStreamConsumer
 from dispatcher.stream.discovery import existing_shards
@@ -58,6 +57,7 @@ class WorkerStreams:
     readers: dict[str, StreamReader] = field(default_factory=dict)
     shards: int = 0
     invalid_count: str | None = None  # the bad shard count said last
+    count_read: bool = False  # an unset count is said (as a WARNING) on the first read only
 
     async def start(self) -> int:
         """Read the streams of the current count and the left-over ones; the count."""
@@ -80,7 +80,7 @@ class WorkerStreams:
                 if dropped or polls % DISCOVER_EVERY_POLLS == 0:
                     await self.discover()
             except (RedisError, OSError, ValueError) as exc:
-                if not REDIS.failed(exc, what="refreshing the shard count"):
+                if not self.contact.outage.failed(exc, what="refreshing the shard count"):
                     log.warning("cannot refresh the shard count: %s", exc)
 
     async def _read_count(self, *, in_force: bool) -> int:
@@ -89,8 +89,9 @@ class WorkerStreams:
         fallback = self.shards if in_force else self.config.shards
         try:
             shards = await read_shard_count(
-                self.client, fallback=fallback, fallback_in_force=in_force
+                self.client, fallback=fallback, fallback_in_force=in_force, warn=not self.count_read
             )
+            self.count_read = True
         except InvalidShardCount as exc:
             shards = fallback or DEFAULT_SHARDS
             if str(exc) != self.invalid_count:

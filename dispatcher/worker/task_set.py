@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
-from dispatcher.outage import REDIS
+from dispatcher.outage import Outage
 
 __all__ = ["HandlingSet", "LoopSet", "RedisContact"]
 
@@ -64,16 +64,18 @@ class HandlingSet(_Tasks):
 
 
 class RedisContact:
-    """When Redis last answered one of the worker's loops (its probes' clock)."""
+    """When Redis last answered one of the worker's loops (its probes' clock), and its outage
+    as the worker logs it (one warning when it starts, whichever loop sees it first)."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
         self.last_ok = clock()
+        self.outage = Outage("Redis")
 
     def ok(self) -> None:
-        """Redis answered: ends the process's outage, if one was reported."""
+        """Redis answered: ends the outage, if one was reported."""
         self.last_ok = self._clock()
-        REDIS.ok()
+        self.outage.ok()
 
     def silent_for(self) -> float:
         return self._clock() - self.last_ok

@@ -30,3 +30,15 @@ async def test_the_enqueuer_and_the_worker_word_the_fallback_alike(
         f"{SHARDS_KEY} is not set; using 4 shards (STREAM_SHARDS, 4 by default)",
         f"{SHARDS_KEY} is not set; using 8 shards (the count in force, kept)",
     ]
+
+
+async def test_a_loop_says_an_unset_count_as_a_warning_on_its_first_read_only(
+    redis_standalone: RedisClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each reader decides (no process-wide memory): a second worker in the same process
+    still warns on its own first read."""
+    await redis_standalone.delete(SHARDS_KEY)
+    caplog.set_level(logging.DEBUG, logger="dispatcher.stream.shard_count")
+    for warn in (True, False, True):
+        assert await read_shard_count(redis_standalone, fallback=2, warn=warn) == 2
+    assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.DEBUG, logging.WARNING]
