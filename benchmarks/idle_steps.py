@@ -107,6 +107,12 @@ def _instrument() -> None:
     _wrap(publisher.RedisStreamPublisher, "publish_packed", "publish_packed", "XADD back")
     _wrap(publisher, "execute_packed", "XADD sent")
     _wrap(enqueuer.OutboxEnqueuer, "_kicked", None, "main loop woken")
+    with contextlib.suppress(ImportError):  # the loop's signals and slots of their own
+        from dispatcher.outbox import batch_slots, loop_signals
+
+        _wrap(loop_signals.LoopSignals, "ring", "wake")
+        _wrap(loop_signals.LoopSignals, "wait", None, "main loop woken")
+        _wrap(batch_slots.BatchSlots, "batch_in_slot", "slot task runs")
     _wrap_sql(psycopg.AsyncCursor)
     from dispatcher.outbox import claim
 

@@ -16,7 +16,6 @@ ends the loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -29,6 +28,7 @@ from dispatcher.observability import PrefixedMetrics
 from dispatcher.outage import Outage
 from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.listener import OutboxListener
+from dispatcher.outbox.loop_signals import LoopSignals
 from dispatcher.outbox.queries import QUERIES
 from dispatcher.redis_client import RedisClient
 from dispatcher.stream.cancel_keys import record_cancels
@@ -40,6 +40,17 @@ CANCEL_CHANNEL = "outbox_cancel"
 BATCH = 500
 
 log = logging.getLogger(__name__)
+
+
+class _EveryNotification:
+    """On the cancel channel every notification is a hint, whatever it holds: the relay
+    reads the committed cancels from the table."""
+
+    def __init__(self, signals: LoopSignals) -> None:
+        self._signals = signals
+
+    def receive(self, payload: str) -> None:
+        self._signals.ring()
 
 
 class CancelRelay:
@@ -62,15 +73,15 @@ class CancelRelay:
         self._ttl_ms = int(config.dedup_window * 1000)
         self._poll_interval = config.poll_interval
         self._publish_timeout = config.publish_timeout
-        self._kick = asyncio.Event()
+        self.signals = LoopSignals()  # rung by its listener
         self.relayed = PrefixedMetrics(registry, prefix="dispatcher_outbox_").counter(
             "cancels_relayed", "Cancelled runs recorded in Redis for the workers"
         )
         self.listener = (
             OutboxListener(
                 conninfo=listen_conninfo,
-                notified=lambda _payload: self.wake(),  # a hint whatever it holds
-                wake=self.wake,
+                hints=_EveryNotification(self.signals),
+                signals=self.signals,
                 channel=CANCEL_CHANNEL,
                 application_name="outbox-dispatcher-cancel-listener",
             )
@@ -78,19 +89,14 @@ class CancelRelay:
             else None
         )
 
-    def wake(self) -> None:
-        self._kick.set()
-
     async def run(self) -> None:
         """Relay until cancelled."""
         listening = asyncio.create_task(self.listener.run()) if self.listener else None
         try:
             while True:
-                self._kick.clear()
                 if await self._relay_quietly() >= BATCH:
                     continue
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._kick.wait(), self._poll_interval)
+                await self.signals.wait(self._poll_interval)
         finally:
             if listening is not None:
                 listening.cancel()

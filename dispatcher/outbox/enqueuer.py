@@ -1,27 +1,26 @@
-"""The outbox enqueuer: the scheduler that runs batches, probes and maintenance.
+"""The outbox enqueuer: the scheduling loop that runs batches, probes and maintenance.
 
-It runs claim batches (``BatchPipeline``) with bounded concurrency. While
-batches come back full (a backlog) it keeps every slot busy, and a slot
-claims its next batch in the settlement of the one before (one round trip
-for both, up to ``_CHAIN_MAX`` in a row); otherwise it
-claims again when the idle flag says so (``IdleFlag.after_claim``: linger
-between partial batches, short claims while nobody hears NOTIFY), on a
-wake-up from the LISTEN connection, or after the poll interval (retries coming
-due, lost notifications). A notification is a hint, never data: an empty one
-wakes a claim, anything else on the channel is counted and ignored
-(``NotificationHints``), so only rows read from the table are published. A
-hint that finds the enqueuer idle starts its batch itself, without the loop's
-turn (the idle dispatch's latency); one that finds a batch running wakes the
-loop, so a flood of hints costs no more claims than one.
+It runs claim batches in ``BatchSlots`` (bounded concurrency). While batches come back full (a
+backlog) it keeps every slot busy, and a slot claims its next batch in the settlement of the
+one before (one round trip for both); otherwise it claims again when the idle flag says so
+(``IdleFlag.after_claim``: linger between partial batches, short claims while nobody hears
+NOTIFY), on a wake-up from the LISTEN connection, or after the poll interval (retries coming
+due, lost notifications). Every wake-up is a ring of its ``LoopSignals``, which its parts are
+given when built: none of them calls back into the loop.
 
-Above a high mark of Redis memory (``RedisMemoryGate``) it claims nothing and
-rows wait in the outbox, uncharged, until workers have made room; so too while
-Redis runs without AOF under ``--require-aof`` (``AofWatch``).
+A notification is a hint, never data: an empty one is a hint, anything else on the channel is
+counted and ignored (``NotificationHints``), so only rows read from the table are published. A
+hint that finds the enqueuer idle starts its batch at once in a free slot, without the loop's
+turn (the idle dispatch's latency); one that finds a batch running rings the loop, so a flood
+of hints costs no more claims than one.
 
-Committed cancels of runs go to Redis for the workers in a loop of their own
-(``CancelRelay``). A maintenance loop (``Maintenance``) reads the journal of batches that never
-settled and plans the probes of their rows (``SuspectProbes``), which this
-scheduler runs with every slot held.
+Above a high mark of Redis memory (``RedisMemoryGate``) it claims nothing and rows wait in the
+outbox, uncharged, until workers have made room; so too while Redis runs without AOF under
+``--require-aof`` (``AofWatch``).
+
+Committed cancels of runs go to Redis for the workers in a loop of their own (``CancelRelay``).
+A maintenance loop (``Maintenance``) reads the journal of batches that never settled and plans
+the probes of their rows (``SuspectProbes``), which this loop runs with every slot held.
 """
 
 from __future__ import annotations
@@ -36,11 +35,13 @@ from prometheus_client import CollectorRegistry
 
 from dispatcher.outage import Outage
 from dispatcher.outbox.backpressure import MemoryMarks, RedisMemoryGate
+from dispatcher.outbox.batch_slots import BatchSlots
 from dispatcher.outbox.cancel_relay import CancelRelay
 from dispatcher.outbox.durability import AofWatch
 from dispatcher.outbox.enqueuer_config import EnqueuerConfig
 from dispatcher.outbox.idle_flag import IdleFlag
 from dispatcher.outbox.listener import NotificationHints, OutboxListener
+from dispatcher.outbox.loop_signals import LoopSignals
 from dispatcher.outbox.maintenance import Maintenance
 from dispatcher.outbox.metrics import EnqueuerMetrics
 from dispatcher.outbox.pipeline import BatchPipeline
@@ -53,11 +54,6 @@ __all__ = ["EnqueuerConfig", "OutboxEnqueuer"]
 
 log = logging.getLogger(__name__)
 
-# Full batches a slot claims in its previous batch's settlement before it hands the slot back
-# to the scheduling loop (which checks for due suspects, the memory gate and stopping between
-# batches too). One claim round trip less per batch while draining.
-_CHAIN_MAX = 32
-
 DEFAULT_CONFIG = EnqueuerConfig()
 
 
@@ -69,6 +65,10 @@ class OutboxEnqueuer:
     Redis (``shard_fallback``, STREAM_SHARDS, while it is unset). Metrics go to
     ``registry`` (the CLI passes the process-wide one it serves; by default a
     registry of this enqueuer's own).
+
+    It builds its parts once, each given what it needs, lowest first: the signals the loop
+    waits on, the gates, the pipeline, the probes, the idle flag, the batch slots, then what
+    rings or feeds them (maintenance, the hints, the listener, the cancel relay).
     """
 
     def __init__(
@@ -84,12 +84,14 @@ class OutboxEnqueuer:
     ) -> None:
         self.config = config
         self._repo = repository
+        self.signals = LoopSignals()
         self.memory = RedisMemoryGate(
             publisher.client, marks=MemoryMarks(config.redis_memory_high, config.redis_memory_low)
         )
         self.durability = AofWatch(publisher.client, require=require_aof)
         self.metrics = EnqueuerMetrics(registry if registry is not None else CollectorRegistry())
         self.metrics.backpressure.set_function(lambda: 1 if self.memory.paused else 0)
+        self.metrics.listener_connected.set_function(lambda: 1 if self.signals.listening else 0)
         # Redis as this enqueuer's loops see it: one warning per outage, whichever sees it.
         self.redis = Outage("Redis")
         self.pipeline = BatchPipeline(
@@ -106,7 +108,7 @@ class OutboxEnqueuer:
         self.probes = SuspectProbes(
             repository=repository,
             pipeline=self.pipeline,
-            wake=self.wake,
+            signals=self.signals,
             retry_after=config.poll_interval,
         )
         conninfo, kwargs = repository.session_settings()
@@ -116,6 +118,15 @@ class OutboxEnqueuer:
             metrics=self.metrics,
             policy=config.idle_policy(),
         )
+        self.slots = BatchSlots(
+            concurrency=config.concurrency,
+            pipeline=self.pipeline,
+            probes=self.probes,
+            memory=self.memory,
+            durability=self.durability,
+            idle_flag=self.idle_flag,
+            signals=self.signals,
+        )
         self.maintenance = Maintenance(
             repository=repository,
             metrics=self.metrics,
@@ -123,12 +134,8 @@ class OutboxEnqueuer:
             probes=self.probes,
             vacuum_threshold=config.vacuum_threshold,
             every=config.maintenance_interval,
-            wake=self.wake,
-            can_listen=self._can_listen,
+            signals=self.signals,
         )
-        self._kick = asyncio.Event()
-        self._stopping = False
-        self._backlog = False
         self._heartbeat = time.monotonic()
         self.cancels = CancelRelay(
             pool=repository.pool,
@@ -138,25 +145,23 @@ class OutboxEnqueuer:
             outage=self.redis,
             listen_conninfo=listen_conninfo,
         )
-        # The main loop's slots and running batches, while it runs (hints start batches too).
-        self._slots: asyncio.Semaphore | None = None
-        self._batches: set[asyncio.Task[int]] | None = None
-        self.hints = NotificationHints(wake=self._on_hint, metrics=self.metrics)
+        self.hints = NotificationHints(target=self.slots, metrics=self.metrics)
         self.listener = (
             OutboxListener(
                 conninfo=listen_conninfo,
-                notified=self.hints.receive,
-                wake=self.wake,
+                hints=self.hints,
+                signals=self.signals,
                 rotate_after=config.listener_rotate_after,
-                on_state=self._listener_state,
             )
             if listen_conninfo
             else None
         )
 
     def live(self) -> bool:
-        """The scheduling loop has turned recently (a wedged loop fails /healthz)."""
-        return time.monotonic() - self._heartbeat < max(60.0, 10 * self.config.poll_interval)
+        """The scheduling loop has turned, or a slot claimed, recently (a wedged loop fails
+        /healthz)."""
+        turned = max(self._heartbeat, self.slots.heartbeat)
+        return time.monotonic() - turned < max(60.0, 10 * self.config.poll_interval)
 
     def ready(self) -> bool:
         """Commits reach us within milliseconds: the LISTEN connection is up (if any)."""
@@ -167,40 +172,9 @@ class OutboxEnqueuer:
         """True while this enqueuer holds the idle flag: outbox inserts NOTIFY."""
         return self.idle_flag.held
 
-    def wake(self) -> None:
-        """Ask the loop to claim now; any number of calls collapse into one wake-up."""
-        self._kick.set()
-
-    def _on_hint(self) -> None:
-        if self.idle_flag.elsewhere:  # standing by, the flag holder claims what commits
-            return
-        if not self._claim_at_once():
-            self.wake()
-
-    def _claim_at_once(self) -> bool:
-        """Start a batch from the hint if the loop would start just that one (nothing
-        running, no backlog, nothing due, Redis with room at the last reading)."""
-        slots, batches = self._slots, self._batches
-        if (
-            slots is None
-            or batches is None
-            or batches
-            or self._stopping
-            or self._backlog
-            or self.probes.due()
-            or not self.memory.open_now()
-            or not self.durability.open_now()
-        ):
-            return False
-        task = asyncio.get_running_loop().create_task(self._batch_in_slot(slots, acquire=True))
-        batches.add(task)
-        task.add_done_callback(batches.discard)
-        return True
-
     def request_stop(self) -> None:
         """Stop claiming; in-flight batches finish (bounded by ``shutdown_timeout``)."""
-        self._stopping = True
-        self._kick.set()
+        self.signals.request_stop()
 
     async def process_batch(self) -> int:
         """One batch, start to end, outside the loop; how many rows it held."""
@@ -218,14 +192,14 @@ class OutboxEnqueuer:
         ]
         if self.listener:
             helpers.append(asyncio.create_task(self.listener.run(), name="outbox-listener"))
-        batches: set[asyncio.Task[int]] = set()
         try:
             await first_pass.wait()  # settle the journal a crash left before claiming
             with contextlib.suppress(Exception):  # if it fails, the first claims find out
                 await self.idle_flag.look()
-            await self._main_loop(batches)
+            await self._main_loop()
         finally:
-            await self._drain(batches)
+            await self.slots.drain(self.config.shutdown_timeout)
+            await self._withdraw_quietly()
             for task in helpers:
                 task.cancel()
             await asyncio.gather(*helpers, return_exceptions=True)
@@ -233,127 +207,35 @@ class OutboxEnqueuer:
             await self._repo.aclose()
             log.info("outbox enqueuer stopped")
 
-    async def _main_loop(self, batches: set[asyncio.Task[int]]) -> None:
-        slots = self._slots = asyncio.Semaphore(self.config.concurrency)
-        self._batches = batches
-        while not self._stopping:
+    async def _main_loop(self) -> None:
+        signals, slots = self.signals, self.slots
+        while not signals.stopping:
             self._heartbeat = time.monotonic()
+            if self.idle_flag_held and not signals.can_listen():
+                await self._withdraw_quietly()  # nobody hears NOTIFY now: the poll takes over
             if not await self.memory.allows() or not await self.durability.allows():
                 await self._hold_off()
                 continue
             if self.probes.due():
-                await self.probes.run_alone(
-                    slots, concurrency=self.config.concurrency, stopping=lambda: self._stopping
-                )
+                async with slots.all_held():
+                    await self.probes.run_turn()
                 continue
-            await slots.acquire()
-            if self._stopping:
-                slots.release()
+            if not await slots.start():
                 break
-            task = asyncio.create_task(self._batch_in_slot(slots))
-            batches.add(task)
-            task.add_done_callback(batches.discard)
-            if self._backlog:
+            if slots.backlog:
                 continue  # the last batch was full: fill every free slot at once
-            await self._kicked(self.config.poll_interval)
+            await signals.wait(self.config.poll_interval)
 
     async def _hold_off(self) -> None:
         """Redis is nearly full, or runs without AOF under --require-aof: claim nothing (rows
         stay PENDING) until that changes."""
         if self.idle_flag_held:
             await self._withdraw_quietly()  # no NOTIFY cost on the application's commits
-        await self._kicked(min(self.config.poll_interval, 1.0))
-
-    async def _kicked(self, within: float) -> None:
-        """Until a wake-up, or ``within`` seconds. A timeout scope, not wait_for: no task of
-        its own, so a notification reaches the claim a few turns of the loop sooner."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(within):
-                await self._kick.wait()
-        self._kick.clear()
-
-    async def _batch_in_slot(self, slots: asyncio.Semaphore, *, acquire: bool = False) -> int:
-        if acquire:  # started from a hint: its slot is free (it waits if the loop took it)
-            await slots.acquire()
-        started = time.monotonic()
-        chained = 0
-
-        async def more(count: int) -> bool:
-            """A full batch published whole: claim the next in its settlement, unless held back.
-
-            Saying yes reports this claim here (the pipeline reports the last one's size).
-            """
-            nonlocal started, chained
-            if (
-                self._stopping
-                or chained >= _CHAIN_MAX
-                or self.probes.due()
-                or not await self.memory.allows()
-                or not await self.durability.allows()
-            ):
-                return False  # the main loop decides what runs next
-            chained += 1
-            await self._after_claim(count, started)
-            started = self._heartbeat = time.monotonic()
-            return True
-
-        try:
-            count = await self.pipeline.run(more=more)
-        except Exception:
-            log.exception("outbox batch failed; its rows are retried or recovered")
-            count = 0
-        finally:
-            slots.release()
-        await self._after_claim(count, started)
-        return count
-
-    async def _after_claim(self, count: int, started: float) -> None:
-        full = count >= self.config.batch_size
-        self._backlog = full
-        try:
-            delay = await self.idle_flag.after_claim(
-                count=count,
-                started=started,
-                ended=time.monotonic(),
-                full=full,
-                can_listen=self._can_listen(),
-            )
-        except Exception as exc:
-            log.warning("could not update the idle flag: %s", exc)
-            delay = None  # the poll claims next
-        self._claim_in(delay)
-
-    def _claim_in(self, delay: float | None) -> None:
-        if delay is None:
-            return
-        if delay <= 0:
-            self.wake()
-        else:
-            asyncio.get_running_loop().call_later(delay, self.wake)
-
-    def _can_listen(self) -> bool:
-        return bool(self.listener and self.listener.connected and not self._stopping)
-
-    def _listener_state(self, connected: bool) -> None:
-        self.metrics.listener_connected.set(1 if connected else 0)
-        if not connected and self.idle_flag_held:
-            # Nobody hears NOTIFY now; the poll takes over.
-            asyncio.get_running_loop().create_task(self._withdraw_quietly())
+        await self.signals.wait(min(self.config.poll_interval, 1.0))
 
     async def _withdraw_quietly(self) -> None:
         with contextlib.suppress(Exception):
             await self.idle_flag.drop()
-
-    async def _drain(self, batches: set[asyncio.Task[int]]) -> None:
-        """Let running batches finish; past the timeout cancel them (their rows roll back)."""
-        if batches:
-            _, late = await asyncio.wait(batches, timeout=self.config.shutdown_timeout)
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
-            if late:
-                log.warning("cancelled %d unfinished batches at shutdown", len(late))
-        await self._withdraw_quietly()
 
     async def maintenance_once(self) -> dict[str, Any]:
         """Settle the journal of batches that never did; plan probes; refresh the gauges."""

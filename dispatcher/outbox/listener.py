@@ -24,13 +24,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
+from dispatcher.outbox.loop_signals import LoopSignals
 from dispatcher.outbox.metrics import EnqueuerMetrics
 
-__all__ = ["NOTIFY_CHANNEL", "NotificationHints", "OutboxListener"]
+__all__ = ["NOTIFY_CHANNEL", "Hinted", "Hints", "NotificationHints", "OutboxListener"]
 
 NOTIFY_CHANNEL = "outbox_new"
 
@@ -48,17 +49,30 @@ _CONNECT: dict[str, Any] = {
 _WARN_EVERY = 60.0
 
 
+class Hinted(Protocol):
+    """What a hint is for: ``BatchSlots`` (a batch at once, or the loop rung)."""
+
+    def hinted(self) -> None: ...
+
+
+class Hints(Protocol):
+    """What the listener hands every notification's payload to."""
+
+    def receive(self, payload: str) -> None: ...
+
+
 class NotificationHints:
-    """What a notification on the channel means: the empty payload wakes, the rest is ignored."""
+    """What a notification on the channel means: the empty payload is a hint for ``target``,
+    the rest is ignored."""
 
     def __init__(
         self,
         *,
-        wake: Callable[[], None],
+        target: Hinted,
         metrics: EnqueuerMetrics,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._wake = wake
+        self._target = target
         self._metrics = metrics
         self._clock = clock
         self._warned_at: float | None = None
@@ -66,7 +80,7 @@ class NotificationHints:
 
     def receive(self, payload: str) -> None:
         if not payload:
-            self._wake()
+            self._target.hinted()
             return
         self.ignored += 1
         self._metrics.notifications_ignored.inc()
@@ -87,24 +101,22 @@ class OutboxListener:
         self,
         *,
         conninfo: str,
-        notified: Callable[[str], None],
-        wake: Callable[[], None],
+        hints: Hints,
+        signals: LoopSignals,
         rotate_after: float = 600.0,
         initial_backoff: float = 1.0,
         max_backoff: float = 30.0,
-        on_state: Callable[[bool], None] = lambda connected: None,
         channel: str = NOTIFY_CHANNEL,
         application_name: str = "outbox-dispatcher-listener",
     ) -> None:
         self._conninfo = conninfo
         self._channel = channel
         self._connect = _CONNECT | {"application_name": application_name}
-        self._notified = notified
-        self._wake = wake
+        self._hints = hints
+        self._signals = signals
         self._rotate_after = rotate_after
         self._initial_backoff = initial_backoff
         self._max_backoff = max_backoff
-        self._on_state = on_state
         self.connected = False
         self.connects = 0
 
@@ -129,12 +141,11 @@ class OutboxListener:
         try:
             await conn.execute(f"LISTEN {self._channel}")
             self.connects += 1
-            self._set_connected(True)
-            self._wake()
+            self._set_connected(True)  # rings: rows committed while nobody listened
             # One generator until the rotation: between notifications it only waits (ending
             # it after each would rebuild it before the loop runs the claim it woke).
             async for notice in conn.notifies(timeout=self._rotate_after):
-                self._notified(notice.payload)
+                self._hints.receive(notice.payload)
                 await asyncio.sleep(0)  # what it woke runs before this waits again
             log.debug("rotating the outbox listener connection")
         finally:
@@ -144,7 +155,7 @@ class OutboxListener:
     def _set_connected(self, connected: bool) -> None:
         if connected != self.connected:
             self.connected = connected
-            self._on_state(connected)
+            self._signals.heard(connected=connected)
 
 
 def _disconnected(exc: BaseException, backoff: float) -> None:

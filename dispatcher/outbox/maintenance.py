@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from dispatcher.outbox.idle_flag import IdleFlag
+from dispatcher.outbox.loop_signals import LoopSignals
 from dispatcher.outbox.metrics import EnqueuerMetrics
 from dispatcher.outbox.repository import STATUSES, OutboxRepository, Recovery
 from dispatcher.outbox.suspect_probes import SuspectProbes
@@ -60,7 +60,8 @@ async def refresh_depth(repository: OutboxRepository, metrics: EnqueuerMetrics) 
 
 
 class Maintenance:
-    """The pass (``run_once``) and its loop, ``every`` seconds; ``wake`` asks for a claim."""
+    """The pass (``run_once``) and its loop, ``every`` seconds; it rings ``signals`` for a
+    claim when the idle flag was lost."""
 
     def __init__(
         self,
@@ -71,8 +72,7 @@ class Maintenance:
         probes: SuspectProbes,
         vacuum_threshold: int,
         every: float,
-        wake: Callable[[], None],
-        can_listen: Callable[[], bool],
+        signals: LoopSignals,
     ) -> None:
         self._repo = repository
         self._metrics = metrics
@@ -80,8 +80,7 @@ class Maintenance:
         self._probes = probes
         self._vacuum = OutboxVacuum(repository.pool, threshold=vacuum_threshold)
         self._every = every
-        self._wake = wake
-        self._can_listen = can_listen
+        self._signals = signals
 
     async def loop(self, first_pass: asyncio.Event) -> None:
         while True:
@@ -93,8 +92,8 @@ class Maintenance:
             await asyncio.sleep(self._every)
 
     async def run_once(self) -> dict[str, Any]:
-        if not await self._flag.check() and self._can_listen():
-            self._wake()  # the flag died with its session: an empty claim takes it again
+        if not await self._flag.check() and self._signals.can_listen():
+            self._signals.ring()  # the flag died with its session: an empty claim takes it again
         found = await recover(self._repo, self._metrics)
         await self._probes.plan()
         vacuumed = await self._vacuum.run_once()

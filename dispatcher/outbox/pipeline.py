@@ -21,9 +21,9 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.exceptions import RedisError
 
@@ -38,10 +38,9 @@ from dispatcher.stream.entries import PublishResult
 from dispatcher.stream.publisher import RedisStreamPublisher
 from dispatcher.stream.shard_count import InvalidShardCount, LiveShardCount
 
-__all__ = ["BatchPipeline", "BatchSettings", "More"]
+__all__ = ["BatchPipeline", "BatchRun", "BatchSettings"]
 
-# Asked after a full batch published whole: whether to claim the next one in its settlement.
-More = Callable[[int], Awaitable[bool]]
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -84,86 +83,31 @@ class BatchPipeline:
         self._memory = memory
         self._metrics = metrics
 
-    async def run(self, *, probe: bool = False, more: More | None = None) -> int:
-        """Claim, publish and settle a batch; return how many rows the last one held.
+    async def run(self, *, probe: bool = False) -> int:
+        """Claim, publish and settle one batch; how many rows it held.
 
         With ``probe``, the batch is one suspect row alone (``BatchClaims.claim_batch``).
-
-        With ``more``, a full batch that published whole asks it whether to claim
-        the next batch right away (``more(rows)``). Yes settles the batch and
-        claims the next in one round trip (``BatchClaims.claim_next``), on
-        the same connection; ``more`` is then
-        the report of the batch it was asked about, and the return value is the
-        size of the last batch, which it was not asked about.
         """
-        s = self.settings
-        shards, unknown = await self._shard_count()  # read before the rows are locked
-        claim = self._repo.claims.claim_batch(
-            s.batch_size,
-            hold_for=s.hold_for,
-            probe=probe,
-        )
-        async with claim as batch:
-            while True:
-                size = len(batch)
-                if not size:
-                    return 0
-                following = await self._publish_and_settle(
-                    batch, shards, unknown, None if probe else more
-                )
-                if following is None:
-                    return size
-                batch = following
-                shards, unknown = await self._shard_count()  # as the count is now
+        async with self.claimed(probe=probe) as run:
+            if len(run):
+                await run.publish()
+                await run.settle()
+            return len(run)
 
-    async def _publish_and_settle(
-        self,
-        batch: ClaimedBatch,
-        shards: int,
-        unknown: BaseException | None,
-        more: More | None,
-    ) -> ClaimedBatch | None:
-        """Publish and settle ``batch``; the batch claimed in its settlement, if ``more`` said."""
-        size = len(batch)
-        following: ClaimedBatch | None = None
-        self._metrics.in_flight.inc(size)
-        try:
-            with contextlib.ExitStack() as spans:
-                replies, packed = await self._publish(batch, shards, unknown, spans)
-            outcomes = _outcomes(batch, replies)
-            if self._memory is not None:
-                self._memory.published(packed, size)
-                if outcomes.held:
-                    self._memory.refused()
-            chain = False
-            if more is not None and size >= self.settings.batch_size and len(outcomes.sent) == size:
-                try:
-                    chain = await more(size)
-                except Exception:  # the batch published: it settles, whatever the answer
-                    log.exception("could not decide on claiming the next batch; settling this one")
+    @contextlib.asynccontextmanager
+    async def claimed(self, *, probe: bool = False) -> AsyncIterator[BatchRun]:
+        """A batch claimed for the block (and those later claimed in its settlements), on one
+        connection; whatever is not settled when the block ends rolls back."""
+        shards = await self._shard_count()  # read before the rows are locked
+        s = self.settings
+        async with self._repo.claims.claim_batch(
+            s.batch_size, hold_for=s.hold_for, probe=probe
+        ) as batch:
+            run = BatchRun(self, batch, shards)
             try:
-                if not chain:
-                    await batch.settle(outcomes.sent, outcomes.retry, outcomes.dead)
-                else:
-                    following = await self._repo.claims.claim_next(
-                        batch,
-                        self.settings.batch_size,
-                        hold_for=self.settings.hold_for,
-                    )
-            except BaseException:
-                self._metrics.unsettled.inc()
-                log.error(
-                    "could not settle a batch of %d rows (%d published): they stay in the "
-                    "outbox and are published again",
-                    size,
-                    len(outcomes.sent),
-                )
-                raise
-        finally:
-            self._metrics.in_flight.dec(size)
-        _report(batch, outcomes, metrics=self._metrics, outage=_outage_only(replies))
-        self._metrics.batches.inc()
-        return following
+                yield run
+            finally:
+                run.close()
 
     async def _shard_count(self) -> tuple[int, BaseException | None]:
         """The live shard count, or the error that every row of the batch then fails with."""
@@ -231,6 +175,109 @@ class BatchPipeline:
             self._outage.failed(lost, what="publishing")
         self._metrics.publish_latency.observe(time.monotonic() - started)
         return replies
+
+
+class BatchRun:
+    """The batch in hand on one connection, read top to bottom by its caller: ``publish``,
+    then ``settle``, or (a full batch that published whole, while a backlog lasts)
+    ``settle_and_claim_next``, which makes the next batch the one in hand.
+
+    Each settlement is reported (metrics, log lines) once it committed; the rows of a batch
+    published but not settled count as in flight until it ends.
+    """
+
+    def __init__(
+        self, pipeline: BatchPipeline, batch: ClaimedBatch, shards: tuple[int, BaseException | None]
+    ) -> None:
+        self._pipeline = pipeline
+        self._batch = batch
+        self._shards = shards
+        self._outcomes: Outcomes | None = None
+        self._replies: list[Any] = []
+        self._in_flight = 0
+
+    def __len__(self) -> int:
+        return len(self._batch)
+
+    @property
+    def whole(self) -> bool:
+        """Published, full, and every row sent: the next batch may be claimed in its settlement."""
+        outcomes = self._outcomes
+        size = len(self._batch)
+        return (
+            outcomes is not None
+            and size >= self._pipeline.settings.batch_size
+            and len(outcomes.sent) == size
+        )
+
+    async def publish(self) -> None:
+        """Route, pack and publish the batch in hand; what became of each row is kept."""
+        pipeline, batch = self._pipeline, self._batch
+        size = len(batch)
+        pipeline._metrics.in_flight.inc(size)
+        self._in_flight = size
+        shards, unknown = self._shards
+        with contextlib.ExitStack() as spans:
+            self._replies, packed = await pipeline._publish(batch, shards, unknown, spans)
+        self._outcomes = outcomes = _outcomes(batch, self._replies)
+        if pipeline._memory is not None:
+            pipeline._memory.published(packed, size)
+            if outcomes.held:
+                pipeline._memory.refused()
+
+    async def settle(self) -> None:
+        """Delete, reschedule and dead-letter the batch's rows and commit; then report it."""
+        outcomes = self._published()
+        await self._settling(self._batch.settle(outcomes.sent, outcomes.retry, outcomes.dead))
+        self._report()
+
+    async def settle_and_claim_next(self) -> bool:
+        """Settle the batch (published whole) and claim the next in the same round trip; False
+        if none could be claimed (the batch is settled all the same). The next batch, which may
+        hold no row, is then the one in hand."""
+        self._published()
+        pipeline = self._pipeline
+        following = await self._settling(
+            pipeline._repo.claims.claim_next(
+                self._batch, pipeline.settings.batch_size, hold_for=pipeline.settings.hold_for
+            )
+        )
+        self._report()
+        if following is None:
+            return False
+        self._batch, self._outcomes, self._replies = following, None, []
+        self._shards = await pipeline._shard_count()  # as the count is now
+        return True
+
+    def close(self) -> None:
+        """The batch in hand ends unsettled (an error, a cancellation): no longer in flight."""
+        self._pipeline._metrics.in_flight.dec(self._in_flight)
+        self._in_flight = 0
+
+    def _published(self) -> Outcomes:
+        if self._outcomes is None:
+            raise RuntimeError("a batch is published before it is settled")
+        return self._outcomes
+
+    async def _settling(self, settlement: Awaitable[T]) -> T:
+        try:
+            return await settlement
+        except BaseException:
+            self._pipeline._metrics.unsettled.inc()
+            log.error(
+                "could not settle a batch of %d rows (%d published): they stay in the "
+                "outbox and are published again",
+                len(self._batch),
+                len(self._published().sent),
+            )
+            raise
+
+    def _report(self) -> None:
+        metrics = self._pipeline._metrics
+        metrics.in_flight.dec(self._in_flight)
+        self._in_flight = 0
+        _report(self._batch, self._published(), metrics=metrics, outage=_outage_only(self._replies))
+        metrics.batches.inc()
 
 
 def _outcomes(batch: ClaimedBatch, replies: list[Any]) -> Outcomes:

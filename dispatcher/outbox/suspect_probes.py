@@ -11,11 +11,10 @@ retries, and its batch-mates are published without an attempt charged.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Callable
 
+from dispatcher.outbox.loop_signals import LoopSignals
 from dispatcher.outbox.pipeline import BatchPipeline
 from dispatcher.outbox.repository import OutboxRepository
 
@@ -28,44 +27,39 @@ PROBES_PER_TURN = 10
 
 
 class SuspectProbes:
-    """When the next probe turn is due, and the turn itself (``run_alone``)."""
+    """When the next probe turn is due, and the turn itself (``run_turn``), which the
+    scheduling loop runs with every batch slot held (``BatchSlots.all_held``)."""
 
     def __init__(
         self,
         *,
         repository: OutboxRepository,
         pipeline: BatchPipeline,
-        wake: Callable[[], None],
+        signals: LoopSignals,
         retry_after: float,
     ) -> None:
         self._repo = repository
         self._pipeline = pipeline
-        self._wake = wake
+        self._signals = signals
         self._retry_after = retry_after
         self._next: float | None = None  # when suspects are due (monotonic), if any
 
     def due(self) -> bool:
         return self._next is not None and time.monotonic() >= self._next
 
-    async def run_alone(
-        self, slots: asyncio.Semaphore, *, concurrency: int, stopping: Callable[[], bool]
-    ) -> None:
-        """Claim due suspects one at a time, with every slot held: nothing else runs beside."""
-        for _ in range(concurrency):
-            await slots.acquire()
+    async def run_turn(self) -> None:
+        """Claim due suspects one at a time (the caller holds every slot), then plan the next
+        turn and ring the loop."""
         failed = False
         try:
             for _ in range(PROBES_PER_TURN):
-                if stopping() or not await self._pipeline.run(probe=True):
+                if self._signals.stopping or not await self._pipeline.run(probe=True):
                     break
         except Exception:
             log.exception("probing a suspect row failed; recovery counts its attempt")
             failed = True
-        finally:
-            for _ in range(concurrency):
-                slots.release()
         await self.plan(not_before=self._retry_after if failed else 0.0)
-        self._wake()
+        self._signals.ring()
 
     async def plan(self, *, not_before: float = 0.0) -> None:
         """Schedule the next probe turn for when the first suspect is due."""
@@ -79,4 +73,4 @@ class SuspectProbes:
             return
         delay = max(due_in, not_before, 0.0)
         self._next = time.monotonic() + delay
-        asyncio.get_running_loop().call_later(delay, self._wake)
+        self._signals.ring_in(delay)

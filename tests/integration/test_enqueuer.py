@@ -280,14 +280,16 @@ async def test_a_backlog_is_claimed_in_the_settlement_of_the_batch_before(
     """One run: each full batch that published whole claims the next as it settles."""
     ids = insert_rows(outbox_db_url, 35, queue=queue)
     enqueuer = make_enqueuer(pool, redis_standalone, batch_size=10)
-    asked: list[int] = []
-
-    async def more(rows: int) -> bool:
-        asked.append(rows)
-        return True
-
-    last = await enqueuer.pipeline.run(more=more)
-    assert (asked, last) == ([10, 10, 10], 5), "the last batch (not full) is not asked about"
+    published_whole: list[tuple[int, bool]] = []
+    async with enqueuer.pipeline.claimed() as run:
+        while len(run):
+            await run.publish()
+            published_whole.append((len(run), run.whole))
+            if not run.whole:
+                await run.settle()
+                break
+            assert await run.settle_and_claim_next()
+    assert published_whole == [(10, True), (10, True), (10, True), (5, False)]
     assert sorted(e["outbox_id"] for e in await published(redis_standalone, queue)) == sorted(ids)
     assert outbox_status(outbox_db_url) == {}
     with psycopg.connect(outbox_db_url) as conn:
@@ -298,12 +300,11 @@ async def test_a_slot_stops_chaining_claims_once_the_enqueuer_is_stopping(
     outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
 ) -> None:
     insert_rows(outbox_db_url, 35, queue=queue)
-    slot = asyncio.Semaphore(0)  # _batch_in_slot gives back the slot it was started in
     stopping = make_enqueuer(pool, redis_standalone, batch_size=10)
     stopping.request_stop()
-    assert await stopping._batch_in_slot(slot) == 10
+    assert await stopping.slots.batch_in_slot(acquire=True) == 10
     assert outbox_status(outbox_db_url) == {"PENDING": 25}, "one batch, then the loop decides"
     chained = make_enqueuer(pool, redis_standalone, batch_size=10)
-    assert await chained._batch_in_slot(slot) == 5, "the last batch of the chain"
+    assert await chained.slots.batch_in_slot(acquire=True) == 5, "the last batch of the chain"
     assert outbox_status(outbox_db_url) == {}
     assert len(await published(redis_standalone, queue)) == 35

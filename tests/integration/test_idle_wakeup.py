@@ -72,11 +72,11 @@ async def test_enqueuer_announces_when_idle_and_withdraws_when_busy(
         # A claim that finds several rows withdraws the announcement; the enqueuer's own
         # empty claims that follow (two in a row) renew it.
         busy = enqueuer.config.busy_at_rows
-        enqueuer._claim_in(
-            await enqueuer.idle_flag.after_claim(
-                count=busy, started=0.0, ended=time.monotonic(), full=False, can_listen=True
-            )
+        delay = await enqueuer.idle_flag.after_claim(
+            count=busy, started=0.0, ended=time.monotonic(), full=False, can_listen=True
         )
+        if delay is not None:
+            enqueuer.signals.ring_in(delay)
         assert announced(outbox_db_url) == []
         await eventually(lambda: len(announced(outbox_db_url)) == 1)
     assert announced(outbox_db_url) == [], "a stopped enqueuer is not idle"
@@ -98,6 +98,26 @@ async def test_a_flag_lost_with_its_session_is_taken_again(
         await eventually(lambda: len(announced(outbox_db_url)) == 1)
         assert announced(outbox_db_url) != [holder]
         insert_rows(outbox_db_url, 1, queue=queue, prefix="again-")  # NOTIFY wakes it again
+        await eventually(lambda: _count(redis_standalone, queue, 1), within=10)
+
+
+async def test_a_lost_listener_withdraws_the_flag_until_it_is_back(
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+) -> None:
+    """Nobody hears NOTIFY while the LISTEN connection is down: the flag goes (the poll takes
+    over, and the application's commits stop paying for NOTIFY), and comes back with it."""
+    enqueuer = make_enqueuer(pool, redis_standalone, listen=outbox_db_url, poll_interval=30)
+    async with running(enqueuer):
+        await eventually(lambda: len(announced(outbox_db_url)) == 1)
+        with psycopg.connect(outbox_db_url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE application_name = 'outbox-dispatcher-listener'"
+            )
+        await eventually(lambda: announced(outbox_db_url) == [], what="the flag withdrawn")
+        await eventually(lambda: enqueuer.listener is not None and enqueuer.listener.connects == 2)
+        await eventually(lambda: len(announced(outbox_db_url)) == 1, what="the flag again")
+        insert_rows(outbox_db_url, 1, queue=queue, prefix="back-")  # NOTIFY wakes it again
         await eventually(lambda: _count(redis_standalone, queue, 1), within=10)
 
 

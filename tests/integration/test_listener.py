@@ -11,7 +11,27 @@ import psycopg
 import pytest
 
 from dispatcher.outbox.listener import NOTIFY_CHANNEL, OutboxListener
+from dispatcher.outbox.loop_signals import LoopSignals
 from tests.waiting import eventually
+
+
+class Received(list[str]):
+    """Every payload handed on, in order (what ``NotificationHints`` is in the enqueuer)."""
+
+    def receive(self, payload: str) -> None:
+        self.append(payload)
+
+
+class Rings(LoopSignals):
+    """The loop's signals, counting the connections the listener said came up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ups = 0
+
+    def heard(self, *, connected: bool) -> None:
+        super().heard(connected=connected)
+        self.ups += connected
 
 
 @contextlib.asynccontextmanager
@@ -34,8 +54,8 @@ async def notify(url: str, *payloads: str) -> None:
 
 
 async def test_every_notification_is_handed_on_in_order(empty_db_url: str) -> None:
-    received: list[str] = []
-    listener = OutboxListener(conninfo=empty_db_url, wake=lambda: None, notified=received.append)
+    received = Received()
+    listener = OutboxListener(conninfo=empty_db_url, hints=received, signals=LoopSignals())
     async with running(listener):
         await notify(empty_db_url, "a", "b", "c")
         await notify(empty_db_url, "d")
@@ -43,18 +63,18 @@ async def test_every_notification_is_handed_on_in_order(empty_db_url: str) -> No
     assert received == ["a", "b", "c", "d"]
 
 
-async def test_a_callback_that_raises_costs_a_reconnect_never_the_listener(
+async def test_hints_that_raise_cost_a_reconnect_never_the_listener(
     empty_db_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    received: list[str] = []
+    class Fragile(Received):
+        def receive(self, payload: str) -> None:
+            if payload == "boom":
+                raise TypeError("a bug of ours")
+            super().receive(payload)
 
-    def notified(payload: str) -> None:
-        if payload == "boom":
-            raise TypeError("a bug of ours")
-        received.append(payload)
-
+    received = Fragile()
     listener = OutboxListener(
-        conninfo=empty_db_url, wake=lambda: None, notified=notified, initial_backoff=0.05
+        conninfo=empty_db_url, hints=received, signals=LoopSignals(), initial_backoff=0.05
     )
     async with running(listener) as task:
         await notify(empty_db_url, "boom")
@@ -66,13 +86,11 @@ async def test_a_callback_that_raises_costs_a_reconnect_never_the_listener(
 
 
 async def test_the_connection_rotates_and_wakes_the_enqueuer_each_time(empty_db_url: str) -> None:
-    wakes: list[None] = []
+    signals = Rings()
     listener = OutboxListener(
-        conninfo=empty_db_url,
-        wake=lambda: wakes.append(None),
-        notified=lambda payload: None,
-        rotate_after=0.2,
+        conninfo=empty_db_url, hints=Received(), signals=signals, rotate_after=0.2
     )
     async with running(listener):
         await eventually(lambda: listener.connects >= 3, what="three connections")
-        assert len(wakes) >= listener.connects - 1  # one wake-up per connection
+        assert signals.ups >= listener.connects - 1  # one wake-up per connection
+        assert signals.listening
