@@ -61,6 +61,9 @@ class BatchSlots:
         self._idle_flag = idle_flag
         self._signals = signals
         self.running: set[asyncio.Task[int]] = set()
+        # Until the loop opens them (after the first maintenance pass settled the journal a
+        # crash left), a hint starts nothing: it rings, and the loop claims once it runs.
+        self.opened = False
         self.backlog = False  # the last batch came back full: fill every free slot at once
         self.heartbeat = time.monotonic()  # the last claim (or the loop's last turn)
 
@@ -75,12 +78,13 @@ class BatchSlots:
 
     def hinted(self) -> None:
         """A notification: start a batch at once if the loop would start just that one
-        (nothing running, no backlog, nothing due, Redis with room at the last reading);
-        else ring the loop. Standing by (the flag is held elsewhere): nothing."""
+        (the slots opened, nothing running, no backlog, nothing due, Redis with room at the
+        last reading); else ring the loop. Standing by (the flag is held elsewhere): nothing."""
         if self._idle_flag.elsewhere:
             return
         if (
-            self.running
+            not self.opened
+            or self.running
             or self.backlog
             or self._signals.stopping
             or self._probes.due()

@@ -308,3 +308,21 @@ async def test_a_slot_stops_chaining_claims_once_the_enqueuer_is_stopping(
     assert await chained.slots.batch_in_slot(acquire=True) == 5, "the last batch of the chain"
     assert outbox_status(outbox_db_url) == {}
     assert len(await published(redis_standalone, queue)) == 35
+
+
+async def test_a_hint_before_the_loop_runs_starts_no_batch(
+    outbox_db_url: str, pool: AsyncConnectionPool[Any], redis_standalone: RedisClient, queue: str
+) -> None:
+    """The first maintenance pass settles the journal a crash left before anything is claimed:
+    a hint that comes earlier (the listener starts first) only rings the loop."""
+    insert_rows(outbox_db_url, 3, queue=queue)
+    enqueuer = make_enqueuer(pool, redis_standalone)
+    # Redis's room read (as the loop does each turn): only the loop not running holds it back.
+    assert await enqueuer.memory.allows()
+    assert await enqueuer.durability.allows()
+    enqueuer.hints.receive("")
+    assert enqueuer.slots.running == set()
+    enqueuer.slots.opened = True  # what the loop does when it starts
+    enqueuer.hints.receive("")
+    (batch,) = enqueuer.slots.running
+    assert await batch == 3
