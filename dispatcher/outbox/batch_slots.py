@@ -63,9 +63,13 @@ class BatchSlots:
         self.running: set[asyncio.Task[int]] = set()
         # Until the loop opens them (after the first maintenance pass settled the journal a
         # crash left), a hint starts nothing: it rings, and the loop claims once it runs.
-        self.opened = False
+        self._open = False
         self.backlog = False  # the last batch came back full: fill every free slot at once
         self.heartbeat = time.monotonic()  # the last claim (or the loop's last turn)
+
+    def open(self) -> None:
+        """From the loop's first turn: hints may start batches."""
+        self._open = True
 
     async def start(self) -> bool:
         """Wait for a free slot and start a batch in it; False if stopping meanwhile."""
@@ -83,7 +87,7 @@ class BatchSlots:
         if self._idle_flag.elsewhere:
             return
         if (
-            not self.opened
+            not self._open
             or self.running
             or self.backlog
             or self._signals.stopping

@@ -209,7 +209,7 @@ class OutboxEnqueuer:
 
     async def _main_loop(self) -> None:
         signals, slots = self.signals, self.slots
-        slots.opened = True  # hints may start batches from now on
+        slots.open()  # hints may start batches from now on
         while not signals.stopping:
             self._heartbeat = time.monotonic()
             if self.idle_flag_held and not signals.can_listen():

@@ -62,6 +62,8 @@ class BatchPipeline:
     read live from the publisher's Redis). ``memory`` is told what each batch
     published and when Redis refused it for lack of memory. ``metrics`` is the
     enqueuer's, updated for every batch; ``outage`` too, where Redis being down is said.
+    A ``BatchRun`` (``claimed``) takes its steps through ``send_batch``, ``shard_count``,
+    ``claims``, ``memory`` and ``metrics``.
     """
 
     def __init__(
@@ -76,12 +78,12 @@ class BatchPipeline:
         outage: Outage | None = None,
     ) -> None:
         self.settings = settings
-        self._repo = repository
+        self.claims = repository.claims
         self._publisher = publisher
         self._outage = outage or Outage("Redis")
         self._shards = shard_count or LiveShardCount(publisher.client, outage=self._outage)
-        self._memory = memory
-        self._metrics = metrics
+        self.memory = memory
+        self.metrics = metrics
 
     async def run(self, *, probe: bool = False) -> int:
         """Claim, publish and settle one batch; how many rows it held.
@@ -98,18 +100,16 @@ class BatchPipeline:
     async def claimed(self, *, probe: bool = False) -> AsyncIterator[BatchRun]:
         """A batch claimed for the block (and those later claimed in its settlements), on one
         connection; whatever is not settled when the block ends rolls back."""
-        shards = await self._shard_count()  # read before the rows are locked
+        shards = await self.shard_count()  # read before the rows are locked
         s = self.settings
-        async with self._repo.claims.claim_batch(
-            s.batch_size, hold_for=s.hold_for, probe=probe
-        ) as batch:
+        async with self.claims.claim_batch(s.batch_size, hold_for=s.hold_for, probe=probe) as batch:
             run = BatchRun(self, batch, shards)
             try:
                 yield run
             finally:
                 run.close()
 
-    async def _shard_count(self) -> tuple[int, BaseException | None]:
+    async def shard_count(self) -> tuple[int, BaseException | None]:
         """The live shard count, or the error that every row of the batch then fails with."""
         fresh = self._shards.fresh()
         if fresh is not None:  # read lately: no await, no task (wait_for makes one)
@@ -121,7 +121,7 @@ class BatchPipeline:
             self._outage.failed(exc, what="reading the shard count")
             return 1, exc  # retried
 
-    async def _publish(
+    async def send_batch(
         self,
         batch: ClaimedBatch,
         shards: int,
@@ -149,7 +149,7 @@ class BatchPipeline:
             ages = [
                 a for a, r in zip(ages, replies, strict=True) if not isinstance(r, BaseException)
             ]
-        observe_ages(self._metrics.commit_to_publish, ages, plus=elapsed)
+        observe_ages(self.metrics.commit_to_publish, ages, plus=elapsed)
         batch.targets = streams
         return replies, sum(map(len, commands))
 
@@ -173,7 +173,7 @@ class BatchPipeline:
             self._outage.ok()
         else:
             self._outage.failed(lost, what="publishing")
-        self._metrics.publish_latency.observe(time.monotonic() - started)
+        self.metrics.publish_latency.observe(time.monotonic() - started)
         return replies
 
 
@@ -214,16 +214,16 @@ class BatchRun:
         """Route, pack and publish the batch in hand; what became of each row is kept."""
         pipeline, batch = self._pipeline, self._batch
         size = len(batch)
-        pipeline._metrics.in_flight.inc(size)
+        pipeline.metrics.in_flight.inc(size)
         self._in_flight = size
         shards, unknown = self._shards
         with contextlib.ExitStack() as spans:
-            self._replies, packed = await pipeline._publish(batch, shards, unknown, spans)
+            self._replies, packed = await pipeline.send_batch(batch, shards, unknown, spans)
         self._outcomes = outcomes = _outcomes(batch, self._replies)
-        if pipeline._memory is not None:
-            pipeline._memory.published(packed, size)
+        if pipeline.memory is not None:
+            pipeline.memory.published(packed, size)
             if outcomes.held:
-                pipeline._memory.refused()
+                pipeline.memory.refused()
 
     async def settle(self) -> None:
         """Delete, reschedule and dead-letter the batch's rows and commit; then report it."""
@@ -238,7 +238,7 @@ class BatchRun:
         self._published()
         pipeline = self._pipeline
         following = await self._settling(
-            pipeline._repo.claims.claim_next(
+            pipeline.claims.claim_next(
                 self._batch, pipeline.settings.batch_size, hold_for=pipeline.settings.hold_for
             )
         )
@@ -246,12 +246,12 @@ class BatchRun:
         if following is None:
             return False
         self._batch, self._outcomes, self._replies = following, None, []
-        self._shards = await pipeline._shard_count()  # as the count is now
+        self._shards = await pipeline.shard_count()  # as the count is now
         return True
 
     def close(self) -> None:
         """The batch in hand ends unsettled (an error, a cancellation): no longer in flight."""
-        self._pipeline._metrics.in_flight.dec(self._in_flight)
+        self._pipeline.metrics.in_flight.dec(self._in_flight)
         self._in_flight = 0
 
     def _published(self) -> Outcomes:
@@ -263,7 +263,7 @@ class BatchRun:
         try:
             return await settlement
         except BaseException:
-            self._pipeline._metrics.unsettled.inc()
+            self._pipeline.metrics.unsettled.inc()
             log.error(
                 "could not settle a batch of %d rows (%d published): they stay in the "
                 "outbox and are published again",
@@ -273,7 +273,7 @@ class BatchRun:
             raise
 
     def _report(self) -> None:
-        metrics = self._pipeline._metrics
+        metrics = self._pipeline.metrics
         metrics.in_flight.dec(self._in_flight)
         self._in_flight = 0
         _report(self._batch, self._published(), metrics=metrics, outage=_outage_only(self._replies))

@@ -322,7 +322,7 @@ async def test_a_hint_before_the_loop_runs_starts_no_batch(
     assert await enqueuer.durability.allows()
     enqueuer.hints.receive("")
     assert enqueuer.slots.running == set()
-    enqueuer.slots.opened = True  # what the loop does when it starts
+    enqueuer.slots.open()  # what the loop does when it starts
     enqueuer.hints.receive("")
     (batch,) = enqueuer.slots.running
     assert await batch == 3
