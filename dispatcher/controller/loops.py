@@ -58,6 +58,10 @@ from dispatcher.controller.shard_owner import in_conflict, release_marker
 __all__ = ["Operator", "WatchEvent", "Watched"]
 
 log = logging.getLogger("dispatcher.controller")
+
+# Liveness answers within the kubelet's probe timeout (5 s in the manifests): an API server that
+# has not answered whether the CRD is served by then leaves the operator live.
+LIVENESS_ASK_SECONDS = 3.0
 Key = tuple[str, str]
 
 
@@ -154,13 +158,16 @@ class Operator:
     async def live(self) -> bool:
         """Liveness (``/healthz``): kopf's start-up finished, and the CRD was served then and
         is now (``dispatcher.controller.probes.CrdProbe``). Why not is logged. An API server
-        that does not answer leaves the operator live: a restart would not bring it back."""
+        that does not answer (within ``LIVENESS_ASK_SECONDS``) leaves the operator live: a
+        restart would not bring it back."""
         if not self.started.is_set():
             return False
         try:
-            problem = await self.crd.problem(self.api())
-        except APIError as exc:
-            log.warning("liveness: cannot ask the API server whether the CRD is served: %s", exc)
+            async with asyncio.timeout(LIVENESS_ASK_SECONDS):
+                problem = await self.crd.problem(self.api())
+        except (APIError, TimeoutError) as exc:
+            why = str(exc) or f"no answer within {LIVENESS_ASK_SECONDS:g} s"
+            log.warning("liveness: the API server did not say whether the CRD is served: %s", why)
             return True
         if problem is not None:
             log.warning("not live: %s", problem)
