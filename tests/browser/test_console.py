@@ -178,7 +178,7 @@ def test_the_page_shows_the_servers_numbers_while_tasks_flow(
         _seen(chrome, lambda: _number(_cell(chrome, "#c-outbox_dlq")) == 4, "outbox_dlq")
         _seen(chrome, lambda: _cell(chrome, "#c-shards") == str(SHARDS), "shard count")
         _seen(chrome, lambda: _cell(chrome, "#c-pending") == "0", "the outbox drained")
-        assert _cell(chrome, "#mode") == "read-only"
+        _seen(chrome, lambda: _cell(chrome, "#mode") == "read-only", "read-only mode")
         assert chrome.find_elements(By.CSS_SELECTOR, "#chart-backlog polyline")
         _shot(chrome, "console-queues")
 
@@ -189,11 +189,14 @@ def test_the_page_shows_the_servers_numbers_while_tasks_flow(
             for s in range(SHARDS)
             for c in r.xinfo_consumers(task_stream(FLOWING, s), "workers")
         }
-        shown = {
-            _cell(chrome, f"#workers tbody tr:nth-child({i + 1}) [data-field=name]")
-            for i in range(len(consumers))
-        }
-        assert shown == consumers
+
+        def shown() -> set[str]:  # read again whenever a redraw replaced a row under the read
+            return {
+                _cell(chrome, f"#workers tbody tr:nth-child({i + 1}) [data-field=name]")
+                for i in range(len(consumers))
+            }
+
+        _seen(chrome, lambda: shown() == consumers, "every worker's consumer name")
         _shot(chrome, "console-workers")
     finally:
         enqueuer.terminate()
@@ -217,8 +220,8 @@ def test_a_replay_from_the_page_is_handled(
     _seen(
         chrome, lambda: _cell(chrome, f"{row} [data-field=error]").startswith("ValueError"), "row"
     )
-    assert _cell(chrome, f"{row} [data-field=task_id]") == "fixed-1"
-    assert _cell(chrome, f"{row} [data-field=runs]") == "3"
+    _seen(chrome, lambda: _cell(chrome, f"{row} [data-field=task_id]") == "fixed-1", "task id")
+    _seen(chrome, lambda: _cell(chrome, f"{row} [data-field=runs]") == "3", "its runs")
     assert "sleep" not in chrome.find_element(By.ID, "dead").text  # no payload unless asked
     chrome.find_element(By.CSS_SELECTOR, f"{row} button.payload").click()
     _seen(chrome, lambda: "sleep" in _cell(chrome, "#dead pre.payload"), "the payload")
