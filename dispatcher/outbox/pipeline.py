@@ -250,7 +250,8 @@ class BatchRun:
         return True
 
     def close(self) -> None:
-        """The batch in hand ends unsettled (an error, a cancellation): no longer in flight."""
+        """The batch in hand is no longer in flight: settled, or ended unsettled (an error, a
+        cancellation)."""
         self._pipeline.metrics.in_flight.dec(self._in_flight)
         self._in_flight = 0
 
@@ -274,8 +275,7 @@ class BatchRun:
 
     def _report(self) -> None:
         metrics = self._pipeline.metrics
-        metrics.in_flight.dec(self._in_flight)
-        self._in_flight = 0
+        self.close()
         _report(self._batch, self._published(), metrics=metrics, outage=_outage_only(self._replies))
         metrics.batches.inc()
 
